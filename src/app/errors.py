@@ -1,0 +1,55 @@
+"""The few errors a user can meet. The CLI turns each into one line and an exit code."""
+
+
+class AppError(Exception):
+    """Base class: the message is the one line the user sees; it names the fix."""
+
+    exit_code = 2
+
+
+class BadParameter(AppError):
+    """Unknown kernel, version, mode or parameter, or a value out of range."""
+
+    exit_code = 2
+
+
+class DeviceUnavailable(AppError):
+    """An explicit device was asked for and cannot be used (never a silent fallback)."""
+
+    exit_code = 3
+
+
+class ProfileBusy(AppError):
+    """Another profile holds the device lock (one profiling at a time per device)."""
+
+    exit_code = 4
+
+
+class OutputNotWritable(AppError):
+    """The output folder cannot be created or written."""
+
+    exit_code = 5
+
+
+class ToolNotFound(AppError):
+    """ncu or nsys is missing."""
+
+    exit_code = 6
+
+
+class CounterPermission(AppError):
+    """The profiler may not read GPU performance counters (ERR_NVGPUCTRPERM)."""
+
+    exit_code = 7
+
+
+class MalformedToolOutput(AppError):
+    """A CSV export from ncu/nsys does not have the shape the column map expects."""
+
+    exit_code = 8
+
+
+class VerificationFailed(AppError):
+    """The kernel's output differs from the oracle: the profile would time a wrong answer."""
+
+    exit_code = 9

@@ -1,0 +1,131 @@
+"""The command line: parse, pick plan and mode, profile under the device lock, write atomically.
+
+Every failure a user can cause ends in one line on stderr naming the fix and a
+non-zero exit (app.errors); Ctrl-C leaves nothing behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from app.errors import AppError, BadParameter
+from app.kernel.plan import get_plan_class, kernels, latest_version
+from app.report.writer import check_writable, profile_parent, write_profile
+from app.runtime.device import DEVICES
+from app.runtime.profiling import ProfileOptions, get_mode
+
+USAGE = "python -m app.kernel {list | <kernel> [<version>]} [--prof_type MODE] [options] [kernel parameters]"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise BadParameter(f"{message} (see python -m app.kernel --help)")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--prof_type", "--prof-type", default="event", help="event (default), annotation, ncu, nsys")
+    add("--device", default="auto", choices=DEVICES, help="auto: GPU if usable; gpu: fail if not")
+    add("--bench_runs", "--bench-runs", type=int, default=10, help="timed runs (default 10)")
+    add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
+    add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
+    add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
+    add("--json", action="store_true", help="print trace.json to stdout")
+    add("--baseline", help="a previous profile folder (or its trace.json) to compare against")
+    add("--no-verify", dest="verify", action="store_false", help="skip the shapely check of the output")
+
+
+def list_kernels() -> str:
+    lines = []
+    for kernel, versions in sorted(kernels().items()):
+        default = latest_version(versions)
+        lines.append(f"{kernel}  (default version {default})")
+        for v, cls in sorted(versions.items()):
+            lines.append(f"  {v}: {cls.summary}")
+        cls = versions[default]
+        lines.append("  parameters:")
+        for p in cls.params_spec:
+            choices = f" {{{','.join(p.choices)}}}" if p.choices else ""
+            lines.append(f"    --{p.name}{choices} (default {p.default}): {p.help}")
+        lines.append("  stages: " + " -> ".join(f"{s.name}[{s.category}]" for s in cls.stages))
+    return "\n".join(lines)
+
+
+def parse(argv: list[str]):
+    if not argv or argv[0] in ("-h", "--help"):
+        return None
+    kernel, rest = argv[0], argv[1:]
+    version = None
+    if rest and not rest[0].startswith("-"):
+        version, rest = rest[0], rest[1:]
+    cls = get_plan_class(kernel, version)
+    parser = _Parser(prog=f"python -m app.kernel {kernel}", allow_abbrev=False)
+    _common(parser)
+    for p in cls.params_spec:
+        parser.add_argument(f"--{p.name}", dest=f"param_{p.name}", default=None, help=p.help)
+    args = parser.parse_args(rest)
+    given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
+    if args.bench_runs < 1:
+        raise BadParameter("--bench_runs must be >= 1")
+    if args.warmup < 0:
+        raise BadParameter("--warmup must be >= 0")
+    return cls(given), args
+
+
+def load_baseline(path: str | None) -> dict | None:
+    if not path:
+        return None
+    p = Path(path)
+    p = p / "trace.json" if p.is_dir() else p
+    try:
+        with open(p) as f:
+            trace = json.load(f)
+        trace["total_elapsed_seconds"], trace["stages"]
+        return trace
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadParameter(f"--baseline {path}: not a readable profile trace ({exc}); "
+                           "pass a profile folder or its trace.json") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except AppError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: no profile was written", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] == "list":
+        print(list_kernels())
+        return 0
+    parsed = parse(argv)
+    if parsed is None:
+        print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "
+              "--warmup --nvtx --out --json --baseline --no-verify")
+        return 0
+    plan, args = parsed
+    mode = get_mode(args.prof_type)
+    parent = profile_parent(args.out, mode.name, plan.kernel, plan.slug())
+    check_writable(parent)
+    options = ProfileOptions(device=args.device, bench_runs=args.bench_runs, warmup=args.warmup,
+                             nvtx=args.nvtx, verify=args.verify, baseline=load_baseline(args.baseline),
+                             argv=["python -m app.kernel", *argv])
+    profile = mode.profile(plan, options)
+    out_dir = write_profile(parent, profile.files)
+    print(profile.summary, file=sys.stderr if args.json else sys.stdout)
+    print(f"profile: {out_dir}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(profile.trace, indent=2, default=str))
+    if not profile.ok:
+        v = profile.trace["metadata"]["verification"]
+        print(f"error: output does not match {v['oracle']} ({v['pairs']} rows vs {v['expected_pairs']} "
+              f"expected); the profile is kept at {out_dir} for inspection", file=sys.stderr)
+        return 9
+    return 0

@@ -1,0 +1,232 @@
+"""scripts/lock-gpu-clock.sh and scripts/reset-gpu-clock.sh against a fake nvidia-smi.
+
+No GPU needed: NVIDIA_SMI points the scripts at a small Python stand-in that
+logs its argv, answers --query-gpu with plausible CSV, and fails on request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCK = ROOT / "scripts" / "lock-gpu-clock.sh"
+RESET = ROOT / "scripts" / "reset-gpu-clock.sh"
+
+FAKE_SMI = """\
+#!{python}
+import json, os, sys
+
+args = sys.argv[1:]
+with open(os.environ["FAKE_SMI_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+
+fail = os.environ.get("FAKE_SMI_FAIL")
+if fail and fail in args:
+    print("Insufficient Permissions")
+    print("Terminating early due to previous errors.", file=sys.stderr)
+    sys.exit(4)
+
+locked = os.environ["FAKE_SMI_LOG"] + ".locked"
+values = {{
+    "name": "NVIDIA H100 80GB HBM3",
+    "clocks.max.sm": os.environ.get("FAKE_SMI_MAX", "1980"),
+    "clocks.applications.graphics": os.environ.get("FAKE_SMI_APP", "1755"),
+    "clocks.default_applications.graphics": os.environ.get("FAKE_SMI_DEFAULT_APP", "1755"),
+}}
+query = [a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")]
+if query:
+    if "clocks.sm" in query[0]:
+        values["clocks.sm"] = os.environ.get("FAKE_SMI_SM") or (
+            open(locked).read() if os.path.exists(locked) else "345"
+        )
+    print(", ".join(values[k] for k in query[0].split(",")))
+elif "-lgc" in args:
+    with open(locked, "w") as f:
+        f.write(args[args.index("-lgc") + 1].split(",")[0])
+elif "-rgc" in args and os.path.exists(locked):
+    os.remove(locked)
+"""
+
+STATE_CHANGING = {"-pm", "-lgc", "-rgc"}
+
+
+@pytest.fixture
+def smi(tmp_path: Path) -> dict:
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_SMI.format(python=sys.executable))
+    fake.chmod(0o755)
+    log = tmp_path / "smi.log"
+    env = {k: v for k, v in os.environ.items() if k != "GPU" and not k.startswith("FAKE_SMI_")}
+    env.update(
+        NVIDIA_SMI=str(fake),
+        FAKE_SMI_LOG=str(log),
+        APP_CLOCK_STATE=str(tmp_path / "state" / "clock.json"),
+    )
+    return {"env": env, "log": log, "state": tmp_path / "state" / "clock.json"}
+
+
+def run(script: Path, smi: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(script), *args],
+        env={**smi["env"], **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def calls(smi: dict) -> list[list[str]]:
+    if not smi["log"].exists():
+        return []
+    return [json.loads(line) for line in smi["log"].read_text().splitlines()]
+
+
+def changes(smi: dict) -> list[list[str]]:
+    return [c for c in calls(smi) if STATE_CHANGING & set(c)]
+
+
+@pytest.mark.parametrize(
+    "args, env, gpu, clock",
+    [
+        ((), {}, "0", "1755"),  # default applications clock
+        (("--clock", "1410"), {}, "0", "1410"),
+        (("--clock=1200", "--gpu=3"), {}, "3", "1200"),
+        (("--gpu", "1"), {"GPU": "2"}, "1", "1755"),  # --gpu wins over GPU
+        ((), {"GPU": "2"}, "2", "1755"),
+        ((), {"FAKE_SMI_DEFAULT_APP": "[N/A]", "FAKE_SMI_APP": "1605"}, "0", "1605"),
+    ],
+)
+def test_lock_commands_and_state(smi, args, env, gpu, clock):
+    r = run(LOCK, smi, *args, **env)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert changes(smi) == [["-i", gpu, "-pm", "1"], ["-i", gpu, "-lgc", f"{clock},{clock}"]]
+    queries = [c for c in calls(smi) if c not in changes(smi)]
+    assert ["-i", gpu, "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"] in queries
+    state = json.loads(smi["state"].read_text())
+    assert state["gpu"] == int(gpu)
+    assert state["name"] == "NVIDIA H100 80GB HBM3"
+    assert state["locked_sm_mhz"] == int(clock)
+    assert state["readback_sm_mhz"] == int(clock)
+    assert state["max_sm_mhz"] == 1980
+    assert state["by"] == "scripts/lock-gpu-clock.sh"
+    datetime.strptime(state["locked_at"], "%Y-%m-%dT%H:%M:%SZ")
+    assert not list(smi["state"].parent.glob("*.tmp.*"))
+
+
+def test_lock_records_a_readback_below_the_lock(smi):
+    r = run(LOCK, smi, FAKE_SMI_SM="1395")
+    assert r.returncode == 0, r.stderr
+    assert "1395" in r.stdout
+    state = json.loads(smi["state"].read_text())
+    assert (state["locked_sm_mhz"], state["readback_sm_mhz"]) == (1755, 1395)
+
+
+def test_lock_dry_run_changes_nothing(smi):
+    r = run(LOCK, smi, "--dry-run", "--gpu", "1")
+    assert r.returncode == 0, r.stderr
+    assert changes(smi) == []
+    assert calls(smi), "the query may still run"
+    assert not smi["state"].exists()
+    assert f"{smi['env']['NVIDIA_SMI']} -i 1 -pm 1" in r.stdout
+    assert f"{smi['env']['NVIDIA_SMI']} -i 1 -lgc 1755,1755" in r.stdout
+
+
+@pytest.mark.parametrize("persistence_off", [False, True])
+def test_reset_commands_and_state_removed(smi, persistence_off):
+    assert run(LOCK, smi, "--gpu", "2").returncode == 0
+    assert smi["state"].exists()
+    smi["log"].unlink()
+    r = run(RESET, smi, "--gpu", "2", *(["--persistence-off"] if persistence_off else []))
+    assert r.returncode == 0, r.stderr
+    expected = [["-i", "2", "-rgc"]] + ([["-i", "2", "-pm", "0"]] if persistence_off else [])
+    assert calls(smi) == expected
+    assert not smi["state"].exists()
+
+
+def test_reset_keeps_state_of_another_gpu(smi):
+    assert run(LOCK, smi, "--gpu", "1").returncode == 0
+    r = run(RESET, smi, "--gpu", "0")
+    assert r.returncode == 0, r.stderr
+    assert changes(smi)[-1] == ["-i", "0", "-rgc"]
+    assert json.loads(smi["state"].read_text())["gpu"] == 1
+
+
+def test_reset_dry_run_changes_nothing(smi):
+    assert run(LOCK, smi).returncode == 0
+    smi["log"].unlink()
+    r = run(RESET, smi, "--dry-run", "--persistence-off")
+    assert r.returncode == 0, r.stderr
+    assert calls(smi) == []
+    assert smi["state"].exists()
+    assert f"{smi['env']['NVIDIA_SMI']} -i 0 -rgc" in r.stdout
+    assert f"{smi['env']['NVIDIA_SMI']} -i 0 -pm 0" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "script, fail, root_hint",
+    [
+        (LOCK, "-pm", True),
+        (LOCK, "-lgc", True),
+        (LOCK, "--format=csv,noheader,nounits", False),  # the query itself fails
+        (RESET, "-rgc", True),
+    ],
+)
+def test_failing_nvidia_smi(smi, script, fail, root_hint):
+    if script is RESET:
+        assert run(LOCK, smi).returncode == 0
+    r = run(script, smi, FAKE_SMI_FAIL=fail)
+    assert r.returncode != 0
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "failed (exit 4)" in lines[0] and "Insufficient Permissions" in lines[0]
+    assert ("sudo" in lines[0] and "root" in lines[0]) == root_hint
+    if script is LOCK:
+        state_dir = smi["state"].parent
+        assert not state_dir.exists() or not any(state_dir.iterdir()), "no state file, no temp file"
+    else:
+        assert smi["state"].exists(), "clocks are still locked, so the state file stays"
+
+
+def test_lock_clock_above_max_is_refused(smi):
+    r = run(LOCK, smi, "--clock", "2500")
+    assert r.returncode == 1
+    assert len(r.stderr.splitlines()) == 1 and "1980" in r.stderr
+    assert changes(smi) == []
+    assert not smi["state"].exists()
+
+
+@pytest.mark.parametrize("script", [LOCK, RESET])
+@pytest.mark.parametrize("args", [("--dry-run",), ()])
+def test_missing_nvidia_smi_exits_2(smi, tmp_path, script, args):
+    r = run(script, smi, *args, NVIDIA_SMI=str(tmp_path / "no-such-nvidia-smi"))
+    assert r.returncode == 2
+    assert len(r.stderr.splitlines()) == 1 and "nvidia-smi not found" in r.stderr
+    assert not smi["state"].exists()
+
+
+@pytest.mark.parametrize("script", [LOCK, RESET])
+@pytest.mark.parametrize("args", [("--gpu", "x"), ("--bogus",), ("--gpu",)])
+def test_bad_usage(smi, script, args):
+    r = run(script, smi, *args)
+    assert r.returncode == 64
+    assert len(r.stderr.splitlines()) == 1
+    assert calls(smi) == []
+
+
+@pytest.mark.parametrize("script", [LOCK, RESET])
+def test_script_is_executable_strict_bash(script):
+    assert os.access(script, os.X_OK)
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "\nset -euo pipefail\n" in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert subprocess.run(["bash", str(script), "--help"], capture_output=True).returncode == 0
