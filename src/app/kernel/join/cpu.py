@@ -41,7 +41,10 @@ class JoinCPU:
         bbox[:, 2] = np.maximum.reduceat(coords[:, 0], starts)
         bbox[:, 3] = np.maximum.reduceat(coords[:, 1], starts)
         pts = state["points"]
-        world = np.r_[np.minimum(pts.min(0), bbox[:, :2].min(0)), np.maximum(pts.max(0), bbox[:, 2:].max(0))]
+        lo, hi = bbox[:, :2].min(0), bbox[:, 2:].max(0)
+        if len(pts):
+            lo, hi = np.minimum(lo, pts.min(0)), np.maximum(hi, pts.max(0))
+        world = np.r_[lo, hi]
         state["bbox"], state["world"] = bbox, world
         state["mean_wh"] = (float((bbox[:, 2] - bbox[:, 0]).mean()), float((bbox[:, 3] - bbox[:, 1]).mean()))
         st.rows_in, st.rows_out = len(starts) + len(pts), len(starts)

@@ -38,7 +38,7 @@ STAGES = (
               {"block": BLOCK_SIZES, "level_bias": (0, -1, 1)}),
     StageSpec("predicate_refine", "refine", "crossing-number point-in-polygon, exact orientation fallback",
               {"block": BLOCK_SIZES}),
-    StageSpec("output_sort", "sort", "pairs sorted by point, then polygon"),
+    StageSpec("output_sort", "sort", "pairs sorted by point, then polygon", {"block": BLOCK_SIZES}),
 )
 
 FLOPS_PER_EDGE_TEST = 7  # fast orientation filter: 4 sub, 2 mul, 1 sub (fp64)
@@ -62,7 +62,7 @@ class JoinV1(KernelPlan):
         if device == "gpu":
             from app.kernel.join.gpu import JoinGPU
 
-            return JoinGPU()
+            return JoinGPU(self.tiling)
         from app.kernel.join.cpu import JoinCPU
 
         return JoinCPU()

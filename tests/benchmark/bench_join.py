@@ -1,0 +1,109 @@
+"""GPU plan vs CPU plan vs shapely on the same data, side by side in one run.
+
+    python -m tests.benchmark.bench_join [--sizes 100k:10k,1M:100k] [--runs 10] [--cpu-runs 3]
+
+GPU: warm time of the stages after the owned-buffer build (inputs already on the
+device), the host->device build on its own line. CPU: the numpy plan, all
+stages. shapely: STRtree build + query with the predicate (one thread).
+Every output is checked equal to shapely's before a ratio is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+import numpy as np  # noqa: E402
+
+from app.kernel.join.plan import JoinV1  # noqa: E402
+from app.runtime.device import select  # noqa: E402
+from app.runtime.execute import backend_for, xp_for  # noqa: E402
+from app.runtime.nvtx import Nvtx  # noqa: E402
+from app.runtime.recorder import Recorder  # noqa: E402
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().lower()
+    mult = {"k": 1_000, "m": 1_000_000}.get(s[-1], 1)
+    return int(float(s.rstrip("km")) * mult)
+
+
+def time_plan(plan, inputs, device: str, runs: int):
+    sel = select(device)
+    backend, _ = backend_for(plan, sel)
+    rec = Recorder(device, xp_for(device), Nvtx(False, plan.kernel))
+    out, _ = rec.run(plan, inputs, backend)          # cold run: JIT, pools
+    rec.run(plan, inputs, backend)                   # one warm-up
+    build, after, total = [], [], []
+    for _ in range(runs):
+        out, r = rec.run(plan, inputs, backend)
+        build.append(r.stages[0]["seconds"])
+        after.append(r.total_seconds - r.stages[0]["seconds"])
+        total.append(r.total_seconds)
+    host = tuple(backend.to_host(a) for a in out)
+    return {"build": statistics.median(build), "after": statistics.median(after),
+            "total": statistics.median(total), "after_min": min(after), "out": host, "device_name": sel.device_name}
+
+
+def time_shapely(inputs, runs: int):
+    import shapely
+
+    geoms = inputs.polygons.to_shapely()
+    pts = shapely.points(inputs.points)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        tree = shapely.STRtree(geoms)
+        pt, poly = tree.query(pts, predicate=inputs.predicate)
+        times.append(time.perf_counter() - t0)
+    order = np.lexsort((poly, pt))
+    return statistics.median(times), (pt[order], poly[order])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100k:10k,1M:100k", help="POINTS:POLYGONS,...")
+    ap.add_argument("--vertices", type=int, default=16)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--cpu-runs", type=int, default=3)
+    ap.add_argument("--shapely-runs", type=int, default=3)
+    ap.add_argument("--no-gpu", action="store_true")
+    args = ap.parse_args(argv)
+    gpu = not args.no_gpu and select("auto").selected == "gpu"
+    rows = []
+    for size in args.sizes.split(","):
+        n, g = (parse_size(x) for x in size.split(":"))
+        plan = JoinV1({"points": n, "polygons": g, "vertices": args.vertices})
+        inputs = plan.make_inputs()
+        t_shp, ref = time_shapely(inputs, args.shapely_runs)
+        cpu = time_plan(plan, inputs, "cpu", args.cpu_runs)
+        res = {"size": f"{n:,} x {g:,}", "shapely": t_shp, "cpu": cpu["total"], "pairs": len(ref[0]),
+               "cpu_ok": all(np.array_equal(a, b) for a, b in zip(cpu["out"], ref))}
+        if gpu:
+            gp = time_plan(plan, inputs, "gpu", args.runs)
+            res |= {"gpu_after": gp["after"], "gpu_after_min": gp["after_min"], "gpu_build": gp["build"],
+                    "gpu_ok": all(np.array_equal(a, b) for a, b in zip(gp["out"], ref)), "card": gp["device_name"]}
+        rows.append(res)
+        print(_row(res), flush=True)
+    print("\njoin v1 benchmark (medians; GPU: stages after the owned-buffer build, inputs on device)")
+    for r in rows:
+        print(_row(r))
+    return 0 if all(r["cpu_ok"] and r.get("gpu_ok", True) for r in rows) else 1
+
+
+def _row(r) -> str:
+    s = (f"{r['size']:>22}  pairs {r['pairs']:>9,}  shapely {r['shapely'] * 1e3:9.2f} ms  "
+         f"cpu {r['cpu'] * 1e3:9.2f} ms (shapely/cpu {r['shapely'] / r['cpu']:5.2f}x, ok={r['cpu_ok']})")
+    if "gpu_after" in r:
+        s += (f"  gpu {r['gpu_after'] * 1e3:7.3f} ms (min {r['gpu_after_min'] * 1e3:.3f}) + H2D "
+              f"{r['gpu_build'] * 1e3:.3f} ms  shapely/gpu {r['shapely'] / r['gpu_after']:8.0f}x  "
+              f"ok={r['gpu_ok']}  [{r['card']}]")
+    return s
+
+
+if __name__ == "__main__":
+    sys.exit(main())
