@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 BITS = 16                  # per axis: 32-bit Morton codes
-MAX_LEVEL = 12             # 4^12 = 16.7M cells at most
+MAX_LEVEL = 11             # 4^11 = 4.2M cells at most: the bucket table stays <= 16 MB
 
 
 def world_scale(world) -> tuple[float, float, float, float]:
@@ -45,4 +45,4 @@ def grid_level(world, mean_w: float, mean_h: float, bias: int = 0) -> int:
     extent = max(maxx - minx, maxy - miny, 1e-300)
     cell = max(mean_w, mean_h, extent / (1 << MAX_LEVEL))
     level = int(math.floor(math.log2(extent / cell))) + bias if cell > 0 else 0
-    return int(min(max(level, 0), MAX_LEVEL))
+    return int(min(max(level, 1), MAX_LEVEL))

@@ -6,7 +6,7 @@ import shapely
 from app.kernel.join import spatial_join
 from app.kernel.join.oracle import shapely_join
 from app.kernel.join.plan import JoinV1
-from conftest import DEVICES
+from tests.conftest import DEVICES
 
 
 def assert_same_as_shapely(points, polygons, predicate, device):
@@ -98,6 +98,6 @@ def test_gpu_and_cpu_stage_metadata_agree(layout):
         records[device] = rec
     for c, g in zip(records["cpu"].stages, records["gpu"].stages):
         assert (c["rows_in"], c["rows_out"]) == (g["rows_in"], g["rows_out"]), c["name"]
-        for key in ("pairs_examined", "candidates", "grid_level", "grid_entries", "exact_orientations",
+        for key in ("pairs_examined", "candidates", "grid_level", "grid_cells", "exact_orientations",
                     "edge_tests", "boundary_pairs"):
             assert c["meta"].get(key) == g["meta"].get(key), (c["name"], key)

@@ -1,10 +1,17 @@
-"""The join's stages in vectorised numpy: the CPU path, same stage names as gpu.py."""
+"""The join's stages in vectorised numpy: the CPU path, same stages and algorithm as gpu.py."""
 from __future__ import annotations
 
 import numpy as np
 
 from app.kernel import grid
-from app.kernel.pip import classify, edge_valid
+from app.kernel.pip import classify, edge_table
+
+
+def _expand(starts: np.ndarray, lens: np.ndarray):
+    """(owner, index) for every element of the ranges [starts[i], starts[i] + lens[i])."""
+    owner = np.repeat(np.arange(len(lens)), lens)
+    first = np.cumsum(lens) - lens
+    return owner, np.arange(len(owner)) + np.repeat(starts - first, lens)
 
 
 class JoinCPU:
@@ -27,7 +34,8 @@ class JoinCPU:
         state["points"] = np.array(inp.points, dtype=np.float64, order="C")
         state["coords"] = np.array(polys.coords, dtype=np.float64, order="C")
         state["ring_offsets"] = np.array(polys.ring_offsets, dtype=np.int64)
-        state["geom_coord_offsets"] = polys.geom_coord_offsets().astype(np.int64)
+        state["geom_ring_offsets"] = np.array(polys.geom_ring_offsets, dtype=np.int64)
+        state["geom_coord_offsets"] = state["ring_offsets"][state["geom_ring_offsets"]]
         st.rows_in = st.rows_out = len(inp.points) + polys.n_geoms
         st.meta.update(points=len(inp.points), polygons=polys.n_geoms, rings=polys.n_rings,
                        vertices=polys.n_coords, owned_bytes=int(inp.points.nbytes + polys.nbytes()))
@@ -35,78 +43,66 @@ class JoinCPU:
     def bounds(self, state, st, tiling):
         coords, gco = state["coords"], state["geom_coord_offsets"]
         starts = gco[:-1]
-        bbox = np.empty((len(starts), 4))
-        bbox[:, 0] = np.minimum.reduceat(coords[:, 0], starts)
-        bbox[:, 1] = np.minimum.reduceat(coords[:, 1], starts)
-        bbox[:, 2] = np.maximum.reduceat(coords[:, 0], starts)
-        bbox[:, 3] = np.maximum.reduceat(coords[:, 1], starts)
+        x, y = coords[:, 0].copy(), coords[:, 1].copy()
+        bbox = np.stack([np.minimum.reduceat(x, starts), np.minimum.reduceat(y, starts),
+                         np.maximum.reduceat(x, starts), np.maximum.reduceat(y, starts)], axis=1)
         pts = state["points"]
         lo, hi = bbox[:, :2].min(0), bbox[:, 2:].max(0)
         if len(pts):
-            lo, hi = np.minimum(lo, pts.min(0)), np.maximum(hi, pts.max(0))
-        world = np.r_[lo, hi]
-        state["bbox"], state["world"] = bbox, world
-        state["mean_wh"] = (float((bbox[:, 2] - bbox[:, 0]).mean()), float((bbox[:, 3] - bbox[:, 1]).mean()))
+            px, py = pts[:, 0], pts[:, 1]
+            lo = np.minimum(lo, [px.min(), py.min()])
+            hi = np.maximum(hi, [px.max(), py.max()])
+        state["bbox"], state["world"] = bbox, np.r_[lo, hi]
+        g = max(len(starts), 1)
+        state["mean_wh"] = (float((bbox[:, 2] - bbox[:, 0]).sum() / g), float((bbox[:, 3] - bbox[:, 1]).sum() / g))
         st.rows_in, st.rows_out = len(starts) + len(pts), len(starts)
 
     def morton_sort(self, state, st, tiling):
         pts = state["points"]
+        level = grid.grid_level(state["world"], *state["mean_wh"], bias=tiling["level_bias"])
         minx, miny, sx, sy = grid.world_scale(state["world"])
-        codes = grid.morton(grid.quantise(pts[:, 0], minx, sx), grid.quantise(pts[:, 1], miny, sy))
-        order = np.argsort(codes, kind="stable")
-        state["order"], state["codes"] = order, codes[order]
+        shift = np.uint32(grid.BITS - level)
+        pcell = grid.morton(grid.quantise(pts[:, 0], minx, sx) >> shift, grid.quantise(pts[:, 1], miny, sy) >> shift)
+        cells = 1 << 2 * level
+        state["sorted_pt"] = np.argsort(pcell, kind="stable")
+        state["cell_start"] = np.concatenate([[0], np.cumsum(np.bincount(pcell, minlength=cells))])
+        state["level"] = level
         st.rows_in = st.rows_out = len(pts)
+        st.meta.update(grid_level=level, grid_cells=cells)
 
     def candidate_filter(self, state, st, tiling):
-        bbox, world = state["bbox"], state["world"]
-        level = grid.grid_level(world, *state["mean_wh"], bias=tiling["level_bias"])
+        bbox, world, level = state["bbox"], state["world"], state["level"]
         shift = np.uint32(grid.BITS - level)
         minx, miny, sx, sy = grid.world_scale(world)
-        # Each polygon is listed in every grid cell its bbox touches.
         x0 = grid.quantise(bbox[:, 0], minx, sx) >> shift
         y0 = grid.quantise(bbox[:, 1], miny, sy) >> shift
         x1 = grid.quantise(bbox[:, 2], minx, sx) >> shift
         y1 = grid.quantise(bbox[:, 3], miny, sy) >> shift
         nx, ny = (x1 - x0 + 1).astype(np.int64), (y1 - y0 + 1).astype(np.int64)
-        per_poly = nx * ny
-        poly = np.repeat(np.arange(len(bbox)), per_poly)
-        local = np.arange(len(poly)) - np.repeat(np.cumsum(per_poly) - per_poly, per_poly)
-        cx = x0[poly] + (local % nx[poly]).astype(np.uint32)
-        cy = y0[poly] + (local // nx[poly]).astype(np.uint32)
-        cell = grid.morton(cx, cy)
-        by_cell = np.argsort(cell, kind="stable")
-        entry_cell, entry_poly = cell[by_cell], poly[by_cell]
-        # Points in Morton order look up their own cell's polygon list.
-        pcell = state["codes"] >> np.uint32(2 * int(shift))
-        lo = np.searchsorted(entry_cell, pcell, side="left")
-        hi = np.searchsorted(entry_cell, pcell, side="right")
-        counts = hi - lo
-        sorted_pt = np.repeat(np.arange(len(pcell)), counts)
-        ent = lo[sorted_pt] + np.arange(len(sorted_pt)) - np.repeat(np.cumsum(counts) - counts, counts)
-        cand_poly = entry_poly[ent]
-        cand_pt = state["order"][sorted_pt]
-        p = state["points"][cand_pt]
-        b = bbox[cand_poly]
+        # Each polygon scans the point buckets of every cell its bbox covers.
+        poly, local = _expand(np.zeros(len(bbox), dtype=np.int64), nx * ny)
+        cell = grid.morton(x0[poly] + (local % nx[poly]).astype(np.uint32),
+                           y0[poly] + (local // nx[poly]).astype(np.uint32))
+        cs = state["cell_start"]
+        owner, j = _expand(cs[cell], cs[cell + 1] - cs[cell])
+        cand_poly = poly[owner]
+        cand_pt = state["sorted_pt"][j]
+        p, b = state["points"][cand_pt], bbox[cand_poly]
         hit = (b[:, 0] <= p[:, 0]) & (p[:, 0] <= b[:, 2]) & (b[:, 1] <= p[:, 1]) & (p[:, 1] <= b[:, 3])
         state["cand_pt"], state["cand_poly"] = cand_pt[hit], cand_poly[hit]
-        st.rows_in, st.rows_out = len(pcell), int(hit.sum())
-        st.meta.update(pairs_examined=int(len(hit)), candidates=int(hit.sum()), grid_level=level,
-                       grid_entries=int(len(entry_cell)))
+        st.rows_in, st.rows_out = len(bbox), int(hit.sum())
+        st.meta.update(pairs_examined=int(len(hit)), candidates=int(hit.sum()))
 
     def predicate_refine(self, state, st, tiling):
-        valid = edge_valid(state["ring_offsets"], len(state["coords"]))
-        parity, boundary, exact = classify(state["points"], state["coords"], state["geom_coord_offsets"],
-                                           valid, state["cand_pt"], state["cand_poly"])
+        edges = edge_table(state["coords"], state["ring_offsets"], state["geom_ring_offsets"])
+        parity, boundary, exact = classify(state["points"], edges, state["cand_pt"], state["cand_poly"])
         keep = (parity & ~boundary) if state["inputs"].predicate == "within" else (parity | boundary)
         state["hit_pt"], state["hit_poly"] = state["cand_pt"][keep], state["cand_poly"][keep]
         st.rows_in, st.rows_out = len(keep), int(keep.sum())
-        gco = state["geom_coord_offsets"]
-        edges_per_geom = np.diff(gco) - np.diff(state["inputs"].polygons.geom_ring_offsets)
         st.meta.update(exact_orientations=exact, boundary_pairs=int(boundary.sum()),
-                       edge_tests=int(edges_per_geom[state["cand_poly"]].sum()))
+                       edge_tests=int(np.diff(edges.geom_offsets)[state["cand_poly"]].sum()))
 
     def output_sort(self, state, st, tiling):
-        pt, poly = state["hit_pt"], state["hit_poly"]
-        order = np.lexsort((poly, pt))
-        state["output"] = (pt[order].astype(np.int64), poly[order].astype(np.int64))
-        st.rows_in = st.rows_out = len(order)
+        keys = np.sort((state["hit_pt"].astype(np.int64) << 32) | state["hit_poly"].astype(np.int64))
+        state["output"] = (keys >> 32, keys & 0xFFFFFFFF)
+        st.rows_in = st.rows_out = len(keys)

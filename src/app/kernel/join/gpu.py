@@ -2,7 +2,10 @@
 
 Nothing returns to the host inside the pipeline except three allocation-size
 reads (world box for the grid level, candidate total, hit total), each made
-through ``st.read_size`` so it is counted in the stage's metadata.
+through ``st.read_size`` so it is counted in the stage's metadata. CuPy's sorts
+(Thrust) are not used, so no library call can synchronise where the counters
+cannot see it; the two sorts here are counting sorts (points by grid cell,
+hits by point) built from our kernels and cupy.cumsum.
 """
 from __future__ import annotations
 
@@ -17,20 +20,19 @@ from app.kernel.robust import CCW_ERRBOUND_A
 
 SOURCE = Path(__file__).with_name("join.cu")
 STAGE_KERNELS = {
-    "bounds": ("polygon_bounds",),
-    "morton_sort": ("point_keys",),
-    "candidate_filter": ("poly_cell_count", "poly_cell_scatter", "candidate_count", "candidate_emit"),
-    "predicate_refine": ("refine", "compact_pairs"),
-    "output_sort": ("decode_pairs",),
+    "bounds": ("init_summary", "polygon_bounds", "point_extent"),
+    "morton_sort": ("point_cells", "point_scatter"),
+    "candidate_filter": ("candidate_count", "candidate_emit"),
+    "predicate_refine": ("refine",),
+    "output_sort": ("pair_count", "pair_scatter", "segment_sort"),
 }
-# CuPy/CUB library kernels each stage also launches (no source of ours to show).
+# CuPy library calls each stage also makes (kernels with no source of ours to show).
 LIBRARY_CALLS = {
-    "owned_buffer_build": "cupy.asarray (H2D copies), fancy-index take",
-    "bounds": "cupy min/max/mean reductions",
-    "morton_sort": "cupy.sort (radix sort of 64-bit keys)",
-    "candidate_filter": "cupy.cumsum x2, cupy.sort (64-bit cell entries)",
-    "predicate_refine": "cupy.cumsum",
-    "output_sort": "cupy.sort (64-bit pair keys)",
+    "owned_buffer_build": "cupy.asarray (H2D copies), cupy.take",
+    "morton_sort": "cupy.zeros (bucket counts), cupy.cumsum (bucket starts)",
+    "candidate_filter": "cupy.zeros (stats), cupy.cumsum (per-polygon offsets)",
+    "predicate_refine": "cupy.zeros (stats)",
+    "output_sort": "cupy.zeros (per-point counts), cupy.cumsum (per-point starts)",
 }
 
 
@@ -74,84 +76,77 @@ class JoinGPU:
 
     def bounds(self, state, st, tiling):
         cp = self.cp
-        g = state["inputs"].polygons.n_geoms
+        g, pts = state["inputs"].polygons.n_geoms, state["points"]
         bbox = cp.empty((g, 4), dtype=cp.float64)
+        summary = cp.empty(6, dtype=cp.float64)
+        self.mod.fn["init_summary"]((1,), (32,), (summary,))
         self._launch("polygon_bounds", g, tiling["block"], (state["coords"], state["geom_coord_offsets"],
-                                                            np.int64(g), bbox))
-        pts = state["points"]
-        lo, hi = bbox[:, :2].min(axis=0), bbox[:, 2:].max(axis=0)
-        if len(pts):
-            lo, hi = cp.minimum(lo, pts.min(axis=0)), cp.maximum(hi, pts.max(axis=0))
-        wh = (bbox[:, 2:] - bbox[:, :2]).mean(axis=0)
+                                                            np.int64(g), bbox, summary))
+        self._launch("point_extent", len(pts), tiling["block"], (pts, np.int64(len(pts)), summary))
         # One read sizes the grid: world box and mean bbox size choose the level.
-        summary = st.read_size(cp.concatenate([lo, hi, wh]), "world box + mean bbox size -> grid level")
-        state["bbox"], state["world"], state["mean_wh"] = bbox, summary[:4], (float(summary[4]), float(summary[5]))
+        host = st.read_size(summary, "world box + mean bbox size -> grid level")
+        state["bbox"], state["world"], state["mean_wh"] = bbox, host[:4], (host[4] / max(g, 1), host[5] / max(g, 1))
         st.rows_in, st.rows_out = g + len(pts), g
 
     def morton_sort(self, state, st, tiling):
         cp, pts = self.cp, state["points"]
-        n = len(pts)
-        keys = cp.empty(n, dtype=cp.uint64)
+        n, block = len(pts), tiling["block"]
+        level = grid.grid_level(state["world"], *state["mean_wh"], bias=tiling["level_bias"])
         minx, miny, sx, sy = grid.world_scale(state["world"])
-        self._launch("point_keys", n, tiling["block"], (pts, np.int64(n), minx, miny, sx, sy, keys))
-        state["point_keys"] = cp.sort(keys)
+        shift = np.int32(grid.BITS - level)
+        pcell = cp.empty(n, dtype=cp.uint32)
+        slot = cp.empty(n, dtype=cp.int32)
+        counts = cp.zeros((1 << 2 * level) + 1, dtype=cp.int32)
+        self._launch("point_cells", n, block, (pts, np.int64(n), minx, miny, sx, sy, shift, pcell, slot, counts))
+        cell_start = cp.cumsum(counts, dtype=cp.int32)
+        sorted_pt = cp.empty(n, dtype=cp.int32)
+        self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
+        state.update(level=level, cell_start=cell_start, sorted_pt=sorted_pt)
         st.rows_in = st.rows_out = n
+        st.meta.update(grid_level=level, grid_cells=1 << 2 * level)
 
     def candidate_filter(self, state, st, tiling):
         cp, bbox = self.cp, state["bbox"]
-        g, n, block = len(bbox), len(state["points"]), tiling["block"]
-        level = grid.grid_level(state["world"], *state["mean_wh"], bias=tiling["level_bias"])
-        shift = grid.BITS - level
+        g, block = len(bbox), tiling["block"]
         minx, miny, sx, sy = grid.world_scale(state["world"])
         counts = cp.empty(g, dtype=cp.int64)
-        self._launch("poly_cell_count", g, block, (bbox, np.int64(g), minx, miny, sx, sy, np.int32(shift), counts))
+        stats = cp.zeros(2, dtype=cp.uint64)
+        args = (state["points"], bbox, np.int64(g), minx, miny, sx, sy, np.int32(grid.BITS - state["level"]),
+                state["cell_start"], state["sorted_pt"])
+        self._launch("candidate_count", g, block, args + (counts, stats))
         offsets = cp.cumsum(counts)
-        e = int(st.read_size(offsets[-1:], "grid entries -> entry buffer size")[0]) if g else 0
-        entries = cp.empty(e, dtype=cp.uint64)
-        self._launch("poly_cell_scatter", g, block, (bbox, np.int64(g), minx, miny, sx, sy, np.int32(shift),
-                                                     offsets, entries))
-        entries = cp.sort(entries)
-        keys = state["point_keys"]
-        pcounts = cp.empty(n, dtype=cp.int64)
-        examined = cp.zeros(1, dtype=cp.uint64)
-        args = (state["points"], keys, np.int64(n), entries, np.int64(e), bbox, np.int32(2 * shift))
-        self._launch("candidate_count", n, block, args + (pcounts, examined))
-        poffsets = cp.cumsum(pcounts)
-        total = poffsets[-1:].astype(cp.uint64) if n else cp.zeros(1, dtype=cp.uint64)
-        c, ex = (int(v) for v in st.read_size(cp.concatenate([total, examined]), "candidate pairs -> buffer size"))
+        examined, c = (int(v) for v in st.read_size(stats, "candidate pairs -> buffer size"))
         cand_pt = cp.empty(c, dtype=cp.int32)
         cand_poly = cp.empty(c, dtype=cp.int32)
-        self._launch("candidate_emit", n, block, args + (poffsets, cand_pt, cand_poly))
+        self._launch("candidate_emit", g, block, args + (offsets, cand_pt, cand_poly))
         state["cand_pt"], state["cand_poly"] = cand_pt, cand_poly
-        st.rows_in, st.rows_out = n, c
-        st.meta.update(pairs_examined=ex, candidates=c, grid_level=level, grid_entries=e)
+        st.rows_in, st.rows_out = g, c
+        st.meta.update(pairs_examined=examined, candidates=c)
 
     def predicate_refine(self, state, st, tiling):
         cp = self.cp
         c = len(state["cand_pt"])
-        keep = cp.empty(c, dtype=cp.int32)
-        stats = cp.zeros(3, dtype=cp.uint64)
+        hits = cp.empty(c, dtype=cp.uint64)      # hits <= candidates: no size read needed up front
+        stats = cp.zeros(4, dtype=cp.uint64)
         within = np.int32(state["inputs"].predicate == "within")
         self._launch("refine", c, tiling["block"], (state["points"], state["coords"], state["ring_offsets"],
                                                     state["geom_ring_offsets"], state["cand_pt"], state["cand_poly"],
-                                                    np.int64(c), within, CCW_ERRBOUND_A, keep, stats))
-        scan = cp.cumsum(keep, dtype=cp.int64)
-        total = scan[-1:].astype(cp.uint64) if c else cp.zeros(1, dtype=cp.uint64)
-        h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_size(cp.concatenate([total, stats]),
-                                                                "hits -> output size"))
-        keys = cp.empty(h, dtype=cp.uint64)
-        self._launch("compact_pairs", c, tiling["block"], (keep, scan, state["cand_pt"], state["cand_poly"],
-                                                           np.int64(c), keys))
-        state["hit_keys"] = keys
+                                                    np.int64(c), within, CCW_ERRBOUND_A, hits, stats))
+        h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_size(stats, "hits -> output size"))
+        state["hits"] = hits[:h]
         st.rows_in, st.rows_out = c, h
         st.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges)
 
     def output_sort(self, state, st, tiling):
-        cp = self.cp
-        keys = cp.sort(state["hit_keys"])
-        h = len(keys)
+        cp, hits = self.cp, state["hits"]
+        h, n, block = len(hits), len(state["points"]), tiling["block"]
+        slot = cp.empty(h, dtype=cp.int32)
+        counts = cp.zeros(n + 1, dtype=cp.int32)
+        self._launch("pair_count", h, block, (hits, np.int64(h), slot, counts))
+        start = cp.cumsum(counts, dtype=cp.int64)
         pt = cp.empty(h, dtype=cp.int64)
         poly = cp.empty(h, dtype=cp.int64)
-        self._launch("decode_pairs", h, tiling["block"], (keys, np.int64(h), pt, poly))
+        self._launch("pair_scatter", h, block, (hits, slot, np.int64(h), start, pt, poly))
+        self._launch("segment_sort", n, block, (start, np.int64(n), poly))
         state["output"] = (pt, poly)
         st.rows_in = st.rows_out = h

@@ -30,6 +30,40 @@ __device__ __forceinline__ void warp_add(unsigned long long* target, unsigned lo
     if ((threadIdx.x & 31) == 0 && v) atomicAdd(target, v);
 }
 
+__device__ __forceinline__ void atomic_min_double(double* addr, double v) {
+    unsigned long long* a = (unsigned long long*)addr;
+    unsigned long long old = *a;
+    while (v < __longlong_as_double(old)) {
+        unsigned long long prev = atomicCAS(a, old, __double_as_longlong(v));
+        if (prev == old) break;
+        old = prev;
+    }
+}
+
+__device__ __forceinline__ void atomic_max_double(double* addr, double v) {
+    unsigned long long* a = (unsigned long long*)addr;
+    unsigned long long old = *a;
+    while (v > __longlong_as_double(old)) {
+        unsigned long long prev = atomicCAS(a, old, __double_as_longlong(v));
+        if (prev == old) break;
+        old = prev;
+    }
+}
+
+// Warp-level min/max/sum, then one atomic per warp: every lane must call these.
+__device__ __forceinline__ void warp_extent(double* summary, double x0, double y0, double x1, double y1) {
+    for (int off = 16; off > 0; off >>= 1) {
+        x0 = fmin(x0, __shfl_down_sync(FULL_MASK, x0, off));
+        y0 = fmin(y0, __shfl_down_sync(FULL_MASK, y0, off));
+        x1 = fmax(x1, __shfl_down_sync(FULL_MASK, x1, off));
+        y1 = fmax(y1, __shfl_down_sync(FULL_MASK, y1, off));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomic_min_double(summary, x0); atomic_min_double(summary + 1, y0);
+        atomic_max_double(summary + 2, x1); atomic_max_double(summary + 3, y1);
+    }
+}
+
 // ---- robust orientation: Shewchuk's filter, exact expansion fallback ----------
 __device__ __forceinline__ void two_sum(double a, double b, double& s, double& e) {
     s = a + b; double bv = s - a; double av = s - bv; e = (a - av) + (b - bv);
@@ -77,116 +111,131 @@ __device__ __forceinline__ int orient2d(double ax, double ay, double bx, double 
     return (det > 0.0) - (det < 0.0);
 }
 
-// ---- bounds --------------------------------------------------------------------
-extern "C" __global__ void polygon_bounds(const double* coords, const int* geom_coord_off, long long G,
-                                          double* bbox) {
-    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (g >= G) return;
-    double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0;
-    for (int k = geom_coord_off[g]; k < geom_coord_off[g + 1]; ++k) {
-        double x = coords[2 * (long long)k], y = coords[2 * (long long)k + 1];
-        x0 = fmin(x0, x); y0 = fmin(y0, y); x1 = fmax(x1, x); y1 = fmax(y1, y);
-    }
-    bbox[4 * g] = x0; bbox[4 * g + 1] = y0; bbox[4 * g + 2] = x1; bbox[4 * g + 3] = y1;
+// ---- bounds: per-polygon bbox, world box and summed bbox sizes in one pass ------
+// summary = [minx, miny, maxx, maxy, sum_w, sum_h], initialised by init_summary.
+extern "C" __global__ void init_summary(double* summary) {
+    if (threadIdx.x < 6) summary[threadIdx.x] = threadIdx.x < 2 ? 1.0 / 0.0 : (threadIdx.x < 4 ? -1.0 / 0.0 : 0.0);
 }
 
-// ---- Morton sort keys: (code << 32) | point index -------------------------------
-extern "C" __global__ void point_keys(const double* pts, long long N, double ox, double oy, double sx, double sy,
-                                      unsigned long long* keys) {
+extern "C" __global__ void polygon_bounds(const double* coords, const int* geom_coord_off, long long G,
+                                          double* bbox, double* summary) {
+    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0, w = 0.0, h = 0.0;
+    if (g < G) {
+        for (int k = geom_coord_off[g]; k < geom_coord_off[g + 1]; ++k) {
+            double x = coords[2 * (long long)k], y = coords[2 * (long long)k + 1];
+            x0 = fmin(x0, x); y0 = fmin(y0, y); x1 = fmax(x1, x); y1 = fmax(y1, y);
+        }
+        bbox[4 * g] = x0; bbox[4 * g + 1] = y0; bbox[4 * g + 2] = x1; bbox[4 * g + 3] = y1;
+        w = x1 - x0; h = y1 - y0;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        w += __shfl_down_sync(FULL_MASK, w, off);
+        h += __shfl_down_sync(FULL_MASK, h, off);
+    }
+    if ((threadIdx.x & 31) == 0) { atomicAdd(summary + 4, w); atomicAdd(summary + 5, h); }
+    warp_extent(summary, x0, y0, x1, y1);
+}
+
+extern "C" __global__ void point_extent(const double* pts, long long N, double* summary) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0;
+    if (i < N) { x0 = x1 = pts[2 * i]; y0 = y1 = pts[2 * i + 1]; }
+    warp_extent(summary, x0, y0, x1, y1);
+}
+
+// ---- Morton bucket sort: points grouped by their level-k Morton cell -------------
+// counts has cells + 1 entries: counting into cell + 1 makes its inclusive scan the
+// exclusive cell starts. The slot from the atomic places the point inside its cell.
+extern "C" __global__ void point_cells(const double* pts, long long N, double ox, double oy, double sx, double sy,
+                                       int shift, unsigned int* pcell, int* slot, int* counts) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= N) return;
-    unsigned int code = morton(quantise(pts[2 * i], ox, sx), quantise(pts[2 * i + 1], oy, sy));
-    keys[i] = ((unsigned long long)code << 32) | (unsigned long long)i;
+    unsigned int cell = morton(quantise(pts[2 * i], ox, sx) >> shift, quantise(pts[2 * i + 1], oy, sy) >> shift);
+    pcell[i] = cell;
+    slot[i] = atomicAdd(counts + cell + 1, 1);
 }
 
-// ---- grid of polygon bboxes: entry = (cell Morton code << 32) | polygon ---------
-extern "C" __global__ void poly_cell_count(const double* bbox, long long G, double ox, double oy, double sx,
-                                           double sy, int shift, long long* counts) {
+extern "C" __global__ void point_scatter(const unsigned int* pcell, const int* slot, long long N,
+                                         const int* cell_start, int* sorted_pt) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    sorted_pt[cell_start[pcell[i]] + slot[i]] = (int)i;
+}
+
+// ---- candidate filter: each polygon scans the point buckets its bbox covers -------
+// Two passes over the same loops: count (and sum into stats), then emit at offsets.
+// stats[0] += point-bbox tests (pairs examined), stats[1] += candidates.
+__device__ __forceinline__ void cell_range(const double* b, double ox, double oy, double sx, double sy, int shift,
+                                           unsigned int& x0, unsigned int& y0, unsigned int& x1, unsigned int& y1) {
+    x0 = quantise(b[0], ox, sx) >> shift; x1 = quantise(b[2], ox, sx) >> shift;
+    y0 = quantise(b[1], oy, sy) >> shift; y1 = quantise(b[3], oy, sy) >> shift;
+}
+
+extern "C" __global__ void candidate_count(const double* pts, const double* bbox, long long G, double ox, double oy,
+                                           double sx, double sy, int shift, const int* cell_start,
+                                           const int* sorted_pt, long long* counts, unsigned long long* stats) {
+    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    unsigned long long examined = 0, found = 0;
+    if (g < G) {
+        const double* b = bbox + 4 * g;
+        double bx0 = b[0], by0 = b[1], bx1 = b[2], by1 = b[3];
+        unsigned int x0, y0, x1, y1;
+        cell_range(b, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+        for (unsigned int y = y0; y <= y1; ++y)
+            for (unsigned int x = x0; x <= x1; ++x) {
+                unsigned int cell = morton(x, y);
+                int j0 = cell_start[cell], j1 = cell_start[cell + 1];
+                examined += j1 - j0;
+                for (int j = j0; j < j1; ++j) {
+                    long long p = sorted_pt[j];
+                    double px = pts[2 * p], py = pts[2 * p + 1];
+                    found += (bx0 <= px) & (px <= bx1) & (by0 <= py) & (py <= by1);
+                }
+            }
+        counts[g] = (long long)found;
+    }
+    warp_add(stats, examined);
+    warp_add(stats + 1, found);
+}
+
+extern "C" __global__ void candidate_emit(const double* pts, const double* bbox, long long G, double ox, double oy,
+                                          double sx, double sy, int shift, const int* cell_start,
+                                          const int* sorted_pt, const long long* incl_offsets, int* cand_pt,
+                                          int* cand_poly) {
     long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (g >= G) return;
     const double* b = bbox + 4 * g;
-    long long nx = (quantise(b[2], ox, sx) >> shift) - (quantise(b[0], ox, sx) >> shift) + 1;
-    long long ny = (quantise(b[3], oy, sy) >> shift) - (quantise(b[1], oy, sy) >> shift) + 1;
-    counts[g] = nx * ny;
-}
-
-extern "C" __global__ void poly_cell_scatter(const double* bbox, long long G, double ox, double oy, double sx,
-                                             double sy, int shift, const long long* incl_offsets,
-                                             unsigned long long* entries) {
-    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (g >= G) return;
-    const double* b = bbox + 4 * g;
-    unsigned int x0 = quantise(b[0], ox, sx) >> shift, x1 = quantise(b[2], ox, sx) >> shift;
-    unsigned int y0 = quantise(b[1], oy, sy) >> shift, y1 = quantise(b[3], oy, sy) >> shift;
+    double bx0 = b[0], by0 = b[1], bx1 = b[2], by1 = b[3];
+    unsigned int x0, y0, x1, y1;
+    cell_range(b, ox, oy, sx, sy, shift, x0, y0, x1, y1);
     long long out = g == 0 ? 0 : incl_offsets[g - 1];
     for (unsigned int y = y0; y <= y1; ++y)
-        for (unsigned int x = x0; x <= x1; ++x)
-            entries[out++] = ((unsigned long long)morton(x, y) << 32) | (unsigned long long)g;
-}
-
-__device__ __forceinline__ long long first_entry(const unsigned long long* entries, long long E, unsigned int cell) {
-    unsigned long long key = (unsigned long long)cell << 32;
-    long long lo = 0, hi = E;
-    while (lo < hi) {
-        long long mid = (lo + hi) >> 1;
-        if (entries[mid] < key) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-}
-
-// ---- candidate filter: each point (Morton order) tests the bboxes listed in its cell
-// Two passes over the same loop: count, then (after a scan) emit.
-extern "C" __global__ void candidate_count(const double* pts, const unsigned long long* sorted_keys, long long N,
-                                           const unsigned long long* entries, long long E, const double* bbox,
-                                           int cell_shift, long long* counts, unsigned long long* examined) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    unsigned long long ex = 0;
-    if (i < N) {
-        unsigned long long key = sorted_keys[i];
-        unsigned int cell = (unsigned int)(key >> 32) >> cell_shift;
-        long long p = (long long)(key & 0xffffffffull);
-        double px = pts[2 * p], py = pts[2 * p + 1];
-        long long cnt = 0;
-        for (long long j = first_entry(entries, E, cell); j < E && (unsigned int)(entries[j] >> 32) == cell; ++j) {
-            const double* b = bbox + 4 * (long long)(entries[j] & 0xffffffffull);
-            ++ex;
-            cnt += (b[0] <= px) & (px <= b[2]) & (b[1] <= py) & (py <= b[3]);
+        for (unsigned int x = x0; x <= x1; ++x) {
+            unsigned int cell = morton(x, y);
+            for (int j = cell_start[cell]; j < cell_start[cell + 1]; ++j) {
+                int p = sorted_pt[j];
+                double px = pts[2 * (long long)p], py = pts[2 * (long long)p + 1];
+                if ((bx0 <= px) & (px <= bx1) & (by0 <= py) & (py <= by1)) {
+                    cand_pt[out] = p; cand_poly[out] = (int)g; ++out;
+                }
+            }
         }
-        counts[i] = cnt;
-    }
-    warp_add(examined, ex);
-}
-
-extern "C" __global__ void candidate_emit(const double* pts, const unsigned long long* sorted_keys, long long N,
-                                          const unsigned long long* entries, long long E, const double* bbox,
-                                          int cell_shift, const long long* incl_offsets, int* cand_pt,
-                                          int* cand_poly) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    unsigned long long key = sorted_keys[i];
-    unsigned int cell = (unsigned int)(key >> 32) >> cell_shift;
-    long long p = (long long)(key & 0xffffffffull);
-    double px = pts[2 * p], py = pts[2 * p + 1];
-    long long out = i == 0 ? 0 : incl_offsets[i - 1];
-    for (long long j = first_entry(entries, E, cell); j < E && (unsigned int)(entries[j] >> 32) == cell; ++j) {
-        int g = (int)(entries[j] & 0xffffffffull);
-        const double* b = bbox + 4 * (long long)g;
-        if ((b[0] <= px) & (px <= b[2]) & (b[1] <= py) & (py <= b[3])) {
-            cand_pt[out] = (int)p; cand_poly[out] = g; ++out;
-        }
-    }
 }
 
 // ---- predicate refine: crossing number over every ring edge, exact orientation ---
-// stats[0] += orientations that needed the exact path, stats[1] += edge tests,
-// stats[2] += candidate pairs with the point on the polygon's boundary.
+// Hits are appended as (point << 32 | polygon) keys, one atomic per warp.
+// stats[0] += hits, [1] += orientations that needed the exact path, [2] += edge
+// tests, [3] += candidate pairs with the point on the polygon's boundary.
 extern "C" __global__ void refine(const double* pts, const double* coords, const int* ring_off,
                                   const int* geom_ring_off, const int* cand_pt, const int* cand_poly, long long C,
-                                  int within, double errA, int* keep, unsigned long long* stats) {
+                                  int within, double errA, unsigned long long* hits, unsigned long long* stats) {
     long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     unsigned long long n_exact = 0, n_edges = 0, n_boundary = 0;
+    bool keep = false;
+    int p = 0, g = 0;
     if (c < C) {
-        int p = cand_pt[c], g = cand_poly[c];
+        p = cand_pt[c]; g = cand_poly[c];
         double px = pts[2 * (long long)p], py = pts[2 * (long long)p + 1];
         int crossings = 0;
         bool boundary = false;
@@ -208,25 +257,45 @@ extern "C" __global__ void refine(const double* pts, const double* coords, const
                 ax = bx; ay = by;
             }
         }
-        keep[c] = within ? (crossings && !boundary) : (crossings || boundary);
+        keep = within ? (crossings && !boundary) : (crossings || boundary);
         n_boundary = boundary;
     }
-    warp_add(stats, n_exact);
-    warp_add(stats + 1, n_edges);
-    warp_add(stats + 2, n_boundary);
+    unsigned int ballot = __ballot_sync(FULL_MASK, keep);
+    unsigned long long base = 0;
+    int lane = threadIdx.x & 31;
+    if (lane == 0 && ballot) base = atomicAdd(stats, (unsigned long long)__popc(ballot));
+    base = __shfl_sync(FULL_MASK, base, 0);
+    if (keep) hits[base + __popc(ballot & ((1u << lane) - 1))] = ((unsigned long long)p << 32) | (unsigned int)g;
+    warp_add(stats + 1, n_exact);
+    warp_add(stats + 2, n_edges);
+    warp_add(stats + 3, n_boundary);
 }
 
-// ---- compaction + output: key = (point << 32) | polygon sorts by point, then polygon
-extern "C" __global__ void compact_pairs(const int* keep, const long long* incl_scan, const int* cand_pt,
-                                         const int* cand_poly, long long C, unsigned long long* keys) {
-    long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (c >= C || !keep[c]) return;
-    keys[incl_scan[c] - 1] = ((unsigned long long)cand_pt[c] << 32) | (unsigned int)cand_poly[c];
-}
-
-extern "C" __global__ void decode_pairs(const unsigned long long* keys, long long H, long long* pt, long long* poly) {
+// ---- output sort: counting sort by point, then each point's polygons in order ----
+extern "C" __global__ void pair_count(const unsigned long long* hits, long long H, int* slot, int* counts) {
     long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (h >= H) return;
-    pt[h] = (long long)(keys[h] >> 32);
-    poly[h] = (long long)(keys[h] & 0xffffffffull);
+    slot[h] = atomicAdd(counts + (hits[h] >> 32) + 1, 1);
+}
+
+extern "C" __global__ void pair_scatter(const unsigned long long* hits, const int* slot, long long H,
+                                        const long long* start, long long* out_pt, long long* out_poly) {
+    long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    long long p = (long long)(hits[h] >> 32);
+    long long pos = start[p] + slot[h];
+    out_pt[pos] = p;
+    out_poly[pos] = (long long)(hits[h] & 0xffffffffull);
+}
+
+// A point lies in few polygons: insertion sort of its short segment is cheapest.
+extern "C" __global__ void segment_sort(const long long* start, long long N, long long* out_poly) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    long long s = start[i], e = start[i + 1];
+    for (long long a = s + 1; a < e; ++a) {
+        long long v = out_poly[a], b = a - 1;
+        while (b >= s && out_poly[b] > v) { out_poly[b + 1] = out_poly[b]; --b; }
+        out_poly[b + 1] = v;
+    }
 }

@@ -33,9 +33,10 @@ PARAMS = (
 STAGES = (
     StageSpec("owned_buffer_build", "setup", "copy points, coordinates and offsets into owned (device) buffers"),
     StageSpec("bounds", "setup", "per-polygon bbox and the world box", {"block": BLOCK_SIZES}),
-    StageSpec("morton_sort", "sort", "32-bit Morton code per point, radix sort", {"block": BLOCK_SIZES}),
-    StageSpec("candidate_filter", "filter", "uniform grid of polygon bboxes; each point tests its cell's list",
+    StageSpec("morton_sort", "sort", "counting sort of points into level-k Morton grid cells",
               {"block": BLOCK_SIZES, "level_bias": (0, -1, 1)}),
+    StageSpec("candidate_filter", "filter", "each polygon tests the points of the grid cells its bbox covers",
+              {"block": BLOCK_SIZES}),
     StageSpec("predicate_refine", "refine", "crossing-number point-in-polygon, exact orientation fallback",
               {"block": BLOCK_SIZES}),
     StageSpec("output_sort", "sort", "pairs sorted by point, then polygon", {"block": BLOCK_SIZES}),
@@ -48,7 +49,7 @@ FLOPS_PER_EDGE_TEST = 7  # fast orientation filter: 4 sub, 2 mul, 1 sub (fp64)
 class JoinV1(KernelPlan):
     kernel = "join"
     version = "v1"
-    summary = "grid-binned filter: polygons listed per uniform-grid cell, points in Morton order probe their cell"
+    summary = "grid-binned filter: points bucketed by Morton cell, each polygon scans the cells its bbox covers"
     params_spec = PARAMS
     stages = STAGES
 
@@ -76,17 +77,18 @@ class JoinV1(KernelPlan):
         if stage == "bounds":
             return Cost(v * 16 + n * 16 + g * 32, note="read coords and points once, write bboxes")
         if stage == "morton_sort":
-            return Cost(n * 16 + 2 * 2 * n * 8, note="read points; one read+write pass over 64-bit keys")
+            return Cost(n * 16 + n * 4 + 4 * meta.get("grid_cells", 0) * 2,
+                        note="read points, write the bucketed order, count and scan the cell table")
         if stage == "candidate_filter":
-            e = meta.get("grid_entries", 0)
-            return Cost(g * 32 + 4 * e * 8 + n * 8 + rows_out * 8,
-                        note="bboxes, cell entries built+sorted, codes and order, candidate pairs out")
+            return Cost(g * 32 + n * 20 + rows_out * 8,
+                        note="bboxes, each bucketed point and its coordinates once, candidate pairs out")
         if stage == "predicate_refine":
             tests = meta.get("edge_tests", 0)
             return Cost(rows_in * 8 + v * 16 + n * 16 + rows_out * 8, tests * FLOPS_PER_EDGE_TEST,
                         note="pairs in, every coordinate and point once, hits out; 7 flops per edge test")
         if stage == "output_sort":
-            return Cost(rows_in * 8 * 4, note="one read+write pass over 64-bit keys, decode to two arrays")
+            return Cost(rows_in * (8 + 16) + n * 8,
+                        note="read hit keys, write two int64 columns, scan per-point counts")
         raise KeyError(stage)
 
     def verify(self, inputs: JoinInputs, output) -> dict:
