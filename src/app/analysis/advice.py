@@ -34,7 +34,8 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
         flop = point["flop_pct"] if point else None
         m = s["metadata"]
         if s["cost"]["kind"] == "host_link":
-            bneck, issue = "transfer", f"{m.get('h2d_bytes', 0) / 1e6:.1f} MB host->device"
+            where = "host->device" if s["device"] == "gpu" else "host copy"
+            bneck, issue = "transfer", f"{m.get('owned_bytes', m.get('h2d_bytes', 0)) / 1e6:.1f} MB {where}"
         else:
             bneck = classify(dram, flop)
             issues = []

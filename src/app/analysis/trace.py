@@ -30,6 +30,7 @@ def build_trace(plan, inputs, selection, cold, runs, *, mode: str, nvtx: dict,
             "name": spec.name, "category": spec.category, "device": rec["device"],
             "elapsed_seconds": sp["median"], "spread": sp,
             "cold_seconds": cold.stages[i]["seconds"],
+            "host_seconds": spread([r.stages[i]["host_seconds"] for r in runs])["median"],
             "rows_in": rec["rows_in"], "rows_out": rec["rows_out"],
             "metadata": meta, "tiling": plan.tiling[spec.name], "cost": asdict(cost),
         })

@@ -12,16 +12,26 @@ import time
 from pathlib import Path
 
 OPTIONS = ("--std=c++17", "--fmad=false")
+SCAN_SOURCE = Path(__file__).with_name("scan.cu")
+SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64", "scan_sums_i32",
+                "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
+SCAN_TILE = 2048
+_SCAN_SUFFIX = {("int32", "int32"): ("i32_i32", "i32"), ("int32", "int64"): ("i32_i64", "i64"),
+                ("int64", "int64"): ("i64_i64", "i64")}
 
 
 class CudaModule:
-    def __init__(self, source: Path, stage_kernels: dict, library_calls: dict):
+    """One NVRTC module: the stage kernels' .cu plus scan.cu (the shared prefix sum)."""
+
+    def __init__(self, source: Path, stage_kernels: dict, library_calls: dict, scan_stages=()):
         import cupy
 
         self.cp = cupy
         self.source_path = source
-        self.source = source.read_text()
-        self.stage_kernels = stage_kernels
+        self.scan_stages = set(scan_stages)
+        self.source = SCAN_SOURCE.read_text() + "\n" + source.read_text()
+        self.stage_kernels = {s: tuple(k) + (SCAN_KERNELS if s in self.scan_stages else ())
+                              for s, k in stage_kernels.items()}
         self.library_calls = library_calls
         self.module = cupy.RawModule(code=self.source, options=OPTIONS)
         self.fn: dict = {}
@@ -39,6 +49,22 @@ class CudaModule:
                 "kernels": sorted(self.fn), "occupancy": occupancy,
                 "note": "includes CuPy's on-disk kernel cache: a warm cache makes this a module load"}
 
+    def inclusive_scan(self, x, out_dtype):
+        """Inclusive prefix sum of a 1-D int array on the current stream (no host sync)."""
+        cp = self.cp
+        n = len(x)
+        out = cp.empty(n, dtype=out_dtype)
+        if n == 0:
+            return out
+        tiles_kernel, sums_kind = _SCAN_SUFFIX[(str(x.dtype), str(cp.dtype(out_dtype)))]
+        tiles = (n + SCAN_TILE - 1) // SCAN_TILE
+        sums = cp.empty(tiles, dtype=out_dtype)
+        self.fn[f"scan_tiles_{tiles_kernel}"]((tiles,), (1024,), (x, _i64(n), out, sums))
+        if tiles > 1:
+            self.fn[f"scan_sums_{sums_kind}"]((1,), (1024,), (sums, _i64(tiles)))
+            self.fn[f"add_offsets_{sums_kind}"]((tiles,), (1024,), (out, _i64(n), sums))
+        return out
+
     def resources(self, fn) -> dict:
         out = {}
         for attr in ("num_regs", "shared_size_bytes", "local_size_bytes", "const_size_bytes",
@@ -54,21 +80,29 @@ class CudaModule:
         try:
             from cupy.cuda import driver, runtime
 
-            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, block, 0)
+            # RawModule.get_function gives a RawKernel; the driver handle is its .kernel.ptr.
+            handle = getattr(getattr(fn, "kernel", fn), "ptr")
+            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, block, 0)
             max_threads = runtime.getDeviceProperties(runtime.getDevice())["maxThreadsPerMultiProcessor"]
             return 100.0 * blocks * block / max_threads
         except Exception:
             return None
 
     def ptx(self) -> str:
+        """The PTX NVRTC makes from the same source and options, for a virtual arch of this GPU."""
         if self._ptx is None:
             try:
-                from cupy.cuda import compiler, device
+                from cupy.cuda import device
+                from cupy_backends.cuda.libs import nvrtc
 
-                arch = f"compute_{device.Device().compute_capability}"
-                self._ptx = compiler.compile_using_nvrtc(self.source, OPTIONS, arch)
-                if isinstance(self._ptx, bytes):
-                    self._ptx = self._ptx.decode()
+                arch = f"--gpu-architecture=compute_{device.Device().compute_capability}"
+                prog = nvrtc.createProgram(self.source, self.source_path.name, [], [])
+                try:
+                    nvrtc.compileProgram(prog, [*OPTIONS, arch])
+                    ptx = nvrtc.getPTX(prog)
+                finally:
+                    nvrtc.destroyProgram(prog)
+                self._ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
             except Exception as exc:
                 self._ptx = f"// PTX unavailable: {type(exc).__name__}: {exc}\n"
         return self._ptx
@@ -81,12 +115,20 @@ class CudaModule:
                                                                                                 blocks.get(stage, 256))}
                    for n in names}
             out[stage] = {
-                self.source_path.name: self.source,
+                self.source_path.name: self.source_path.read_text(),
                 self.source_path.stem + ".ptx": self.ptx(),
                 "resources.json": json.dumps({"kernels": res, "compile_options": list(OPTIONS),
                                               "library_calls": self.library_calls.get(stage, "")}, indent=2),
             }
+            if stage in self.scan_stages:
+                out[stage][SCAN_SOURCE.name] = SCAN_SOURCE.read_text()
         for stage, calls in self.library_calls.items():
             if stage not in out:
                 out[stage] = {"resources.json": json.dumps({"kernels": {}, "library_calls": calls}, indent=2)}
         return out
+
+
+def _i64(v):
+    import numpy as np
+
+    return np.int64(v)

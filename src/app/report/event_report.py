@@ -20,12 +20,14 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
         Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "runtime"],
                 rows=[[fmt(v) for v in trace["metadata"]["params"].values()]
                       + [trace["device"]["name"], trace["selected_runtime"]]]),
-        Section("Stages", columns=["Stage", "Duration (us)", "± rel. stdev", "TC%", "DRAM%", "Occ%",
+        Section("Stages", columns=["Stage", "Duration (us)", "± rel. stdev", "Host (us)", "TC%", "DRAM%", "Occ%",
                                    "Bottleneck", "Key Issue"],
                 rows=[[f["stage"], us(s["elapsed_seconds"]), fmt(100 * s["spread"].get("rel_stdev", 0), 1, "%"),
+                       us(s["host_seconds"]),
                        "n/a", fmt(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
                       for f, s in zip(findings, trace["stages"])],
-                note="TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
+                note="Host = time the Python side spent issuing the stage (GPU work is asynchronous: "
+                     "Host close to Duration means the stage is launch-bound). TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
                      "DRAM% = the cost model's minimum bytes / measured time / peak GB/s (a lower bound on "
                      "real traffic). Occ% = theoretical occupancy of the stage's own kernels from registers "
                      "and block size; annotation mode measures achieved values."),

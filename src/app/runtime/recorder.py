@@ -121,13 +121,15 @@ class Recorder:
     def stage(self, spec):
         st = StageContext(spec.name, spec.category, self.device, self.xp)
         self.nvtx.push(spec.name)
+        host0 = time.perf_counter()
         start = self.clock.mark()
         try:
             yield st
         finally:
             end = self.clock.mark()
+            host = time.perf_counter() - host0
             self.nvtx.pop()
-        self._marks.append((st, start, end))
+        self._marks.append((st, start, end, host))
 
     def run(self, plan, inputs, backend):
         """One full plan run; returns (output, RunRecord)."""
@@ -141,6 +143,8 @@ class Recorder:
         stages = [{"name": st.name, "category": st.category, "device": st.device,
                    "seconds": self.clock.seconds(a, b), "rows_in": int(st.rows_in),
                    "rows_out": int(st.rows_out), "meta": dict(st.meta),
-                   "counters": st.counters(), "size_reads": list(st.size_reads)}
-                  for st, a, b in self._marks]
+                   "counters": st.counters(), "size_reads": list(st.size_reads),
+                   # Host time spent issuing the stage: near the device time means launch-bound.
+                   "host_seconds": host}
+                  for st, a, b, host in self._marks]
         return output, RunRecord(stages, self.clock.seconds(t0, t1), wall)

@@ -5,7 +5,7 @@ reads (world box for the grid level, candidate total, hit total), each made
 through ``st.read_size`` so it is counted in the stage's metadata. CuPy's sorts
 (Thrust) are not used, so no library call can synchronise where the counters
 cannot see it; the two sorts here are counting sorts (points by grid cell,
-hits by point) built from our kernels and cupy.cumsum.
+hits by point) built from our kernels and scan.cu.
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ STAGE_KERNELS = {
 # CuPy library calls each stage also makes (kernels with no source of ours to show).
 LIBRARY_CALLS = {
     "owned_buffer_build": "cupy.asarray (H2D copies), cupy.take",
-    "morton_sort": "cupy.zeros (bucket counts), cupy.cumsum (bucket starts)",
-    "candidate_filter": "cupy.zeros (stats), cupy.cumsum (per-polygon offsets)",
+    "morton_sort": "cupy.zeros (bucket counts)",
+    "candidate_filter": "cupy.zeros (stats)",
     "predicate_refine": "cupy.zeros (stats)",
-    "output_sort": "cupy.zeros (per-point counts), cupy.cumsum (per-point starts)",
+    "output_sort": "cupy.zeros (per-point counts)",
 }
 
 
@@ -44,7 +44,8 @@ class JoinGPU:
 
         self.cp = cupy
         self.tiling = tiling
-        self.mod = CudaModule(SOURCE, STAGE_KERNELS, LIBRARY_CALLS)
+        self.mod = CudaModule(SOURCE, STAGE_KERNELS, LIBRARY_CALLS,
+                              scan_stages=("morton_sort", "candidate_filter", "output_sort"))
 
     def compile(self) -> dict:
         return self.mod.compile({s: t.get("block", 256) for s, t in self.tiling.items()})
@@ -98,7 +99,7 @@ class JoinGPU:
         slot = cp.empty(n, dtype=cp.int32)
         counts = cp.zeros((1 << 2 * level) + 1, dtype=cp.int32)
         self._launch("point_cells", n, block, (pts, np.int64(n), minx, miny, sx, sy, shift, pcell, slot, counts))
-        cell_start = cp.cumsum(counts, dtype=cp.int32)
+        cell_start = self.mod.inclusive_scan(counts, cp.int32)
         sorted_pt = cp.empty(n, dtype=cp.int32)
         self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
         state.update(level=level, cell_start=cell_start, sorted_pt=sorted_pt)
@@ -114,7 +115,7 @@ class JoinGPU:
         args = (state["points"], bbox, np.int64(g), minx, miny, sx, sy, np.int32(grid.BITS - state["level"]),
                 state["cell_start"], state["sorted_pt"])
         self._launch("candidate_count", g, block, args + (counts, stats))
-        offsets = cp.cumsum(counts)
+        offsets = self.mod.inclusive_scan(counts, cp.int64)
         examined, c = (int(v) for v in st.read_size(stats, "candidate pairs -> buffer size"))
         cand_pt = cp.empty(c, dtype=cp.int32)
         cand_poly = cp.empty(c, dtype=cp.int32)
@@ -143,7 +144,7 @@ class JoinGPU:
         slot = cp.empty(h, dtype=cp.int32)
         counts = cp.zeros(n + 1, dtype=cp.int32)
         self._launch("pair_count", h, block, (hits, np.int64(h), slot, counts))
-        start = cp.cumsum(counts, dtype=cp.int64)
+        start = self.mod.inclusive_scan(counts, cp.int64)
         pt = cp.empty(h, dtype=cp.int64)
         poly = cp.empty(h, dtype=cp.int64)
         self._launch("pair_scatter", h, block, (hits, slot, np.int64(h), start, pt, poly))
