@@ -44,6 +44,7 @@ class JoinGPU:
 
         self.cp = cupy
         self.tiling = tiling
+        self.sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.mod = CudaModule(SOURCE, STAGE_KERNELS, LIBRARY_CALLS,
                               scan_stages=("morton_sort", "candidate_filter", "output_sort"))
 
@@ -83,7 +84,9 @@ class JoinGPU:
         self.mod.fn["init_summary"]((1,), (32,), (summary,))
         self._launch("polygon_bounds", g, tiling["block"], (state["coords"], state["geom_coord_offsets"],
                                                             np.int64(g), bbox, summary))
-        self._launch("point_extent", len(pts), tiling["block"], (pts, np.int64(len(pts)), summary))
+        if len(pts):   # fixed grid, grid-stride loop: few blocks, few atomics
+            blocks = min((len(pts) + tiling["block"] - 1) // tiling["block"], 4 * self.sm_count)
+            self.mod.fn["point_extent"]((blocks,), (tiling["block"],), (pts, np.int64(len(pts)), summary))
         # One read sizes the grid: world box and mean bbox size choose the level.
         host = st.read_size(summary, "world box + mean bbox size -> grid level")
         state["bbox"], state["world"], state["mean_wh"] = bbox, host[:4], (host[4] / max(g, 1), host[5] / max(g, 1))
@@ -114,12 +117,12 @@ class JoinGPU:
         stats = cp.zeros(2, dtype=cp.uint64)
         args = (state["points"], bbox, np.int64(g), minx, miny, sx, sy, np.int32(grid.BITS - state["level"]),
                 state["cell_start"], state["sorted_pt"])
-        self._launch("candidate_count", g, block, args + (counts, stats))
+        self._launch("candidate_count", 32 * g, block, args + (counts, stats))   # a warp per polygon
         offsets = self.mod.inclusive_scan(counts, cp.int64)
         examined, c = (int(v) for v in st.read_size(stats, "candidate pairs -> buffer size"))
         cand_pt = cp.empty(c, dtype=cp.int32)
         cand_poly = cp.empty(c, dtype=cp.int32)
-        self._launch("candidate_emit", g, block, args + (offsets, cand_pt, cand_poly))
+        self._launch("candidate_emit", 32 * g, block, args + (offsets, cand_pt, cand_poly))
         state["cand_pt"], state["cand_poly"] = cand_pt, cand_poly
         st.rows_in, st.rows_out = g, c
         st.meta.update(pairs_examined=examined, candidates=c)

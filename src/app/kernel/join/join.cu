@@ -24,12 +24,6 @@ __device__ __forceinline__ unsigned int morton(unsigned int qx, unsigned int qy)
     return spread_bits(qx) | (spread_bits(qy) << 1);
 }
 
-// One atomic per warp instead of one per thread: every lane must call this.
-__device__ __forceinline__ void warp_add(unsigned long long* target, unsigned long long v) {
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(FULL_MASK, v, off);
-    if ((threadIdx.x & 31) == 0 && v) atomicAdd(target, v);
-}
-
 __device__ __forceinline__ void atomic_min_double(double* addr, double v) {
     unsigned long long* a = (unsigned long long*)addr;
     unsigned long long old = *a;
@@ -50,15 +44,61 @@ __device__ __forceinline__ void atomic_max_double(double* addr, double v) {
     }
 }
 
-// Warp-level min/max/sum, then one atomic per warp: every lane must call these.
-__device__ __forceinline__ void warp_extent(double* summary, double x0, double y0, double x1, double y1) {
+// Block-wide aggregation: one atomic per block and counter instead of one per thread
+// (same-address atomics serialise in L2). Every thread of the block must call these.
+template <int K>
+__device__ __forceinline__ void block_add(unsigned long long* target, const unsigned long long (&v)[K]) {
+    __shared__ unsigned long long part[K][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    for (int k = 0; k < K; ++k) {
+        unsigned long long x = v[k];
+        for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(FULL_MASK, x, off);
+        if (lane == 0) part[k][warp] = x;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        for (int k = 0; k < K; ++k) {
+            unsigned long long x = lane < warps ? part[k][lane] : 0ull;
+            for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(FULL_MASK, x, off);
+            if (lane == 0 && x) atomicAdd(target + k, x);
+        }
+    }
+}
+
+// Slot of this thread's item in an append-only buffer: one atomic per block; order
+// inside the block is deterministic, across blocks it is not (output_sort orders).
+__device__ __forceinline__ unsigned long long block_append(bool keep, unsigned long long* counter) {
+    __shared__ unsigned int warp_base[32];
+    __shared__ unsigned long long block_base;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    unsigned int ballot = __ballot_sync(FULL_MASK, keep);
+    if (lane == 0) warp_base[warp] = __popc(ballot);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int total = 0;
+        for (int w = 0; w < warps; ++w) { unsigned int c = warp_base[w]; warp_base[w] = total; total += c; }
+        block_base = total ? atomicAdd(counter, (unsigned long long)total) : 0ull;
+    }
+    __syncthreads();
+    return block_base + warp_base[warp] + __popc(ballot & ((1u << lane) - 1));
+}
+
+__device__ __forceinline__ void block_extent(double* summary, double x0, double y0, double x1, double y1) {
+    __shared__ double part[4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
     for (int off = 16; off > 0; off >>= 1) {
         x0 = fmin(x0, __shfl_down_sync(FULL_MASK, x0, off));
         y0 = fmin(y0, __shfl_down_sync(FULL_MASK, y0, off));
         x1 = fmax(x1, __shfl_down_sync(FULL_MASK, x1, off));
         y1 = fmax(y1, __shfl_down_sync(FULL_MASK, y1, off));
     }
-    if ((threadIdx.x & 31) == 0) {
+    if (lane == 0) { part[0][warp] = x0; part[1][warp] = y0; part[2][warp] = x1; part[3][warp] = y1; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < warps; ++w) {
+            x0 = fmin(x0, part[0][w]); y0 = fmin(y0, part[1][w]);
+            x1 = fmax(x1, part[2][w]); y1 = fmax(y1, part[3][w]);
+        }
         atomic_min_double(summary, x0); atomic_min_double(summary + 1, y0);
         atomic_max_double(summary + 2, x1); atomic_max_double(summary + 3, y1);
     }
@@ -129,19 +169,28 @@ extern "C" __global__ void polygon_bounds(const double* coords, const int* geom_
         bbox[4 * g] = x0; bbox[4 * g + 1] = y0; bbox[4 * g + 2] = x1; bbox[4 * g + 3] = y1;
         w = x1 - x0; h = y1 - y0;
     }
+    __shared__ double wh[2][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int off = 16; off > 0; off >>= 1) {
         w += __shfl_down_sync(FULL_MASK, w, off);
         h += __shfl_down_sync(FULL_MASK, h, off);
     }
-    if ((threadIdx.x & 31) == 0) { atomicAdd(summary + 4, w); atomicAdd(summary + 5, h); }
-    warp_extent(summary, x0, y0, x1, y1);
+    if (lane == 0) { wh[0][warp] = w; wh[1][warp] = h; }
+    block_extent(summary, x0, y0, x1, y1);   // its __syncthreads also publishes wh
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < (int)((blockDim.x + 31) >> 5); ++k) { w += wh[0][k]; h += wh[1][k]; }
+        atomicAdd(summary + 4, w); atomicAdd(summary + 5, h);
+    }
 }
 
+// Grid-stride over points with a fixed grid, so only a few hundred blocks do atomics.
 extern "C" __global__ void point_extent(const double* pts, long long N, double* summary) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0;
-    if (i < N) { x0 = x1 = pts[2 * i]; y0 = y1 = pts[2 * i + 1]; }
-    warp_extent(summary, x0, y0, x1, y1);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < N; i += (long long)gridDim.x * blockDim.x) {
+        double x = pts[2 * i], y = pts[2 * i + 1];
+        x0 = fmin(x0, x); y0 = fmin(y0, y); x1 = fmax(x1, x); y1 = fmax(y1, y);
+    }
+    block_extent(summary, x0, y0, x1, y1);
 }
 
 // ---- Morton bucket sort: points grouped by their level-k Morton cell -------------
@@ -172,10 +221,13 @@ __device__ __forceinline__ void cell_range(const double* b, double ox, double oy
     y0 = quantise(b[1], oy, sy) >> shift; y1 = quantise(b[3], oy, sy) >> shift;
 }
 
+// A warp per polygon: its lanes stride over the points of each covered cell, so
+// 32x more threads are in flight than with a thread per polygon.
 extern "C" __global__ void candidate_count(const double* pts, const double* bbox, long long G, double ox, double oy,
                                            double sx, double sy, int shift, const int* cell_start,
                                            const int* sorted_pt, long long* counts, unsigned long long* stats) {
-    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
+    int lane = threadIdx.x & 31;
     unsigned long long examined = 0, found = 0;
     if (g < G) {
         const double* b = bbox + 4 * g;
@@ -186,24 +238,27 @@ extern "C" __global__ void candidate_count(const double* pts, const double* bbox
             for (unsigned int x = x0; x <= x1; ++x) {
                 unsigned int cell = morton(x, y);
                 int j0 = cell_start[cell], j1 = cell_start[cell + 1];
-                examined += j1 - j0;
-                for (int j = j0; j < j1; ++j) {
+                for (int j = j0 + lane; j < j1; j += 32) {
                     long long p = sorted_pt[j];
                     double px = pts[2 * p], py = pts[2 * p + 1];
+                    ++examined;
                     found += (bx0 <= px) & (px <= bx1) & (by0 <= py) & (py <= by1);
                 }
             }
-        counts[g] = (long long)found;
+        unsigned long long total = found;
+        for (int off = 16; off > 0; off >>= 1) total += __shfl_down_sync(FULL_MASK, total, off);
+        if (lane == 0) counts[g] = (long long)total;
     }
-    warp_add(stats, examined);
-    warp_add(stats + 1, found);
+    unsigned long long v[2] = {examined, found};
+    block_add<2>(stats, v);
 }
 
 extern "C" __global__ void candidate_emit(const double* pts, const double* bbox, long long G, double ox, double oy,
                                           double sx, double sy, int shift, const int* cell_start,
                                           const int* sorted_pt, const long long* incl_offsets, int* cand_pt,
                                           int* cand_poly) {
-    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
+    int lane = threadIdx.x & 31;
     if (g >= G) return;
     const double* b = bbox + 4 * g;
     double bx0 = b[0], by0 = b[1], bx1 = b[2], by1 = b[3];
@@ -213,18 +268,27 @@ extern "C" __global__ void candidate_emit(const double* pts, const double* bbox,
     for (unsigned int y = y0; y <= y1; ++y)
         for (unsigned int x = x0; x <= x1; ++x) {
             unsigned int cell = morton(x, y);
-            for (int j = cell_start[cell]; j < cell_start[cell + 1]; ++j) {
-                int p = sorted_pt[j];
-                double px = pts[2 * (long long)p], py = pts[2 * (long long)p + 1];
-                if ((bx0 <= px) & (px <= bx1) & (by0 <= py) & (py <= by1)) {
-                    cand_pt[out] = p; cand_poly[out] = (int)g; ++out;
+            int j0 = cell_start[cell], j1 = cell_start[cell + 1];
+            for (int base = j0; base < j1; base += 32) {     // same trip count on every lane
+                int j = base + lane, p = 0;
+                bool hit = false;
+                if (j < j1) {
+                    p = sorted_pt[j];
+                    double px = pts[2 * (long long)p], py = pts[2 * (long long)p + 1];
+                    hit = (bx0 <= px) & (px <= bx1) & (by0 <= py) & (py <= by1);
                 }
+                unsigned int ballot = __ballot_sync(FULL_MASK, hit);
+                if (hit) {
+                    long long pos = out + __popc(ballot & ((1u << lane) - 1));
+                    cand_pt[pos] = p; cand_poly[pos] = (int)g;
+                }
+                out += __popc(ballot);
             }
         }
 }
 
 // ---- predicate refine: crossing number over every ring edge, exact orientation ---
-// Hits are appended as (point << 32 | polygon) keys, one atomic per warp.
+// Hits are appended as (point << 32 | polygon) keys, one atomic per block.
 // stats[0] += hits, [1] += orientations that needed the exact path, [2] += edge
 // tests, [3] += candidate pairs with the point on the polygon's boundary.
 extern "C" __global__ void refine(const double* pts, const double* coords, const int* ring_off,
@@ -260,15 +324,10 @@ extern "C" __global__ void refine(const double* pts, const double* coords, const
         keep = within ? (crossings && !boundary) : (crossings || boundary);
         n_boundary = boundary;
     }
-    unsigned int ballot = __ballot_sync(FULL_MASK, keep);
-    unsigned long long base = 0;
-    int lane = threadIdx.x & 31;
-    if (lane == 0 && ballot) base = atomicAdd(stats, (unsigned long long)__popc(ballot));
-    base = __shfl_sync(FULL_MASK, base, 0);
-    if (keep) hits[base + __popc(ballot & ((1u << lane) - 1))] = ((unsigned long long)p << 32) | (unsigned int)g;
-    warp_add(stats + 1, n_exact);
-    warp_add(stats + 2, n_edges);
-    warp_add(stats + 3, n_boundary);
+    unsigned long long slot = block_append(keep, stats);
+    if (keep) hits[slot] = ((unsigned long long)p << 32) | (unsigned int)g;
+    unsigned long long v[3] = {n_exact, n_edges, n_boundary};
+    block_add<3>(stats + 1, v);
 }
 
 // ---- output sort: counting sort by point, then each point's polygons in order ----
