@@ -1,0 +1,111 @@
+"""Bad input: one clear line on stderr, a non-zero exit, no traceback, nothing written."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.kernel.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--points", "2000", "--polygons", "200", "--bench_runs", "2", "--warmup", "0"]
+
+
+def run_cli(args, tmp_path, env=None):
+    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "app.kernel", *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=e, timeout=300)
+
+
+def profiles(root: Path):
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+@pytest.mark.parametrize("args,code,fragment", [
+    (["nope"], 2, "unknown kernel 'nope'"),
+    (["join", "v9"], 2, "unknown version 'v9' of join"),
+    (["join", "--prof_type", "bogus"], 2, "unknown --prof_type 'bogus'"),
+    (["join", "--prof_type", "nsys"], 2, "planned, not built yet"),
+    (["join", "--points", "-5"], 2, "--points=-5 must be >= 0"),
+    (["join", "--points", "lots"], 2, "--points expects int"),
+    (["join", "--predicate", "touches"], 2, "--predicate='touches' is not one of within, intersects"),
+    (["join", "--colour", "red"], 2, "unrecognized arguments: --colour red"),
+    (["join", "--bench_runs", "0"], 2, "--bench_runs must be >= 1"),
+    (["join", "--device", "tpu"], 2, "invalid choice: 'tpu'"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, code, fragment):
+    out = tmp_path / "out"
+    assert main([*args, "--out", str(out)]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0], err
+    assert profiles(out) == [] and not out.exists()
+
+
+def test_unwritable_out_fails_before_running(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["join", *SMALL, "--out", str(blocker / "sub")]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --out DIR with a writable folder" in err[0]
+
+
+def test_read_only_out_folder(tmp_path, capsys):
+    if os.geteuid() == 0:
+        pytest.skip("root writes through read-only permissions")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    assert main(["join", *SMALL, "--out", str(ro)]) == 5
+
+
+def test_explicit_gpu_without_gpu_fails_loudly(tmp_path, capsys):
+    from app.runtime.device import probe_gpu
+
+    if probe_gpu()[0]:
+        pytest.skip("this machine has a usable GPU")
+    out = tmp_path / "out"
+    assert main(["join", *SMALL, "--device", "gpu", "--out", str(out)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device gpu was asked for but" in err[0] and "use --device cpu" in err[0]
+    assert not out.exists()
+
+
+def test_second_concurrent_profile_is_refused(tmp_path, capsys):
+    from app.runtime.lock import device_lock
+
+    out = tmp_path / "out"
+    with device_lock("cpu"):
+        assert main(["join", *SMALL, "--device", "cpu", "--out", str(out)]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another profile is running on cpu" in err[0] and f"pid {os.getpid()}" in err[0]
+    assert profiles(out) == []
+    # Once released, the same command succeeds.
+    assert main(["join", *SMALL, "--device", "cpu", "--out", str(out)]) == 0
+
+
+def test_ctrl_c_leaves_no_partial_profile(tmp_path, capsys, monkeypatch):
+    from app.report import writer
+
+    out = tmp_path / "out"
+    real_dumps = writer.json.dumps
+    calls = {"n": 0}
+
+    def interrupt_on_second_file(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:   # params.json written, trace.json in progress
+            raise KeyboardInterrupt
+        return real_dumps(*a, **k)
+
+    monkeypatch.setattr(writer.json, "dumps", interrupt_on_second_file)
+    assert main(["join", *SMALL, "--device", "cpu", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted: no profile was written"
+    assert profiles(out) == []
+    assert [p.name for p in out.rglob("*") if p.name.startswith(".")] == []
+
+
+def test_subprocess_error_has_no_traceback(tmp_path):
+    r = run_cli(["join", "--points", "-1"], tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: --points=-1 must be >= 0"
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()

@@ -1,0 +1,135 @@
+"""An event-mode profile keeps the truth rules and the output contract (CPU in CI, GPU on the lent machine)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from app.kernel.cli import main
+from tests.conftest import DEVICES
+
+ARGS = ["join", "--points", "20000", "--polygons", "2000", "--bench_runs", "5", "--warmup", "1"]
+STAGES = ["owned_buffer_build", "bounds", "morton_sort", "candidate_filter", "predicate_refine", "output_sort"]
+
+
+def only_profile(out: Path) -> Path:
+    dirs = [p for p in out.glob("profiles/event/join/*/*") if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@pytest.fixture
+def profile(tmp_path, request):
+    device = request.param
+    out = tmp_path / "out"
+    assert main([*ARGS, "--device", device, "--out", str(out), "--nvtx"]) == 0
+    d = only_profile(out)
+    return device, d, json.loads((d / "trace.json").read_text()), json.loads((d / "params.json").read_text())
+
+
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_layout_and_files(profile):
+    device, d, trace, params = profile
+    assert d.parent.name == "v1_points-20k_polygons-2k_vertices-16_predicate-within_layout-uniform_seed-0"
+    assert d.parent.parent == d.parents[1] and d.parents[2].name == "event"
+    names = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
+    assert {"params.json", "trace.json", "report.md"} <= names
+    assert {f"tiling/{s}.json" for s in STAGES} <= names
+    if device == "gpu":
+        for stage in ("bounds", "morton_sort", "candidate_filter", "predicate_refine", "output_sort"):
+            assert {f"compiled/{stage}/join.cu", f"compiled/{stage}/join.ptx",
+                    f"compiled/{stage}/resources.json"} <= names
+        assert ".entry" in (d / "compiled/predicate_refine/join.ptx").read_text()
+        res = json.loads((d / "compiled/predicate_refine/resources.json").read_text())
+        assert res["kernels"]["refine"]["num_regs"] > 0
+
+
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_device_that_ran_is_reported(profile):
+    device, _, trace, params = profile
+    assert trace["selected_runtime"] == device == params["selected_runtime"]
+    assert trace["metadata"]["planner_selected_runtime"] in ("cpu", "gpu")
+    assert [s["device"] for s in trace["stages"]] == [device] * len(STAGES)
+    assert [s["name"] for s in trace["stages"]] == STAGES
+    assert [s["category"] for s in trace["stages"]] == ["setup", "setup", "sort", "filter", "refine", "sort"]
+    for key in ("kernel", "version", "mode", "params", "device", "requested_runtime", "clocks", "tools",
+                "command_line", "git"):
+        assert key in params
+    assert params["device"]["name"] == trace["device"]["name"]
+
+
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_stage_times_add_up_with_spread_and_cold_apart(profile):
+    _, _, trace, _ = profile
+    t = trace["timing"]
+    assert t["timed_runs"] == 5 and t["warmup_runs"] == 1
+    stage_sum = sum(s["elapsed_seconds"] for s in trace["stages"])
+    assert 0 < t["stage_sum_seconds"] <= trace["total_elapsed_seconds"] * 1.0001
+    assert abs(stage_sum - t["stage_sum_seconds"]) / t["stage_sum_seconds"] < 0.25   # medians of parts vs sums
+    assert 0 <= t["uncovered_fraction"] < 0.10
+    for s in trace["stages"]:
+        sp = s["spread"]
+        assert sp["runs"] == 5 and sp["min"] <= sp["median"] <= sp["max"]
+        assert sp["stable"] == (sp["rel_stdev"] <= 0.02)
+        assert s["cold_seconds"] > 0
+    assert trace["cold"]["total_seconds"] > 0 and "compile_seconds" in trace["cold"]
+
+
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_rows_metadata_and_counters(profile):
+    device, _, trace, _ = profile
+    by = {s["name"]: s for s in trace["stages"]}
+    assert by["owned_buffer_build"]["rows_in"] == 22000
+    assert by["candidate_filter"]["metadata"]["pairs_examined"] >= by["candidate_filter"]["rows_out"] > 0
+    assert by["predicate_refine"]["rows_in"] == by["candidate_filter"]["rows_out"]
+    assert by["output_sort"]["rows_out"] == by["predicate_refine"]["rows_out"] == trace["metadata"]["verification"]["pairs"]
+    assert trace["metadata"]["verification"]["matches"] is True
+    reads = [by[s]["metadata"]["allocation_size_reads"] for s in STAGES]
+    h2d = by["owned_buffer_build"]["metadata"]["h2d_copies"]
+    if device == "gpu":
+        assert reads == [0, 1, 0, 1, 1, 0] and h2d == 4
+        assert [by[s]["metadata"]["d2h_copies"] for s in STAGES] == reads   # no other device->host traffic
+    else:
+        assert reads == [0] * 6 and h2d == 0
+
+
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_nvtx_reported_as_emitted_only_when_emitted(profile):
+    _, _, trace, _ = profile
+    nv = trace["metadata"]["nvtx"]
+    assert nv["requested"] and nv["emitted"] and nv["domain"] == "join"
+    assert nv["ranges"] == len(STAGES) * (1 + 1 + 5)   # cold + warm-up + timed runs
+
+
+def test_nvtx_off_and_disabled(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert main([*ARGS, "--device", "cpu", "--out", str(out / "a")]) == 0
+    nv = json.loads((only_profile(out / "a") / "trace.json").read_text())["metadata"]["nvtx"]
+    assert nv == {"requested": False, "emitted": False, "ranges": 0, "domain": "join",
+                  "detail": "not requested (pass --nvtx)"}
+    monkeypatch.setenv("NVTX_DISABLE", "1")
+    assert main([*ARGS, "--device", "cpu", "--nvtx", "--out", str(out / "b")]) == 0
+    nv = json.loads((only_profile(out / "b") / "trace.json").read_text())["metadata"]["nvtx"]
+    assert nv["requested"] and not nv["emitted"] and nv["detail"] == "NVTX_DISABLE is set"
+
+
+def test_report_contract_and_baseline(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*ARGS, "--device", "cpu", "--out", str(out / "a")]) == 0
+    first = only_profile(out / "a")
+    capsys.readouterr()
+    assert main([*ARGS, "--device", "cpu", "--out", str(out / "b"), "--baseline", str(first), "--json"]) == 0
+    trace = json.loads(capsys.readouterr().out)          # --json: stdout is the trace, nothing else
+    assert trace["kernel"] == "join" and len(trace["stages"]) == 6
+    report = (only_profile(out / "b") / "report.md").read_text()
+    for heading in ("# Profile: join v1", "## Configuration", "## Stages", "**Bottleneck:**", "**Root cause:**",
+                    "## Top 3 Opportunities (ranked by estimated impact)", "## vs Baseline", "## Timing",
+                    "## Transfers and syncs", "## Cold start"):
+        assert heading in report, heading
+    assert "| total (us) |" in report and "| predicate_refine (us) |" in report
+    assert "trigger:" in report
+
+
+def test_bad_baseline_is_one_line(tmp_path, capsys):
+    assert main([*ARGS, "--baseline", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a readable profile trace" in err[0]
