@@ -120,6 +120,8 @@ class JoinGPU:
         self._launch("candidate_count", 32 * g, block, args + (counts, stats))   # a warp per polygon
         offsets = self.mod.inclusive_scan(counts, cp.int64)
         examined, c = (int(v) for v in st.read_size(stats, "candidate pairs -> buffer size"))
+        if c >= 2**31:
+            raise ValueError(f"{c} candidate pairs: more than refine's int32 indexing allows; split the points")
         cand_pt = cp.empty(c, dtype=cp.int32)
         cand_poly = cp.empty(c, dtype=cp.int32)
         self._launch("candidate_emit", 32 * g, block, args + (offsets, cand_pt, cand_poly))
@@ -135,7 +137,7 @@ class JoinGPU:
         within = np.int32(state["inputs"].predicate == "within")
         self._launch("refine", c, tiling["block"], (state["points"], state["coords"], state["ring_offsets"],
                                                     state["geom_ring_offsets"], state["cand_pt"], state["cand_poly"],
-                                                    np.int64(c), within, CCW_ERRBOUND_A, hits, stats))
+                                                    np.int32(c), within, CCW_ERRBOUND_A, hits, stats))
         h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_size(stats, "hits -> output size"))
         state["hits"] = hits[:h]
         st.rows_in, st.rows_out = c, h

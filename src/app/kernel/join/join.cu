@@ -223,7 +223,7 @@ __device__ __forceinline__ void cell_range(const double* b, double ox, double oy
 
 // A warp per polygon: its lanes stride over the points of each covered cell, so
 // 32x more threads are in flight than with a thread per polygon.
-extern "C" __global__ void candidate_count(const double* pts, const double* bbox, long long G, double ox, double oy,
+extern "C" __global__ void candidate_count(const double2* pts, const double* bbox, long long G, double ox, double oy,
                                            double sx, double sy, int shift, const int* cell_start,
                                            const int* sorted_pt, long long* counts, unsigned long long* stats) {
     long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
@@ -239,10 +239,9 @@ extern "C" __global__ void candidate_count(const double* pts, const double* bbox
                 unsigned int cell = morton(x, y);
                 int j0 = cell_start[cell], j1 = cell_start[cell + 1];
                 for (int j = j0 + lane; j < j1; j += 32) {
-                    long long p = sorted_pt[j];
-                    double px = pts[2 * p], py = pts[2 * p + 1];
+                    const double2 q = pts[sorted_pt[j]];
                     ++examined;
-                    found += (bx0 <= px) & (px <= bx1) & (by0 <= py) & (py <= by1);
+                    found += (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
                 }
             }
         unsigned long long total = found;
@@ -253,7 +252,7 @@ extern "C" __global__ void candidate_count(const double* pts, const double* bbox
     block_add<2>(stats, v);
 }
 
-extern "C" __global__ void candidate_emit(const double* pts, const double* bbox, long long G, double ox, double oy,
+extern "C" __global__ void candidate_emit(const double2* pts, const double* bbox, long long G, double ox, double oy,
                                           double sx, double sy, int shift, const int* cell_start,
                                           const int* sorted_pt, const long long* incl_offsets, int* cand_pt,
                                           int* cand_poly) {
@@ -274,8 +273,8 @@ extern "C" __global__ void candidate_emit(const double* pts, const double* bbox,
                 bool hit = false;
                 if (j < j1) {
                     p = sorted_pt[j];
-                    double px = pts[2 * (long long)p], py = pts[2 * (long long)p + 1];
-                    hit = (bx0 <= px) & (px <= bx1) & (by0 <= py) & (py <= by1);
+                    const double2 q = pts[p];
+                    hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
                 }
                 unsigned int ballot = __ballot_sync(FULL_MASK, hit);
                 if (hit) {
@@ -291,34 +290,36 @@ extern "C" __global__ void candidate_emit(const double* pts, const double* bbox,
 // Hits are appended as (point << 32 | polygon) keys, one atomic per block.
 // stats[0] += hits, [1] += orientations that needed the exact path, [2] += edge
 // tests, [3] += candidate pairs with the point on the polygon's boundary.
-extern "C" __global__ void refine(const double* pts, const double* coords, const int* ring_off,
-                                  const int* geom_ring_off, const int* cand_pt, const int* cand_poly, long long C,
-                                  int within, double errA, unsigned long long* hits, unsigned long long* stats) {
-    long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+extern "C" __global__ void __launch_bounds__(256, 4)
+refine(const double2* pts, const double2* coords, const int* ring_off, const int* geom_ring_off,
+       const int* cand_pt, const int* cand_poly, int C, int within, double errA, unsigned long long* hits,
+       unsigned long long* stats) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned long long n_exact = 0, n_edges = 0, n_boundary = 0;
     bool keep = false;
     int p = 0, g = 0;
     if (c < C) {
         p = cand_pt[c]; g = cand_poly[c];
-        double px = pts[2 * (long long)p], py = pts[2 * (long long)p + 1];
+        const double2 q = pts[p];
         int crossings = 0;
         bool boundary = false;
-        for (int r = geom_ring_off[g]; r < geom_ring_off[g + 1]; ++r) {
+        for (int r = geom_ring_off[g], r1 = geom_ring_off[g + 1]; r < r1; ++r) {
             int k0 = ring_off[r], k1 = ring_off[r + 1] - 1;
-            double ax = coords[2 * (long long)k0], ay = coords[2 * (long long)k0 + 1];
+            double2 a = coords[k0];
             n_edges += k1 - k0;
             for (int k = k0; k < k1; ++k) {
-                double bx = coords[2 * (long long)k + 2], by = coords[2 * (long long)k + 3];
-                bool above_a = ay > py, above_b = by > py;
+                const double2 b = coords[k + 1];
+                bool above_a = a.y > q.y, above_b = b.y > q.y;
                 bool straddle = above_a != above_b;
-                bool in_box = fmin(ax, bx) <= px && px <= fmax(ax, bx) && fmin(ay, by) <= py && py <= fmax(ay, by);
+                bool in_box = fmin(a.x, b.x) <= q.x && q.x <= fmax(a.x, b.x) && fmin(a.y, b.y) <= q.y &&
+                              q.y <= fmax(a.y, b.y);
                 if (straddle || in_box) {
-                    int o = orient2d(ax, ay, bx, by, px, py, errA, n_exact);
+                    int o = orient2d(a.x, a.y, b.x, b.y, q.x, q.y, errA, n_exact);
                     boundary |= (o == 0) && in_box;
                     // Upward edge (b above): the crossing is right of p iff p is left of a->b.
                     crossings ^= straddle && (above_b ? o > 0 : o < 0);
                 }
-                ax = bx; ay = by;
+                a = b;
             }
         }
         keep = within ? (crossings && !boundary) : (crossings || boundary);

@@ -38,7 +38,7 @@ STAGES = (
     StageSpec("candidate_filter", "filter", "each polygon tests the points of the grid cells its bbox covers",
               {"block": BLOCK_SIZES}),
     StageSpec("predicate_refine", "refine", "crossing-number point-in-polygon, exact orientation fallback",
-              {"block": BLOCK_SIZES}),
+              {"block": (256, 128)}),   # refine is compiled with __launch_bounds__(256, 4)
     StageSpec("output_sort", "sort", "pairs sorted by point, then polygon", {"block": BLOCK_SIZES}),
 )
 
