@@ -311,6 +311,9 @@ refine(const double2* pts, const double2* coords, const int* ring_off, const int
                 const double2 b = coords[k + 1];
                 bool above_a = a.y > q.y, above_b = b.y > q.y;
                 bool straddle = above_a != above_b;
+                // Most edges lie wholly above or below the point: without a straddle the
+                // point can only touch the edge at the height of one of its ends.
+                if (!straddle && a.y != q.y && b.y != q.y) { a = b; continue; }
                 bool in_box = fmin(a.x, b.x) <= q.x && q.x <= fmax(a.x, b.x) && fmin(a.y, b.y) <= q.y &&
                               q.y <= fmax(a.y, b.y);
                 if (straddle || in_box) {
