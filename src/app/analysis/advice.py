@@ -59,9 +59,10 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
     for f in findings:
         s = by_name[f["stage"]]
         if f["bottleneck"] == "transfer" and f["share_pct"] >= H2D_SHARE_PCT:
-            ops.append({"name": f"Keep inputs device-resident across calls ({f['stage']})",
+            ops.append({"name": f"Keep inputs device-resident across calls, or copy from pinned memory "
+                                f"({f['stage']})",
                         "gain_pct": f["share_pct"],
-                        "trigger": f"h2d_share={f['share_pct']:.0f}%, h2d_bytes={s['metadata'].get('h2d_bytes', 0)}"})
+                        "trigger": f"h2d_share={f['share_pct']:.0f}%, h2d_gbps={_gbps(s):.1f}"})
             continue
         point = roof.get("stages", {}).get(f["stage"]) if roof.get("available") else None
         if not point:
@@ -91,12 +92,26 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
     return sorted(ops, key=lambda o: -(o["gain_pct"] or 0.0))
 
 
+def _gbps(stage: dict) -> float:
+    m = stage["metadata"]
+    return m.get("h2d_bytes", 0) / stage["elapsed_seconds"] / 1e9 if stage["elapsed_seconds"] > 0 else 0.0
+
+
 def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
     """(bottleneck line, root cause in at most two sentences)."""
     device_stages = [f for f in findings if f["bottleneck"] not in ("transfer",)]
     if not device_stages:
         return "n/a", "No device stages were timed."
     top = max(device_stages, key=lambda f: f["share_pct"])
+    transfer = [f for f in findings if f["bottleneck"] == "transfer"]
+    if transfer and transfer[0]["share_pct"] >= 50 and trace["selected_runtime"] == "gpu":
+        t = transfer[0]
+        stage = next(s for s in trace["stages"] if s["name"] == t["stage"])
+        rest = sum(s["elapsed_seconds"] for s in trace["stages"] if s["name"] != t["stage"])
+        return ("Transfer-bound (host->device copy)",
+                f"{t['stage']} copies {t['key_issue'].split(' host')[0]} at {_gbps(stage):.1f} GB/s and takes "
+                f"{t['share_pct']:.0f}% of the plan. The device stages after it take {rest * 1e6:,.0f} us together "
+                f"and are {top['bottleneck']}, led by {top['stage']}.")
     if top["bottleneck"] == "n/a":
         why = roof.get("why", "no roofline")
         return ("unclassified (no roofline)",
