@@ -20,6 +20,9 @@ from app.runtime.nvtx import Nvtx
 
 
 class CpuClock:
+    def begin(self) -> None:
+        pass
+
     def mark(self):
         return time.perf_counter()
 
@@ -31,15 +34,27 @@ class CpuClock:
 
 
 class GpuClock:
-    """CUDA events on the current stream: GPU-timeline time between marks."""
+    """CUDA events on the current stream: GPU-timeline time between marks.
+
+    Events are pooled and reused run after run (a run's times are read before
+    the next run starts), so creating them adds no host time to the stages.
+    """
 
     def __init__(self):
         import cupy
 
         self._cp = cupy
+        self._pool: list = []
+        self._next = 0
+
+    def begin(self) -> None:
+        self._next = 0
 
     def mark(self):
-        ev = self._cp.cuda.Event()
+        if self._next == len(self._pool):
+            self._pool.append(self._cp.cuda.Event())
+        ev = self._pool[self._next]
+        self._next += 1
         ev.record()
         return ev
 
@@ -134,6 +149,7 @@ class Recorder:
     def run(self, plan, inputs, backend):
         """One full plan run; returns (output, RunRecord)."""
         self._marks = []
+        self.clock.begin()
         wall0 = time.perf_counter()
         t0 = self.clock.mark()
         output = plan.run(inputs, backend, self)

@@ -77,10 +77,10 @@ class JoinGPU:
                        vertices=polys.n_coords, owned_bytes=int(inp.points.nbytes + polys.nbytes()))
 
     def bounds(self, state, st, tiling):
-        cp = self.cp
+        cp, ws = self.cp, self.mod.ws
         g, pts = state["inputs"].polygons.n_geoms, state["points"]
-        bbox = cp.empty((g, 4), dtype=cp.float64)
-        summary = cp.empty(6, dtype=cp.float64)
+        bbox = ws.empty("bbox", (g, 4), cp.float64)
+        summary = ws.empty("summary", 6, cp.float64)
         self.mod.fn["init_summary"]((1,), (32,), (summary,))
         self._launch("polygon_bounds", g, tiling["block"], (state["coords"], state["geom_coord_offsets"],
                                                             np.int64(g), bbox, summary))
@@ -93,47 +93,47 @@ class JoinGPU:
         st.rows_in, st.rows_out = g + len(pts), g
 
     def morton_sort(self, state, st, tiling):
-        cp, pts = self.cp, state["points"]
+        cp, ws, pts = self.cp, self.mod.ws, state["points"]
         n, block = len(pts), tiling["block"]
         level = grid.grid_level(state["world"], *state["mean_wh"], bias=tiling["level_bias"])
         minx, miny, sx, sy = grid.world_scale(state["world"])
         shift = np.int32(grid.BITS - level)
-        pcell = cp.empty(n, dtype=cp.uint32)
-        slot = cp.empty(n, dtype=cp.int32)
-        counts = cp.zeros((1 << 2 * level) + 1, dtype=cp.int32)
+        pcell = ws.empty("pcell", n, cp.uint32)
+        slot = ws.empty("point_slot", n, cp.int32)
+        counts = ws.zeros("cell_counts", (1 << 2 * level) + 1, cp.int32)
         self._launch("point_cells", n, block, (pts, np.int64(n), minx, miny, sx, sy, shift, pcell, slot, counts))
-        cell_start = self.mod.inclusive_scan(counts, cp.int32)
-        sorted_pt = cp.empty(n, dtype=cp.int32)
+        cell_start = self.mod.inclusive_scan(counts, cp.int32, "cell_start")
+        sorted_pt = ws.empty("sorted_pt", n, cp.int32)
         self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
         state.update(level=level, cell_start=cell_start, sorted_pt=sorted_pt)
         st.rows_in = st.rows_out = n
         st.meta.update(grid_level=level, grid_cells=1 << 2 * level)
 
     def candidate_filter(self, state, st, tiling):
-        cp, bbox = self.cp, state["bbox"]
+        cp, ws, bbox = self.cp, self.mod.ws, state["bbox"]
         g, block = len(bbox), tiling["block"]
         minx, miny, sx, sy = grid.world_scale(state["world"])
-        counts = cp.empty(g, dtype=cp.int64)
-        stats = cp.zeros(2, dtype=cp.uint64)
+        counts = ws.empty("poly_counts", g, cp.int64)
+        stats = ws.zeros("filter_stats", 2, cp.uint64)
         args = (state["points"], bbox, np.int64(g), minx, miny, sx, sy, np.int32(grid.BITS - state["level"]),
                 state["cell_start"], state["sorted_pt"])
         self._launch("candidate_count", 32 * g, block, args + (counts, stats))   # a warp per polygon
-        offsets = self.mod.inclusive_scan(counts, cp.int64)
+        offsets = self.mod.inclusive_scan(counts, cp.int64, "poly_offsets")
         examined, c = (int(v) for v in st.read_size(stats, "candidate pairs -> buffer size"))
         if c >= 2**31:
             raise ValueError(f"{c} candidate pairs: more than refine's int32 indexing allows; split the points")
-        cand_pt = cp.empty(c, dtype=cp.int32)
-        cand_poly = cp.empty(c, dtype=cp.int32)
+        cand_pt = ws.empty("cand_pt", c, cp.int32)
+        cand_poly = ws.empty("cand_poly", c, cp.int32)
         self._launch("candidate_emit", 32 * g, block, args + (offsets, cand_pt, cand_poly))
         state["cand_pt"], state["cand_poly"] = cand_pt, cand_poly
         st.rows_in, st.rows_out = g, c
         st.meta.update(pairs_examined=examined, candidates=c)
 
     def predicate_refine(self, state, st, tiling):
-        cp = self.cp
+        cp, ws = self.cp, self.mod.ws
         c = len(state["cand_pt"])
-        hits = cp.empty(c, dtype=cp.uint64)      # hits <= candidates: no size read needed up front
-        stats = cp.zeros(4, dtype=cp.uint64)
+        hits = ws.empty("hits", c, cp.uint64)      # hits <= candidates: no size read needed up front
+        stats = ws.zeros("refine_stats", 4, cp.uint64)
         within = np.int32(state["inputs"].predicate == "within")
         self._launch("refine", c, tiling["block"], (state["points"], state["coords"], state["ring_offsets"],
                                                     state["geom_ring_offsets"], state["cand_pt"], state["cand_poly"],
@@ -144,13 +144,13 @@ class JoinGPU:
         st.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges)
 
     def output_sort(self, state, st, tiling):
-        cp, hits = self.cp, state["hits"]
+        cp, ws, hits = self.cp, self.mod.ws, state["hits"]
         h, n, block = len(hits), len(state["points"]), tiling["block"]
-        slot = cp.empty(h, dtype=cp.int32)
-        counts = cp.zeros(n + 1, dtype=cp.int32)
+        slot = ws.empty("hit_slot", h, cp.int32)
+        counts = ws.zeros("point_counts", n + 1, cp.int32)
         self._launch("pair_count", h, block, (hits, np.int64(h), slot, counts))
-        start = self.mod.inclusive_scan(counts, cp.int64)
-        pt = cp.empty(h, dtype=cp.int64)
+        start = self.mod.inclusive_scan(counts, cp.int64, "point_start")
+        pt = cp.empty(h, dtype=cp.int64)        # handed to the caller: never workspace
         poly = cp.empty(h, dtype=cp.int64)
         self._launch("pair_scatter", h, block, (hits, slot, np.int64(h), start, pt, poly))
         self._launch("segment_sort", n, block, (start, np.int64(n), poly))
