@@ -22,6 +22,6 @@ def test_inclusive_scan_matches_numpy(module, n, in_dtype, out_dtype):
 
     rng = np.random.default_rng(n)
     x = rng.integers(0, 7, n).astype(in_dtype)
-    got = cp.asnumpy(module.inclusive_scan(cp.asarray(x), out_dtype))
+    got = cp.asnumpy(module.inclusive_scan(cp.asarray(x), out_dtype, "test"))
     np.testing.assert_array_equal(got, np.cumsum(x, dtype=out_dtype))
     assert got.dtype == np.dtype(out_dtype)
