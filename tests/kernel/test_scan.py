@@ -15,7 +15,7 @@ def module():
     return mod
 
 
-@pytest.mark.parametrize("n", [0, 1, 2047, 2048, 2049, 1024 * 2048 + 5, 5_000_000])
+@pytest.mark.parametrize("n", [0, 1, 2047, 2048, 2049, 1024 * 2048 + 5, 4096 * 2048, 4096 * 2048 + 1, 20_000_000])
 @pytest.mark.parametrize("in_dtype,out_dtype", [("int32", "int32"), ("int32", "int64"), ("int64", "int64")])
 def test_inclusive_scan_matches_numpy(module, n, in_dtype, out_dtype):
     import cupy as cp

@@ -11,11 +11,14 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 OPTIONS = ("--std=c++17", "--fmad=false")
 SCAN_SOURCE = Path(__file__).with_name("scan.cu")
 SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64", "scan_sums_i32",
                 "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
 SCAN_TILE = 2048
+SMALL_SCAN_TILES = 4096   # up to here each tile sums its predecessors itself: two launches, not three
 _SCAN_SUFFIX = {("int32", "int32"): ("i32_i32", "i32"), ("int32", "int64"): ("i32_i64", "i64"),
                 ("int64", "int64"): ("i64_i64", "i64")}
 
@@ -92,8 +95,10 @@ class CudaModule:
         sums = self.ws.empty(tag + ".tile_sums", tiles, out_dtype)
         self.fn[f"scan_tiles_{tiles_kernel}"]((tiles,), (1024,), (x, _i64(n), out, sums))
         if tiles > 1:
-            self.fn[f"scan_sums_{sums_kind}"]((1,), (1024,), (sums, _i64(tiles)))
-            self.fn[f"add_offsets_{sums_kind}"]((tiles,), (1024,), (out, _i64(n), sums))
+            scanned = tiles > SMALL_SCAN_TILES
+            if scanned:
+                self.fn[f"scan_sums_{sums_kind}"]((1,), (1024,), (sums, _i64(tiles)))
+            self.fn[f"add_offsets_{sums_kind}"]((tiles,), (1024,), (out, _i64(n), sums, np.int32(scanned)))
         return out
 
     def resources(self, fn) -> dict:
@@ -160,6 +165,4 @@ class CudaModule:
 
 
 def _i64(v):
-    import numpy as np
-
     return np.int64(v)

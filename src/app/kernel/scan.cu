@@ -1,4 +1,4 @@
-// Inclusive prefix sum in three launches (tiles, tile sums, add), replacing
+// Inclusive prefix sum in two launches (tiles, add) -- three past 4096 tiles --, replacing
 // cupy.cumsum whose ~30 us of host overhead per call dominated small stages.
 // Instantiated for the input/output integer types the kernels use.
 
@@ -64,10 +64,25 @@ __device__ void scan_sums(Out* sums, long long t) {
     }
 }
 
+// sums_scanned: 1 when scan_sums already turned the tile sums into prefixes;
+// 0 when each block adds up the sums of the tiles before it itself (cheap for a
+// few thousand tiles, and it saves a launch).
 template <typename Out>
-__device__ void add_tile_offsets(Out* out, long long n, const Out* sums) {
+__device__ void add_tile_offsets(Out* out, long long n, const Out* sums, int sums_scanned) {
     if (blockIdx.x == 0) return;
-    Out add = sums[blockIdx.x - 1];
+    __shared__ Out warp_totals[32];
+    __shared__ Out prefix;
+    if (sums_scanned) {
+        if (threadIdx.x == 0) prefix = sums[blockIdx.x - 1];
+    } else {
+        Out part = 0;
+        for (int i = threadIdx.x; i < (int)blockIdx.x; i += SCAN_THREADS) part += sums[i];
+        Out total;
+        block_inclusive_scan<Out>(part, warp_totals, total);
+        if (threadIdx.x == 0) prefix = total;
+    }
+    __syncthreads();
+    Out add = prefix;
     long long base = (long long)blockIdx.x * SCAN_TILE;
     for (int k = threadIdx.x; k < SCAN_TILE; k += SCAN_THREADS)
         if (base + k < n) out[base + k] += add;
@@ -83,6 +98,10 @@ __global__ void scan_tiles_i64_i64(const long long* x, long long n, long long* o
 }
 __global__ void scan_sums_i32(int* s, long long t) { scan_sums<int>(s, t); }
 __global__ void scan_sums_i64(long long* s, long long t) { scan_sums<long long>(s, t); }
-__global__ void add_offsets_i32(int* out, long long n, const int* s) { add_tile_offsets<int>(out, n, s); }
-__global__ void add_offsets_i64(long long* out, long long n, const long long* s) { add_tile_offsets<long long>(out, n, s); }
+__global__ void add_offsets_i32(int* out, long long n, const int* s, int scanned) {
+    add_tile_offsets<int>(out, n, s, scanned);
+}
+__global__ void add_offsets_i64(long long* out, long long n, const long long* s, int scanned) {
+    add_tile_offsets<long long>(out, n, s, scanned);
+}
 }

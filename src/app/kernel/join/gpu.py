@@ -1,8 +1,9 @@
 """The join's stages on the GPU: CuPy plus the RawKernels of join.cu.
 
 Nothing returns to the host inside the pipeline except three allocation-size
-reads (world box for the grid level, candidate total, hit total), each made
-through ``st.read_size`` so it is counted in the stage's metadata. CuPy's sorts
+reads (world box for the grid level in bounds, candidate total in the filter,
+hit total at the end of output_sort), each made through ``st.read_size`` so it
+is counted in the stage's metadata. CuPy's sorts
 (Thrust) are not used, so no library call can synchronise where the counters
 cannot see it; the two sorts here are counting sorts (points by grid cell,
 hits by point) built from our kernels and scan.cu.
@@ -138,21 +139,25 @@ class JoinGPU:
         self._launch("refine", c, tiling["block"], (state["points"], state["coords"], state["ring_offsets"],
                                                     state["geom_ring_offsets"], state["cand_pt"], state["cand_poly"],
                                                     np.int32(c), within, CCW_ERRBOUND_A, hits, stats))
-        h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_size(stats, "hits -> output size"))
-        state["hits"] = hits[:h]
-        st.rows_in, st.rows_out = c, h
-        st.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges)
+        # The hit count stays on the device: output_sort reads it once, after queueing its own
+        # kernels, and fills in this stage's rows_out and counters then.
+        state.update(hits=hits, refine_stats=stats, refine_st=st)
+        st.rows_in = c
 
     def output_sort(self, state, st, tiling):
-        cp, ws, hits = self.cp, self.mod.ws, state["hits"]
-        h, n, block = len(hits), len(state["points"]), tiling["block"]
-        slot = ws.empty("hit_slot", h, cp.int32)
+        cp, ws, hits, stats = self.cp, self.mod.ws, state["hits"], state["refine_stats"]
+        c, n, block = len(hits), len(state["points"]), tiling["block"]
+        slot = ws.empty("hit_slot", c, cp.int32)
         counts = ws.zeros("point_counts", n + 1, cp.int32)
-        self._launch("pair_count", h, block, (hits, np.int64(h), slot, counts))
+        self._launch("pair_count", c, block, (hits, stats, slot, counts))
         start = self.mod.inclusive_scan(counts, cp.int64, "point_start")
-        pt = cp.empty(h, dtype=cp.int64)        # handed to the caller: never workspace
-        poly = cp.empty(h, dtype=cp.int64)
-        self._launch("pair_scatter", h, block, (hits, slot, np.int64(h), start, pt, poly))
+        pt = cp.empty(c, dtype=cp.int64)        # handed to the caller: never workspace
+        poly = cp.empty(c, dtype=cp.int64)
+        self._launch("pair_scatter", c, block, (hits, stats, slot, start, pt, poly))
         self._launch("segment_sort", n, block, (start, np.int64(n), poly))
-        state["output"] = (pt, poly)
+        h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_size(stats, "hits -> output size"))
+        state["output"] = (pt[:h], poly[:h])
         st.rows_in = st.rows_out = h
+        refine = state["refine_st"]
+        refine.rows_out = h
+        refine.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges)

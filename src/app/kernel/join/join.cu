@@ -335,16 +335,21 @@ refine(const double2* pts, const double2* coords, const int* ring_off, const int
 }
 
 // ---- output sort: counting sort by point, then each point's polygons in order ----
-extern "C" __global__ void pair_count(const unsigned long long* hits, long long H, int* slot, int* counts) {
+// Launched before the hit count is known on the host (grids sized by the candidate
+// count): the kernels read the count from device memory, so the host can queue
+// this stage while refine still runs, and one read at the end sizes the result.
+extern "C" __global__ void pair_count(const unsigned long long* hits, const unsigned long long* n_hits, int* slot,
+                                      int* counts) {
     long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (h >= H) return;
+    if (h >= (long long)*n_hits) return;
     slot[h] = atomicAdd(counts + (hits[h] >> 32) + 1, 1);
 }
 
-extern "C" __global__ void pair_scatter(const unsigned long long* hits, const int* slot, long long H,
-                                        const long long* start, long long* out_pt, long long* out_poly) {
+extern "C" __global__ void pair_scatter(const unsigned long long* hits, const unsigned long long* n_hits,
+                                        const int* slot, const long long* start, long long* out_pt,
+                                        long long* out_poly) {
     long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (h >= H) return;
+    if (h >= (long long)*n_hits) return;
     long long p = (long long)(hits[h] >> 32);
     long long pos = start[p] + slot[h];
     out_pt[pos] = p;
