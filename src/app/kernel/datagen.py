@@ -82,3 +82,39 @@ def make_points(n: int, seed: int, *, layout: str = "uniform", polygons: Polygon
     scale = EXTENT / np.sqrt(max(polygons.n_geoms, 1)) * 0.05
     pts = anchors[which] + rng.normal(0.0, scale, size=(n, 2))
     return np.clip(pts, 0.0, EXTENT)
+
+
+def shifted(polys: PolygonBuffers, dx: float, dy: float) -> PolygonBuffers:
+    return PolygonBuffers(polys.coords + np.array([dx, dy]), polys.ring_offsets.copy(),
+                          polys.geom_ring_offsets.copy())
+
+
+def make_grid_squares(n: int) -> PolygonBuffers:
+    """About ``n`` unit-grid squares tiling a k x k block (k = ceil(sqrt(n))), CCW, integer corners."""
+    k = max(1, int(np.ceil(np.sqrt(n))))
+    ij = np.stack(np.divmod(np.arange(k * k), k), axis=1)[:n].astype(np.float64)
+    corners = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]], dtype=np.float64)
+    coords = (ij[:, None, :] + corners[None]).reshape(-1, 2)
+    ring_offsets = np.arange(n + 1, dtype=np.int64) * 5
+    return PolygonBuffers(coords, ring_offsets, np.arange(n + 1, dtype=np.int64))
+
+
+def make_grid_aligned(n: int, extent: int, seed: int) -> PolygonBuffers:
+    """``n`` polygons whose edges run along the unit grid: rectangles and L-shapes with
+    integer corners inside [0, extent]^2 -- collinear overlaps and vertices on edges."""
+    rng = np.random.default_rng([seed, 0x67726964])
+    x0 = rng.integers(0, max(extent - 3, 1), n).astype(np.float64)
+    y0 = rng.integers(0, max(extent - 3, 1), n).astype(np.float64)
+    w = rng.integers(1, 4, n).astype(np.float64)
+    h = rng.integers(1, 4, n).astype(np.float64)
+    ell = (rng.random(n) < 0.4) & (w > 1) & (h > 1)
+    rings, lens = [], np.where(ell, 7, 5)
+    for i in range(n):   # small n in tests and the grid layout: clarity over vectorisation
+        a, b, ww, hh = x0[i], y0[i], w[i], h[i]
+        if ell[i]:
+            rings.append([[a, b], [a + ww, b], [a + ww, b + 1], [a + 1, b + 1], [a + 1, b + hh], [a, b + hh], [a, b]])
+        else:
+            rings.append([[a, b], [a + ww, b], [a + ww, b + hh], [a, b + hh], [a, b]])
+    coords = np.concatenate([np.asarray(r, dtype=np.float64) for r in rings]) if n else np.empty((0, 2))
+    ring_offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return PolygonBuffers(coords, ring_offsets, np.arange(n + 1, dtype=np.int64))

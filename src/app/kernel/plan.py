@@ -126,6 +126,7 @@ def register(cls: type[KernelPlan]) -> type[KernelPlan]:
 def _load_kernels() -> None:
     # Importing a kernel package registers its versions.
     import app.kernel.join  # noqa: F401
+    import app.kernel.overlay  # noqa: F401
 
 
 def get_plan_class(kernel: str, version: str | None = None) -> type[KernelPlan]:

@@ -81,6 +81,12 @@ def orient2d_exact(ax, ay, bx, by, cx, cy) -> np.ndarray:
 
 def orient2d(ax, ay, bx, by, cx, cy):
     """(sign int8 array, number of entries that needed the exact path)."""
+    sign, unsure = orient2d_flags(ax, ay, bx, by, cx, cy)
+    return sign, int(np.count_nonzero(unsure))
+
+
+def orient2d_flags(ax, ay, bx, by, cx, cy):
+    """(sign int8 array, bool array: which entries needed the exact path)."""
     detleft = (ax - cx) * (by - cy)
     detright = (ay - cy) * (bx - cx)
     det = detleft - detright
@@ -88,8 +94,7 @@ def orient2d(ax, ay, bx, by, cx, cy):
     sign = np.sign(det).astype(np.int8)
     # Opposite (or zero) signs of detleft/detright make det exact already.
     unsure = (np.abs(det) < errbound) & (detleft * detright > 0)
-    n_exact = int(np.count_nonzero(unsure))
-    if n_exact:
+    if unsure.any():
         idx = np.flatnonzero(unsure)
         sign[idx] = orient2d_exact(ax[idx], ay[idx], bx[idx], by[idx], cx[idx], cy[idx])
-    return sign, n_exact
+    return sign, unsure

@@ -5,13 +5,7 @@ import numpy as np
 
 from app.kernel import grid
 from app.kernel.pip import classify, edge_table
-
-
-def _expand(starts: np.ndarray, lens: np.ndarray):
-    """(owner, index) for every element of the ranges [starts[i], starts[i] + lens[i])."""
-    owner = np.repeat(np.arange(len(lens)), lens)
-    first = np.cumsum(lens) - lens
-    return owner, np.arange(len(owner)) + np.repeat(starts - first, lens)
+from app.kernel.ranges import expand as _expand
 
 
 class JoinCPU:
