@@ -95,6 +95,17 @@ class OverlayCPU:
             L["edges"] = e = edge_table(L["coords"], L["ring_offsets"], L["geom_ring_offsets"])
             L["bbox"] = layer_bboxes(L["coords"], L["ring_offsets"][L["geom_ring_offsets"]])
             L["xlo"], L["xhi"] = np.minimum(e.ax, e.bx), np.maximum(e.ax, e.bx)
+            ring_edges = np.diff(L["ring_offsets"]) - 1
+            L["ring_edge_offsets"] = np.concatenate([[0], np.cumsum(ring_edges)])
+            L["edge_ring"] = np.repeat(np.arange(len(ring_edges)), ring_edges)
+            # Twice each ring's signed area, relative to its first vertex (little cancellation).
+            first = L["ring_edge_offsets"][:-1][L["edge_ring"]]
+            cross = (e.ax - e.ax[first]) * (e.by - e.ay[first]) - (e.bx - e.ax[first]) * (e.ay - e.ay[first])
+            L["ring_area2"] = np.bincount(L["edge_ring"], weights=cross, minlength=len(ring_edges))
+            L["ring_box"] = np.stack([np.minimum.reduceat(L["xlo"], L["ring_edge_offsets"][:-1]),
+                                      np.minimum.reduceat(e.ylo, L["ring_edge_offsets"][:-1]),
+                                      np.maximum.reduceat(L["xhi"], L["ring_edge_offsets"][:-1]),
+                                      np.maximum.reduceat(e.yhi, L["ring_edge_offsets"][:-1])], axis=1)
         st.rows_in = state["a"]["bbox"].shape[0] + state["b"]["bbox"].shape[0]
         st.rows_out = len(state["a"]["edges"].ax) + len(state["b"]["edges"].ax)
         st.meta.update(segments_left=len(state["a"]["edges"].ax), segments_right=len(state["b"]["edges"].ax))
@@ -157,81 +168,134 @@ class OverlayCPU:
 
     def area_reconstruction(self, state, st, tiling):
         A, B = state["a"], state["b"]
-        pa, pb, ea, eb = state["pa"], state["pb"], state["ea"], state["eb"]
-        n_slots = int((ea + eb).sum())
-        slot_pair = np.repeat(np.arange(len(pa)), ea + eb)
-        local = np.arange(n_slots) - state["slot_base"][slot_pair]
-        is_a = local < ea[slot_pair]
-        edge = np.where(is_a, A["edges"].geom_offsets[pa[slot_pair]] + local,
-                        B["edges"].geom_offsets[pb[slot_pair]] + local - ea[slot_pair])
-        # A slot whose edge misses the other polygon's bbox lies wholly outside it.
-        other_box = np.where(is_a[:, None], B["bbox"][pb[slot_pair]], A["bbox"][pa[slot_pair]])
-        x0, y0, x1, y1 = _edge_coords(A, B, edge, is_a)
-        reach = ((np.minimum(x0, x1) <= other_box[:, 2]) & (other_box[:, 0] <= np.maximum(x0, x1))
-                 & (np.minimum(y0, y1) <= other_box[:, 3]) & (other_box[:, 1] <= np.maximum(y0, y1)))
-        live = np.flatnonzero(reach)
-        # Fragment bounds: 0 and 1 of every live slot, plus the sorted split events.
-        ev_live = reach[state["ev_slot"]]
-        f_slot = np.concatenate([live, live, state["ev_slot"][ev_live]])
-        f_t = np.concatenate([np.zeros(len(live)), np.ones(len(live)), state["ev_t"][ev_live]])
-        order = np.lexsort((f_t, f_slot))
-        f_slot, f_t = f_slot[order], f_t[order]
-        nxt = np.flatnonzero((f_slot[1:] == f_slot[:-1]) & (f_t[1:] > f_t[:-1]))
-        s, t0, t1 = f_slot[nxt], f_t[nxt], f_t[nxt + 1]
-        keep = np.zeros(len(s), dtype=bool)
-        on_shared = np.zeros(len(s), dtype=bool)
-        if len(state["ov_slot"]):
-            tm = 0.5 * (t0 + t1)
-            ov_order = np.argsort(state["ov_slot"], kind="stable")
-            ov_slot = state["ov_slot"][ov_order]
-            lo = np.searchsorted(ov_slot, s, side="left")
-            hi = np.searchsorted(ov_slot, s, side="right")
-            frag, k = expand(lo, hi - lo)
-            k = ov_order[k]
-            inside_ov = (state["ov_lo"][k] <= tm[frag]) & (tm[frag] <= state["ov_hi"][k])
-            on_shared[frag[inside_ov]] = True
-            keep[frag[inside_ov & state["ov_keep"][k]]] = True
-        test = np.flatnonzero(~on_shared)
-        sa = is_a[s[test]]
-        mid_t = 0.5 * (t0[test] + t1[test])
-        ex0, ey0, ex1, ey1 = x0[s[test]], y0[s[test]], x1[s[test]], y1[s[test]]
-        mids = np.stack([ex0 + mid_t * (ex1 - ex0), ey0 + mid_t * (ey1 - ey0)], axis=1)
-        other_geom = np.where(sa, pb[slot_pair[s[test]]], pa[slot_pair[s[test]]])
-        inside = np.zeros(len(test), dtype=bool)
-        for layer, mask in ((B, sa), (A, ~sa)):
-            idx = np.flatnonzero(mask)
-            parity, boundary, _ = classify(mids, layer["edges"], idx, other_geom[idx])
-            inside[idx] = parity & ~boundary
-        keep[test] = inside
-        # Shoelace over the kept pieces, relative to the pair's A-bbox centre (less cancellation).
-        k = np.flatnonzero(keep)
-        ks = s[k]
-        pair = slot_pair[ks]
-        ox = 0.5 * (A["bbox"][pa[pair], 0] + A["bbox"][pa[pair], 2])
-        oy = 0.5 * (A["bbox"][pa[pair], 1] + A["bbox"][pa[pair], 3])
-        px0, py0 = _point_at(x0[ks], y0[ks], x1[ks], y1[ks], t0[k])
-        px1, py1 = _point_at(x0[ks], y0[ks], x1[ks], y1[ks], t1[k])
-        cross = (px0 - ox) * (py1 - oy) - (px1 - ox) * (py0 - oy)
-        area = 0.5 * np.bincount(pair, weights=cross, minlength=len(pa))
+        pa, pb, ea = state["pa"], state["pb"], state["ea"]
+        # Which (pair, side, ring) carry split points or shared pieces: only their edges
+        # need cutting; every other ring lies wholly inside or wholly outside the other
+        # polygon, which one midpoint decides.
+        ev_pair, ev_is_a, ev_edge = _slot_edges(state, state["ev_slot"])
+        ov_pair, ov_is_a, ov_edge = _slot_edges(state, state["ov_slot"])
+        ring_a = [A["edge_ring"][ev_edge[ev_is_a]], A["edge_ring"][ov_edge[ov_is_a]]]
+        ring_b = [B["edge_ring"][ev_edge[~ev_is_a]], B["edge_ring"][ov_edge[~ov_is_a]]]
+        cut_a = np.unique(np.concatenate([_ring_key(ev_pair[ev_is_a], ring_a[0], A),
+                                          _ring_key(ov_pair[ov_is_a], ring_a[1], A)]))
+        cut_b = np.unique(np.concatenate([_ring_key(ev_pair[~ev_is_a], ring_b[0], B),
+                                          _ring_key(ov_pair[~ov_is_a], ring_b[1], B)]))
+        area2 = np.zeros(len(pa))
+        pip_tests = 0
+        fragments = kept = 0
+        for side, L, O, geoms, other_geoms, cut in ((True, A, B, pa, pb, cut_a), (False, B, A, pb, pa, cut_b)):
+            gro = L["geom_ring_offsets"]
+            pair, ring = expand(gro[geoms], gro[geoms + 1] - gro[geoms])
+            is_cut = np.isin(_ring_key(pair, ring, L), cut)
+            # Whole rings: one midpoint each, if the ring reaches the other polygon's bbox at all.
+            whole = np.flatnonzero(~is_cut & _boxes_meet(L["ring_box"][ring], O["bbox"][other_geoms[pair]]))
+            e0 = L["ring_edge_offsets"][ring[whole]]
+            E = L["edges"]
+            mids = np.stack([0.5 * (E.ax[e0] + E.bx[e0]), 0.5 * (E.ay[e0] + E.by[e0])], axis=1)
+            inside = _inside(mids, O, other_geoms[pair[whole]])
+            pip_tests += len(whole)
+            area2 += np.bincount(pair[whole[inside]], weights=L["ring_area2"][ring[whole[inside]]],
+                                 minlength=len(pa))
+            # Cut rings: every edge, split at its events, each piece decided on its own.
+            cut_idx = np.flatnonzero(is_cut)
+            epair, edge = expand(L["ring_edge_offsets"][ring[cut_idx]],
+                                 np.diff(L["ring_edge_offsets"])[ring[cut_idx]])
+            epair = pair[cut_idx][epair]
+            # An edge that misses the other polygon's bbox has no events and lies outside it.
+            reach = _mbr_hits(L, edge, O["bbox"][other_geoms[epair]])
+            epair, edge = epair[reach], edge[reach]
+            local = edge - L["edges"].geom_offsets[geoms[epair]]
+            slot = state["slot_base"][epair] + (local if side else ea[epair] + local)
+            c2, nfrag, nkept, ntests = self._cut_pieces(state, L, O, slot, epair, edge, other_geoms, side)
+            area2 += c2
+            fragments, kept, pip_tests = fragments + nfrag, kept + nkept, pip_tests + ntests
+        area = 0.5 * area2
         pos = area > 0
         state["output"] = (pa[pos].astype(np.int64), pb[pos].astype(np.int64), area[pos])
         st.rows_in, st.rows_out = len(pa), int(pos.sum())
-        st.meta.update(fragments=int(len(s)), fragments_kept=int(len(k)), pip_tests=int(len(test)),
-                       slots=n_slots, live_slots=int(len(live)))
+        st.meta.update(cut_rings=int(len(cut_a) + len(cut_b)), fragments=fragments, fragments_kept=kept,
+                       pip_tests=pip_tests)
+
+    def _cut_pieces(self, state, L, O, slot, epair, edge, other_geoms, side):
+        """Twice the shoelace sum per pair of the kept pieces of these edges (pair origin)."""
+        A = state["a"]
+        pa = state["pa"]
+        E = L["edges"]
+        n = len(slot)
+        # Piece bounds: 0 and 1 of every edge, plus its sorted split events.
+        ev_sel = np.isin(state["ev_slot"], slot)
+        order_slot = np.argsort(slot)
+        ev_row = order_slot[np.searchsorted(slot[order_slot], state["ev_slot"][ev_sel])]
+        f_row = np.concatenate([np.arange(n), np.arange(n), ev_row])
+        f_t = np.concatenate([np.zeros(n), np.ones(n), state["ev_t"][ev_sel]])
+        order = np.lexsort((f_t, f_row))
+        f_row, f_t = f_row[order], f_t[order]
+        nxt = np.flatnonzero((f_row[1:] == f_row[:-1]) & (f_t[1:] > f_t[:-1]))
+        r, t0, t1 = f_row[nxt], f_t[nxt], f_t[nxt + 1]
+        keep = np.zeros(len(r), dtype=bool)
+        shared = np.zeros(len(r), dtype=bool)
+        ov = np.flatnonzero(np.isin(state["ov_slot"], slot))
+        if len(ov):
+            ov_row = order_slot[np.searchsorted(slot[order_slot], state["ov_slot"][ov])]
+            o_order = np.argsort(ov_row, kind="stable")
+            ov_row, ov = ov_row[o_order], ov[o_order]
+            lo = np.searchsorted(ov_row, r, side="left")
+            hi = np.searchsorted(ov_row, r, side="right")
+            frag, k = expand(lo, hi - lo)
+            k = ov[k]
+            tm = 0.5 * (t0[frag] + t1[frag])
+            on = (state["ov_lo"][k] <= tm) & (tm <= state["ov_hi"][k])
+            shared[frag[on]] = True
+            keep[frag[on & state["ov_keep"][k]]] = True
+        test = np.flatnonzero(~shared)
+        e = edge[r[test]]
+        tm = 0.5 * (t0[test] + t1[test])
+        mids = np.stack([E.ax[e] + tm * (E.bx[e] - E.ax[e]), E.ay[e] + tm * (E.by[e] - E.ay[e])], axis=1)
+        keep[test] = _inside(mids, O, other_geoms[epair[r[test]]])
+        k = np.flatnonzero(keep)
+        e, pair = edge[r[k]], epair[r[k]]
+        box = A["bbox"][pa[pair]]
+        ox, oy = 0.5 * (box[:, 0] + box[:, 2]), 0.5 * (box[:, 1] + box[:, 3])
+        px0, py0 = _point_at(E.ax[e], E.ay[e], E.bx[e], E.by[e], t0[k])
+        px1, py1 = _point_at(E.ax[e], E.ay[e], E.bx[e], E.by[e], t1[k])
+        cross = (px0 - ox) * (py1 - oy) - (px1 - ox) * (py0 - oy)
+        return np.bincount(pair, weights=cross, minlength=len(pa)), len(r), len(k), len(test)
+
+
+def _inside(points, O, geoms):
+    """Strictly inside polygon geoms[i] of layer O; points outside its bbox skip the edge loop."""
+    box = O["bbox"][geoms]
+    near = np.flatnonzero((box[:, 0] <= points[:, 0]) & (points[:, 0] <= box[:, 2])
+                          & (box[:, 1] <= points[:, 1]) & (points[:, 1] <= box[:, 3]))
+    inside = np.zeros(len(points), dtype=bool)
+    parity, boundary, _ = classify(points, O["edges"], near, geoms[near])
+    inside[near] = parity & ~boundary
+    return inside
+
+
+def _slot_edges(state, slots):
+    """(pair, is_a, global edge) of edge slots."""
+    starts = state["slot_base"]
+    pair = np.searchsorted(starts, slots, side="right") - 1
+    local = slots - starts[pair]
+    is_a = local < state["ea"][pair]
+    edge = np.where(is_a, state["a"]["edges"].geom_offsets[state["pa"][pair]] + local,
+                    state["b"]["edges"].geom_offsets[state["pb"][pair]] + local - state["ea"][pair])
+    return pair, is_a, edge
+
+
+def _ring_key(pair, ring, L):
+    return pair.astype(np.int64) * (len(L["ring_area2"]) + 1) + ring
+
+
+def _boxes_meet(p, q):
+    return (p[:, 0] <= q[:, 2]) & (q[:, 0] <= p[:, 2]) & (p[:, 1] <= q[:, 3]) & (q[:, 1] <= p[:, 3])
 
 
 def _mbr_hits(L, e, box):
     E = L["edges"]
     return ((L["xlo"][e] <= box[:, 2]) & (box[:, 0] <= L["xhi"][e])
             & (E.ylo[e] <= box[:, 3]) & (box[:, 1] <= E.yhi[e]))
-
-
-def _edge_coords(A, B, edge, is_a):
-    Ea, Eb = A["edges"], B["edges"]
-    ea = np.where(is_a, edge, 0)
-    eb = np.where(is_a, 0, edge)
-    return (np.where(is_a, Ea.ax[ea], Eb.ax[eb]), np.where(is_a, Ea.ay[ea], Eb.ay[eb]),
-            np.where(is_a, Ea.bx[ea], Eb.bx[eb]), np.where(is_a, Ea.by[ea], Eb.by[eb]))
 
 
 def _point_at(x0, y0, x1, y1, t):
