@@ -15,6 +15,7 @@ import numpy as np
 
 OPTIONS = ("--std=c++17", "--fmad=false")
 SCAN_SOURCE = Path(__file__).with_name("scan.cu")
+COMMON_SOURCE = Path(__file__).with_name("common.cuh")
 SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64", "scan_sums_i32",
                 "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
 SCAN_TILE = 2048
@@ -51,7 +52,7 @@ class Workspace:
 
 
 class CudaModule:
-    """One NVRTC module: the stage kernels' .cu plus scan.cu (the shared prefix sum)."""
+    """One NVRTC module: scan.cu (prefix sums) + common.cuh (shared device code) + the kernel's .cu."""
 
     def __init__(self, source: Path, stage_kernels: dict, library_calls: dict, scan_stages=()):
         import cupy
@@ -59,7 +60,7 @@ class CudaModule:
         self.cp = cupy
         self.source_path = source
         self.scan_stages = set(scan_stages)
-        self.source = SCAN_SOURCE.read_text() + "\n" + source.read_text()
+        self.source = "\n".join(p.read_text() for p in (SCAN_SOURCE, COMMON_SOURCE, source))
         self.stage_kernels = {s: tuple(k) + (SCAN_KERNELS if s in self.scan_stages else ())
                               for s, k in stage_kernels.items()}
         self.library_calls = library_calls
@@ -156,6 +157,7 @@ class CudaModule:
                 "resources.json": json.dumps({"kernels": res, "compile_options": list(OPTIONS),
                                               "library_calls": self.library_calls.get(stage, "")}, indent=2),
             }
+            out[stage][COMMON_SOURCE.name] = COMMON_SOURCE.read_text()
             if stage in self.scan_stages:
                 out[stage][SCAN_SOURCE.name] = SCAN_SOURCE.read_text()
         for stage, calls in self.library_calls.items():

@@ -81,7 +81,7 @@ class JoinGPU:
         cp, ws = self.cp, self.mod.ws
         g, pts = state["inputs"].polygons.n_geoms, state["points"]
         bbox = ws.empty("bbox", (g, 4), cp.float64)
-        summary = ws.empty("summary", 6, cp.float64)
+        summary = ws.empty("summary", 8, cp.float64)
         self.mod.fn["init_summary"]((1,), (32,), (summary,))
         self._launch("polygon_bounds", g, tiling["block"], (state["coords"], state["geom_coord_offsets"],
                                                             np.int64(g), bbox, summary))

@@ -25,39 +25,34 @@ def layer_bboxes(coords, geom_coord_offsets):
 
 
 def bbox_pairs(ba: np.ndarray, bb: np.ndarray, bias: int = 0):
-    """All (a, b) with overlapping bboxes, sorted by (a, b): a uniform grid, each pair
-    reported once, from the cell holding the lower-left corner of the bbox overlap."""
-    world = np.r_[np.minimum(ba[:, :2].min(0), bb[:, :2].min(0)), np.maximum(ba[:, 2:].max(0), bb[:, 2:].max(0))]
+    """All (a, b) with overlapping bboxes, sorted by (a, b).
+
+    B is bucketed by the grid cell of its bbox's lower-left corner (one entry per
+    b); a's bbox meets b's only if that corner lies in a's bbox grown down and left
+    by the largest bbox width/height, so each a scans those cells and no pair is
+    found twice. overlay.cu's polygon_pairs does the same.
+    """
     both = np.concatenate([ba, bb])
-    level = grid.grid_level(world, float((both[:, 2] - both[:, 0]).mean()),
-                            float((both[:, 3] - both[:, 1]).mean()), bias)
+    world = np.r_[both[:, :2].min(0), both[:, 2:].max(0)]
+    w, h = both[:, 2] - both[:, 0], both[:, 3] - both[:, 1]
+    level = grid.grid_level(world, float(w.sum() / len(both)), float(h.sum() / len(both)), bias)
     shift = np.uint32(grid.BITS - level)
     minx, miny, sx, sy = grid.world_scale(world)
-
-    def cells(box):
-        x0 = grid.quantise(box[:, 0], minx, sx) >> shift
-        y0 = grid.quantise(box[:, 1], miny, sy) >> shift
-        nx = (grid.quantise(box[:, 2], minx, sx) >> shift) - x0 + 1
-        ny = (grid.quantise(box[:, 3], miny, sy) >> shift) - y0 + 1
-        owner, local = expand(np.zeros(len(box), dtype=np.int64), nx.astype(np.int64) * ny)
-        nxo = nx[owner].astype(np.int64)
-        return owner, grid.morton(x0[owner] + (local % nxo).astype(np.uint32),
-                                  y0[owner] + (local // nxo).astype(np.uint32))
-
-    b_owner, b_cell = cells(bb)
-    order = np.argsort(b_cell, kind="stable")
-    b_owner, b_cell = b_owner[order], b_cell[order]
-    a_owner, a_cell = cells(ba)
-    lo = np.searchsorted(b_cell, a_cell, side="left")
-    hi = np.searchsorted(b_cell, a_cell, side="right")
-    row, j = expand(lo, hi - lo)
-    a, b, cell = a_owner[row], b_owner[j], a_cell[row]
+    q = lambda v, o, s_: grid.quantise(v, o, s_) >> shift  # noqa: E731
+    corner = grid.morton(q(bb[:, 0], minx, sx), q(bb[:, 1], miny, sy))
+    sorted_b = np.argsort(corner, kind="stable")
+    cell_start = np.concatenate([[0], np.cumsum(np.bincount(corner, minlength=1 << 2 * level))])
+    x0, y0 = q(ba[:, 0] - w.max(), minx, sx), q(ba[:, 1] - h.max(), miny, sy)
+    nx = (q(ba[:, 2], minx, sx) - x0 + 1).astype(np.int64)
+    ny = (q(ba[:, 3], miny, sy) - y0 + 1).astype(np.int64)
+    a_owner, local = expand(np.zeros(len(ba), dtype=np.int64), nx * ny)
+    nxo = nx[a_owner]
+    cell = grid.morton(x0[a_owner] + (local % nxo).astype(np.uint32), y0[a_owner] + (local // nxo).astype(np.uint32))
+    row, j = expand(cell_start[cell], cell_start[cell + 1] - cell_start[cell])
+    a, b = a_owner[row], sorted_b[j]
     A, B = ba[a], bb[b]
     hit = (A[:, 0] <= B[:, 2]) & (B[:, 0] <= A[:, 2]) & (A[:, 1] <= B[:, 3]) & (B[:, 1] <= A[:, 3])
-    ref = grid.morton(grid.quantise(np.maximum(A[:, 0], B[:, 0]), minx, sx) >> shift,
-                      grid.quantise(np.maximum(A[:, 1], B[:, 1]), miny, sy) >> shift)
-    keep = hit & (ref == cell)
-    a, b = a[keep], b[keep]
+    a, b = a[hit], b[hit]
     order = np.lexsort((b, a))
     return a[order], b[order], {"grid_level": level, "bbox_tests": int(len(hit))}
 
