@@ -167,7 +167,7 @@ class OverlayGPU:
         ov_slot, ov_lo = state["ov"][0], state["ov"][1]
         state["ev_start"], state["ev_order"] = self._by_slot("ev", ev_slot, ev_t, n_slots, block)
         state["ov_start"], state["ov_order"] = self._by_slot("ov", ov_slot, ov_lo, n_slots, block)
-        st.rows_in = len(ev_slot)
+        state["sort_st"] = st   # rows (split events) arrive with the final read, like refine's counters
 
     def _by_slot(self, tag, slot, key, n_slots, block):
         """Counting sort of records by slot, then each slot's records by key."""
@@ -212,6 +212,7 @@ class OverlayGPU:
         proper, touch, overlap, amb, events = (int(v) for v in vals[1:6])
         refine = state["refine_st"]
         refine.rows_out = events
+        state["sort_st"].rows_in = state["sort_st"].rows_out = events
         refine.meta.update(proper=proper, touch=touch, collinear_overlap=overlap, ambiguous_pairs=amb,
                            split_events=events)
         pip, pieces, kept, cut = (int(v) for v in vals[6:10])
