@@ -29,7 +29,7 @@ def profile(tmp_path, request):
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)
 def test_layout_and_files(profile):
     device, d, trace, params = profile
-    assert d.parent.name == "v1_points-20k_polygons-2k_vertices-16_predicate-within_layout-uniform_seed-0"
+    assert d.parent.name == "v2_points-20k_polygons-2k_vertices-16_predicate-within_layout-uniform_seed-0"
     assert d.parent.parent == d.parents[1] and d.parents[2].name == "event"
     names = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
     assert {"params.json", "trace.json", "report.md"} <= names
@@ -86,7 +86,7 @@ def test_rows_metadata_and_counters(profile):
     reads = [by[s]["metadata"]["allocation_size_reads"] for s in STAGES]
     h2d = by["owned_buffer_build"]["metadata"]["h2d_copies"]
     if device == "gpu":
-        assert reads == [0, 1, 0, 1, 0, 1] and h2d == 4
+        assert reads == [0, 1, 0, 2, 0, 1] and h2d == 4   # v2's filter sizes its cell lists too
         assert [by[s]["metadata"]["d2h_copies"] for s in STAGES] == reads   # no other device->host traffic
     else:
         assert reads == [0] * 6 and h2d == 0
@@ -121,7 +121,7 @@ def test_report_contract_and_baseline(tmp_path, capsys):
     trace = json.loads(capsys.readouterr().out)          # --json: stdout is the trace, nothing else
     assert trace["kernel"] == "join" and len(trace["stages"]) == 6
     report = (only_profile(out / "b") / "report.md").read_text()
-    for heading in ("# Profile: join v1", "## Configuration", "## Stages", "**Bottleneck:**", "**Root cause:**",
+    for heading in ("# Profile: join v2", "## Configuration", "## Stages", "**Bottleneck:**", "**Root cause:**",
                     "## Top 3 Opportunities (ranked by estimated impact)", "## vs Baseline", "## Timing",
                     "## Transfers and syncs", "## Cold start"):
         assert heading in report, heading

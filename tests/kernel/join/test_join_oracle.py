@@ -9,21 +9,25 @@ from app.kernel.join.plan import JoinV1
 from tests.conftest import DEVICES
 
 
-def assert_same_as_shapely(points, polygons, predicate, device):
-    got = spatial_join(points, polygons, predicate=predicate, device=device)
+VERSIONS = ["v1", "v2"]
+
+
+def assert_same_as_shapely(points, polygons, predicate, device, version=None):
+    got = spatial_join(points, polygons, predicate=predicate, device=device, version=version)
     exp = shapely_join(np.asarray(points, dtype=float), np.asarray(polygons, dtype=object), predicate)
     np.testing.assert_array_equal(got[0], exp[0])
     np.testing.assert_array_equal(got[1], exp[1])
     return got
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("predicate", ["within", "intersects"])
 @pytest.mark.parametrize("layout,seed", [("uniform", 0), ("uniform", 3), ("clustered", 1), ("clustered", 5)])
-def test_random_layers(device, predicate, layout, seed):
+def test_random_layers(device, predicate, layout, seed, version):
     plan = JoinV1({"points": 20_000, "polygons": 2_000, "layout": layout, "seed": seed, "predicate": predicate})
     inp = plan.make_inputs()
-    got = assert_same_as_shapely(inp.points, inp.polygons.to_shapely(), predicate, device)
+    got = assert_same_as_shapely(inp.points, inp.polygons.to_shapely(), predicate, device, version)
     assert len(got[0]) > 1000   # the layout really produces hits
 
 
@@ -36,23 +40,25 @@ def boundary_points(polys: np.ndarray, rng) -> np.ndarray:
     return np.concatenate([coords, mids, near])
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("device", DEVICES)
-def test_points_on_vertices_edges_and_near_edges(device):
+def test_points_on_vertices_edges_and_near_edges(device, version):
     rng = np.random.default_rng(11)
     plan = JoinV1({"points": 0, "polygons": 300, "vertices": 9, "seed": 2})
     polys = plan.make_inputs().polygons.to_shapely()
     pts = boundary_points(polys, rng)
-    within = set(zip(*(a.tolist() for a in assert_same_as_shapely(pts, polys, "within", device))))
-    inter = set(zip(*(a.tolist() for a in assert_same_as_shapely(pts, polys, "intersects", device))))
+    within = set(zip(*(a.tolist() for a in assert_same_as_shapely(pts, polys, "within", device, version))))
+    inter = set(zip(*(a.tolist() for a in assert_same_as_shapely(pts, polys, "intersects", device, version))))
     # Every vertex lies on its polygon's boundary: intersects, never within.
     n_vertices = len(shapely.get_coordinates(shapely.get_rings(shapely.get_parts(polys))))
     assert within < inter
     assert sum(p < n_vertices for p, _ in inter - within) >= n_vertices
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("predicate", ["within", "intersects"])
-def test_grid_squares_with_holes_and_multipolygons(device, predicate):
+def test_grid_squares_with_holes_and_multipolygons(device, predicate, version):
     # Axis-aligned squares sharing edges: points on shared edges and corners belong to
     # several polygons' boundaries; holes and MultiPolygon parts are exercised too.
     squares = [shapely.box(x, y, x + 1, y + 1) for x in range(6) for y in range(6)]
@@ -62,7 +68,7 @@ def test_grid_squares_with_holes_and_multipolygons(device, predicate):
     g = np.arange(0, 24.01, 0.5)
     xx, yy = np.meshgrid(g, np.arange(-0.5, 6.51, 0.25))
     pts = np.c_[xx.ravel(), yy.ravel()]
-    got = assert_same_as_shapely(pts, polys, predicate, device)
+    got = assert_same_as_shapely(pts, polys, predicate, device, version)
     pairs = set(zip(got[0].tolist(), got[1].tolist()))
     hole_center = int(np.flatnonzero((pts[:, 0] == 12) & (pts[:, 1] == 2))[0])
     assert (hole_center, 36) not in pairs      # inside the hole is outside the polygon
@@ -80,15 +86,18 @@ def test_empty_inputs(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("layout", ["uniform", "clustered"])
-def test_gpu_and_cpu_stage_metadata_agree(layout):
+def test_gpu_and_cpu_stage_metadata_agree(layout, version):
     """Same quantisation and filter on both devices: identical rows and counters per stage."""
     from app.runtime.device import select
     from app.runtime.execute import backend_for, xp_for
     from app.runtime.nvtx import Nvtx
     from app.runtime.recorder import Recorder
 
-    plan = JoinV1({"points": 50_000, "polygons": 5_000, "layout": layout})
+    from app.kernel.plan import get_plan_class
+
+    plan = get_plan_class("join", version)({"points": 50_000, "polygons": 5_000, "layout": layout})
     inp = plan.make_inputs()
     records = {}
     for device in ("cpu", "gpu"):
@@ -99,5 +108,5 @@ def test_gpu_and_cpu_stage_metadata_agree(layout):
     for c, g in zip(records["cpu"].stages, records["gpu"].stages):
         assert (c["rows_in"], c["rows_out"]) == (g["rows_in"], g["rows_out"]), c["name"]
         for key in ("pairs_examined", "candidates", "grid_level", "grid_cells", "exact_orientations",
-                    "edge_tests", "boundary_pairs"):
+                    "edge_tests", "boundary_pairs", "grid_entries"):
             assert c["meta"].get(key) == g["meta"].get(key), (c["name"], key)

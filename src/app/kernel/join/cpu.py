@@ -11,6 +11,9 @@ from app.kernel.ranges import expand as _expand
 class JoinCPU:
     device = "cpu"
 
+    def __init__(self, version: str = "v1"):
+        self.version = version
+
     def compile(self) -> dict:
         return {}  # nothing to JIT on the CPU
 
@@ -65,6 +68,8 @@ class JoinCPU:
         st.meta.update(grid_level=level, grid_cells=cells)
 
     def candidate_filter(self, state, st, tiling):
+        if self.version == "v2":
+            return self._candidate_filter_cells(state, st, tiling)
         bbox, world, level = state["bbox"], state["world"], state["level"]
         shift = np.uint32(grid.BITS - level)
         minx, miny, sx, sy = grid.world_scale(world)
@@ -86,6 +91,32 @@ class JoinCPU:
         state["cand_pt"], state["cand_poly"] = cand_pt[hit], cand_poly[hit]
         st.rows_in, st.rows_out = len(bbox), int(hit.sum())
         st.meta.update(pairs_examined=int(len(hit)), candidates=int(hit.sum()))
+
+    def _candidate_filter_cells(self, state, st, tiling):
+        """v2: polygons listed per grid cell, each point (Morton-bucketed) tests its own cell's list."""
+        bbox, level, pts = state["bbox"], state["level"], state["points"]
+        shift = np.uint32(grid.BITS - level)
+        minx, miny, sx, sy = grid.world_scale(state["world"])
+        x0 = grid.quantise(bbox[:, 0], minx, sx) >> shift
+        y0 = grid.quantise(bbox[:, 1], miny, sy) >> shift
+        nx = ((grid.quantise(bbox[:, 2], minx, sx) >> shift) - x0 + 1).astype(np.int64)
+        ny = ((grid.quantise(bbox[:, 3], miny, sy) >> shift) - y0 + 1).astype(np.int64)
+        poly, local = _expand(np.zeros(len(bbox), dtype=np.int64), nx * ny)
+        cell = grid.morton(x0[poly] + (local % nx[poly]).astype(np.uint32),
+                           y0[poly] + (local // nx[poly]).astype(np.uint32))
+        by_cell = np.argsort(cell, kind="stable")
+        entries = poly[by_cell]
+        cell_start = np.concatenate([[0], np.cumsum(np.bincount(cell, minlength=1 << 2 * level))])
+        order = state["sorted_pt"]
+        p = pts[order]
+        pcell = grid.morton(grid.quantise(p[:, 0], minx, sx) >> shift, grid.quantise(p[:, 1], miny, sy) >> shift)
+        row, j = _expand(cell_start[pcell], cell_start[pcell + 1] - cell_start[pcell])
+        cand_pt, cand_poly = order[row], entries[j]
+        q, b = pts[cand_pt], bbox[cand_poly]
+        hit = (b[:, 0] <= q[:, 0]) & (q[:, 0] <= b[:, 2]) & (b[:, 1] <= q[:, 1]) & (q[:, 1] <= b[:, 3])
+        state["cand_pt"], state["cand_poly"] = cand_pt[hit], cand_poly[hit]
+        st.rows_in, st.rows_out = len(pts), int(hit.sum())
+        st.meta.update(pairs_examined=int(len(hit)), candidates=int(hit.sum()), grid_entries=int(len(entries)))
 
     def predicate_refine(self, state, st, tiling):
         edges = edge_table(state["coords"], state["ring_offsets"], state["geom_ring_offsets"])

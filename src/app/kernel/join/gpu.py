@@ -23,7 +23,8 @@ SOURCE = Path(__file__).with_name("join.cu")
 STAGE_KERNELS = {
     "bounds": ("init_summary", "polygon_bounds", "point_extent"),
     "morton_sort": ("point_cells", "point_scatter"),
-    "candidate_filter": ("candidate_count", "candidate_emit"),
+    "candidate_filter": ("candidate_count", "candidate_emit", "poly_cell_count", "poly_cell_fill",
+                         "point_candidates"),
     "predicate_refine": ("refine",),
     "output_sort": ("pair_count", "pair_scatter", "segment_sort"),
 }
@@ -40,11 +41,12 @@ LIBRARY_CALLS = {
 class JoinGPU:
     device = "gpu"
 
-    def __init__(self, tiling: dict):
+    def __init__(self, tiling: dict, version: str = "v1"):
         import cupy
 
         self.cp = cupy
         self.tiling = tiling
+        self.version = version
         self.sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.mod = CudaModule(SOURCE, STAGE_KERNELS, LIBRARY_CALLS,
                               scan_stages=("morton_sort", "candidate_filter", "output_sort"))
@@ -111,6 +113,8 @@ class JoinGPU:
         st.meta.update(grid_level=level, grid_cells=1 << 2 * level)
 
     def candidate_filter(self, state, st, tiling):
+        if self.version == "v2":
+            return self._candidate_filter_cells(state, st, tiling)
         cp, ws, bbox = self.cp, self.mod.ws, state["bbox"]
         g, block = len(bbox), tiling["block"]
         minx, miny, sx, sy = grid.world_scale(state["world"])
@@ -129,6 +133,38 @@ class JoinGPU:
         state["cand_pt"], state["cand_poly"] = cand_pt, cand_poly
         st.rows_in, st.rows_out = g, c
         st.meta.update(pairs_examined=examined, candidates=c)
+
+    def _candidate_filter_cells(self, state, st, tiling):
+        """v2: polygons listed per grid cell (counting sort), each point tests its own cell's list."""
+        cp, ws, bbox = self.cp, self.mod.ws, state["bbox"]
+        g, n, block = len(bbox), len(state["points"]), tiling["block"]
+        level = state["level"]
+        cells = 1 << 2 * level
+        minx, miny, sx, sy = grid.world_scale(state["world"])
+        shift = np.int32(grid.BITS - level)
+        geo = (np.int64(g), minx, miny, sx, sy, shift)
+        counts = ws.zeros("poly_cell_counts", cells + 1, cp.int32)
+        self._launch("poly_cell_count", g, block, (bbox, *geo, counts))
+        cell_start = self.mod.inclusive_scan(counts, cp.int32, "poly_cell_start")
+        e = int(st.read_size(cell_start[-1:], "grid entries -> entry buffer size")[0])
+        entries = ws.empty("poly_entries", e, cp.int32)
+        fill = ws.zeros("poly_cell_fill", cells, cp.int32)
+        self._launch("poly_cell_fill", g, block, (bbox, *geo, cell_start, fill, entries))
+        pcounts = ws.empty("point_counts_v2", n, cp.int64)
+        stats = ws.zeros("filter_stats", 2, cp.uint64)
+        null = np.intp(0)
+        args = (state["points"], state["sorted_pt"], np.int64(n), minx, miny, sx, sy, shift, cell_start, entries, bbox)
+        self._launch("point_candidates", n, block, args + (pcounts, null, null, null, stats))
+        offsets = self.mod.inclusive_scan(pcounts, cp.int64, "point_offsets_v2")
+        examined, c = (int(v) for v in st.read_size(stats, "candidate pairs -> buffer size"))
+        if c >= 2**31:
+            raise ValueError(f"{c} candidate pairs: more than refine's int32 indexing allows; split the points")
+        cand_pt = ws.empty("cand_pt", c, cp.int32)
+        cand_poly = ws.empty("cand_poly", c, cp.int32)
+        self._launch("point_candidates", n, block, args + (pcounts, offsets, cand_pt, cand_poly, stats))
+        state["cand_pt"], state["cand_poly"] = cand_pt, cand_poly
+        st.rows_in, st.rows_out = n, c
+        st.meta.update(pairs_examined=examined, candidates=c, grid_entries=e)
 
     def predicate_refine(self, state, st, tiling):
         cp, ws = self.cp, self.mod.ws

@@ -156,3 +156,59 @@ extern "C" __global__ void segment_sort(const long long* start, long long N, lon
         out_poly[b + 1] = v;
     }
 }
+
+// ---- v2 candidate filter: polygons listed per grid cell, each point probes its cell ---
+// Counting sort of (cell, polygon) entries: count per cell, scan, fill with an atomic
+// cursor per cell. Then a thread per point (Morton-bucketed order) tests the bboxes
+// of its own cell's list: point-major, one short loop per thread.
+extern "C" __global__ void poly_cell_count(const double* bbox, long long G, double ox, double oy, double sx,
+                                           double sy, int shift, int* cell_counts) {
+    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    unsigned int x0, y0, x1, y1;
+    cell_range(bbox + 4 * g, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+    for (unsigned int y = y0; y <= y1; ++y)
+        for (unsigned int x = x0; x <= x1; ++x) atomicAdd(cell_counts + morton(x, y) + 1, 1);
+}
+
+extern "C" __global__ void poly_cell_fill(const double* bbox, long long G, double ox, double oy, double sx,
+                                          double sy, int shift, const int* cell_start, int* cell_fill, int* entries) {
+    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    unsigned int x0, y0, x1, y1;
+    cell_range(bbox + 4 * g, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+    for (unsigned int y = y0; y <= y1; ++y)
+        for (unsigned int x = x0; x <= x1; ++x) {
+            unsigned int c = morton(x, y);
+            entries[cell_start[c] + atomicAdd(cell_fill + c, 1)] = (int)g;
+        }
+}
+
+// Count pass (incl_offsets == 0): counts[i] and stats [examined, candidates];
+// emit pass: (point, polygon) at the point's offset.
+extern "C" __global__ void point_candidates(const double2* pts, const int* sorted_pt, long long N, double ox,
+                                            double oy, double sx, double sy, int shift, const int* cell_start,
+                                            const int* entries, const double* bbox, long long* counts,
+                                            const long long* incl_offsets, int* cand_pt, int* cand_poly,
+                                            unsigned long long* stats) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    unsigned long long examined = 0, found = 0;
+    if (i < N) {
+        int p = sorted_pt[i];
+        double2 q = pts[p];
+        unsigned int c = morton(quantise(q.x, ox, sx) >> shift, quantise(q.y, oy, sy) >> shift);
+        long long out = incl_offsets ? (i == 0 ? 0 : incl_offsets[i - 1]) : 0;
+        for (int j = cell_start[c], j1 = cell_start[c + 1]; j < j1; ++j) {
+            int g = entries[j];
+            const double* b = bbox + 4 * (long long)g;
+            ++examined;
+            if ((b[0] <= q.x) & (q.x <= b[2]) & (b[1] <= q.y) & (q.y <= b[3])) {
+                if (incl_offsets) { cand_pt[out] = p; cand_poly[out] = g; ++out; }
+                ++found;
+            }
+        }
+        if (!incl_offsets) counts[i] = (long long)found;
+    }
+    unsigned long long v[2] = {examined, found};
+    if (!incl_offsets) block_add<2>(stats, v);
+}

@@ -63,10 +63,10 @@ class JoinV1(KernelPlan):
         if device == "gpu":
             from app.kernel.join.gpu import JoinGPU
 
-            return JoinGPU(self.tiling)
+            return JoinGPU(self.tiling, self.version)
         from app.kernel.join.cpu import JoinCPU
 
-        return JoinCPU()
+        return JoinCPU(self.version)
 
     def cost(self, stage: str, rows_in: int, rows_out: int, meta: dict, inputs: JoinInputs) -> Cost:
         """Minimum bytes each stage must move through device memory, and its fp64 flops."""
@@ -80,8 +80,9 @@ class JoinV1(KernelPlan):
             return Cost(n * 16 + n * 4 + 4 * meta.get("grid_cells", 0) * 2,
                         note="read points, write the bucketed order, count and scan the cell table")
         if stage == "candidate_filter":
-            return Cost(g * 32 + n * 20 + rows_out * 8,
-                        note="bboxes, each bucketed point and its coordinates once, candidate pairs out")
+            e = meta.get("grid_entries", 0)
+            return Cost(g * 32 + n * 20 + e * 4 * 3 + rows_out * 8,
+                        note="bboxes, each bucketed point and its coordinates once, cell lists (v2), pairs out")
         if stage == "predicate_refine":
             tests = meta.get("edge_tests", 0)
             return Cost(rows_in * 8 + v * 16 + n * 16 + rows_out * 8, tests * FLOPS_PER_EDGE_TEST,
@@ -105,3 +106,10 @@ class JoinV1(KernelPlan):
             result["missing"] = sorted(exp - got)[:5]
             result["extra"] = sorted(got - exp)[:5]
         return result
+
+
+@register
+class JoinV2(JoinV1):
+    version = "v2"
+    summary = ("cell-list filter: polygons listed in every grid cell their bbox covers, each point "
+               "(Morton-bucketed) tests its own cell's list -- point-major, one more size read")
