@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import numpy as np  # noqa: E402
 
-from app.kernel.join.plan import JoinV1  # noqa: E402
+from app.kernel.plan import get_plan_class, kernels  # noqa: E402
 from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for, xp_for  # noqa: E402
 from app.runtime.nvtx import Nvtx  # noqa: E402
@@ -72,24 +72,29 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-runs", type=int, default=3)
     ap.add_argument("--shapely-runs", type=int, default=3)
     ap.add_argument("--no-gpu", action="store_true")
+    ap.add_argument("--versions", default=None, help="comma-separated; default: every version")
     args = ap.parse_args(argv)
     gpu = not args.no_gpu and select("auto").selected == "gpu"
+    versions = args.versions.split(",") if args.versions else sorted(kernels()["join"])
     rows = []
     for size in args.sizes.split(","):
         n, g = (parse_size(x) for x in size.split(":"))
-        plan = JoinV1({"points": n, "polygons": g, "vertices": args.vertices})
-        inputs = plan.make_inputs()
+        inputs = get_plan_class("join", versions[0])({"points": n, "polygons": g,
+                                                      "vertices": args.vertices}).make_inputs()
         t_shp, ref = time_shapely(inputs, args.shapely_runs)
-        cpu = time_plan(plan, inputs, "cpu", args.cpu_runs)
-        res = {"size": f"{n:,} x {g:,}", "shapely": t_shp, "cpu": cpu["total"], "pairs": len(ref[0]),
-               "cpu_ok": all(np.array_equal(a, b) for a, b in zip(cpu["out"], ref))}
-        if gpu:
-            gp = time_plan(plan, inputs, "gpu", args.runs)
-            res |= {"gpu_after": gp["after"], "gpu_after_min": gp["after_min"], "gpu_build": gp["build"],
-                    "gpu_ok": all(np.array_equal(a, b) for a, b in zip(gp["out"], ref)), "card": gp["device_name"]}
-        rows.append(res)
-        print(_row(res), flush=True)
-    print("\njoin v1 benchmark (medians; GPU: stages after the owned-buffer build, inputs on device)")
+        for v in versions:
+            plan = get_plan_class("join", v)({"points": n, "polygons": g, "vertices": args.vertices})
+            cpu = time_plan(plan, inputs, "cpu", args.cpu_runs)
+            res = {"size": f"{v} {n:,} x {g:,}", "shapely": t_shp, "cpu": cpu["total"], "pairs": len(ref[0]),
+                   "cpu_ok": all(np.array_equal(a, b) for a, b in zip(cpu["out"], ref))}
+            if gpu:
+                gp = time_plan(plan, inputs, "gpu", args.runs)
+                res |= {"gpu_after": gp["after"], "gpu_after_min": gp["after_min"], "gpu_build": gp["build"],
+                        "gpu_ok": all(np.array_equal(a, b) for a, b in zip(gp["out"], ref)),
+                        "card": gp["device_name"]}
+            rows.append(res)
+            print(_row(res), flush=True)
+    print("\njoin benchmark (medians; GPU: stages after the owned-buffer build, inputs on device)")
     for r in rows:
         print(_row(r))
     return 0 if all(r["cpu_ok"] and r.get("gpu_ok", True) for r in rows) else 1

@@ -117,15 +117,18 @@ class OverlayCPU:
         pair_b, jb = expand(B["edges"].geom_offsets[pb], eb)
         near_b = _mbr_hits(B, jb, A["bbox"][pa[pair_b]])
         pair_b, jb = pair_b[near_b], jb[near_b]
-        # Brute force within each pair: every near edge of a x every near edge of b.
-        na = np.bincount(pair_a, minlength=len(pa))
-        nb = np.bincount(pair_b, minlength=len(pa))
-        a_start = np.cumsum(na) - na
-        b_start = np.cumsum(nb) - nb
-        owner, k = expand(np.zeros(len(pa), dtype=np.int64), na * nb)
-        i = ia[a_start[owner] + k // nb[owner]]
-        j = jb[b_start[owner] + k % nb[owner]]
         Ea, Eb = A["edges"], B["edges"]
+        if self.version == "v2":
+            owner, i, j = _sweep_pairs(pair_a, ia, Ea.yhi[ia], pair_b, jb, Eb.ylo[jb], len(pa))
+        else:
+            # Brute force within each pair: every near edge of a x every near edge of b.
+            na = np.bincount(pair_a, minlength=len(pa))
+            nb = np.bincount(pair_b, minlength=len(pa))
+            a_start = np.cumsum(na) - na
+            b_start = np.cumsum(nb) - nb
+            owner, k = expand(np.zeros(len(pa), dtype=np.int64), na * nb)
+            i = ia[a_start[owner] + k // nb[owner]]
+            j = jb[b_start[owner] + k % nb[owner]]
         hit = ((A["xlo"][i] <= B["xhi"][j]) & (B["xlo"][j] <= A["xhi"][i])
                & (Ea.ylo[i] <= Eb.yhi[j]) & (Eb.ylo[j] <= Ea.yhi[i]))
         state.update(pa=pa, pb=pb, ea=ea, eb=eb, seg_pair=owner[hit], seg_i=i[hit], seg_j=j[hit])
@@ -255,6 +258,28 @@ class OverlayCPU:
         px1, py1 = _point_at(E.ax[e], E.ay[e], E.bx[e], E.by[e], t1[k])
         cross = (px0 - ox) * (py1 - oy) - (px1 - ox) * (py0 - oy)
         return np.bincount(pair, weights=cross, minlength=len(pa)), len(r), len(k), len(test)
+
+
+def _sweep_pairs(pair_a, ia, a_yhi, pair_b, jb, b_ylo, n_pairs):
+    """v2's sort-and-sweep: per pair, b's near edges sorted by lowest y; each near edge of a
+    gets the prefix whose lowest y is <= its highest y (ties included). Returns (pair, i, j)."""
+    # One merged order per pair by y, b before a on ties: an a-edge's prefix length is
+    # the number of b-edges of its pair that precede it.
+    pair = np.concatenate([pair_b, pair_a])
+    y = np.concatenate([b_ylo, a_yhi])
+    is_a = np.concatenate([np.zeros(len(pair_b), dtype=bool), np.ones(len(pair_a), dtype=bool)])
+    order = np.lexsort((is_a, y, pair))
+    pair_s, is_a_s = pair[order], is_a[order]
+    b_seen = np.cumsum(~is_a_s)
+    nb = np.bincount(pair_b, minlength=n_pairs)
+    b_start = np.cumsum(nb) - nb
+    before_group = np.concatenate([[0], np.cumsum(nb)])[pair_s]
+    a_rows = np.flatnonzero(is_a_s)
+    prefix = b_seen[a_rows] - before_group[a_rows]
+    a_idx = order[a_rows] - len(pair_b)                      # back to the a-edge arrays
+    b_sorted = jb[np.lexsort((b_ylo, pair_b))]
+    owner, k = expand(b_start[pair_a[a_idx]], prefix)
+    return pair_a[a_idx][owner], ia[a_idx][owner], b_sorted[k]
 
 
 def _inside(points, O, geoms):

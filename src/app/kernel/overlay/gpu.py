@@ -18,7 +18,8 @@ from app.kernel.robust import CCW_ERRBOUND_A
 SOURCE = Path(__file__).with_name("overlay.cu")
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
-    "segment_mbr_filter": ("corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs", "edge_pairs"),
+    "segment_mbr_filter": ("corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs", "edge_pairs",
+                           "edge_pairs_sweep"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
     "area_reconstruction": ("area_rings", "pair_area", "emit_areas"),
@@ -130,7 +131,9 @@ class OverlayGPU:
         estats = ws.zeros("edge_stats", 2, cp.uint64)
         geo = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"],
                B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], pair_a, pair_b, np.int32(npairs))
-        self._launch("edge_pairs", 32 * npairs, block, geo + (ecounts, slots, null, null, null, null, estats))
+        # v2's sweep keeps 8 warps' edge lists in shared memory: its block is fixed at 256.
+        kernel, eblock = ("edge_pairs_sweep", 256) if self.version == "v2" else ("edge_pairs", block)
+        self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, null, null, null, null, estats))
         eoffsets = self.mod.inclusive_scan(ecounts, cp.int64, "edge_offsets")
         slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl")
         tail = slot_incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
@@ -139,7 +142,7 @@ class OverlayGPU:
         if c >= 2**31 or n_slots >= 2**31:
             raise ValueError(f"{c} candidate edge pairs / {n_slots} edge slots exceed int32 indexing")
         cand = [ws.empty(f"cand_{k}", c, cp.int32) for k in ("p", "ka", "kb")]
-        self._launch("edge_pairs", 32 * npairs, block, geo + (ecounts, slots, eoffsets, *cand, estats))
+        self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, eoffsets, *cand, estats))
         state.update(level=level, pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
         st.rows_in, st.rows_out = ga + gb, c
         st.meta.update(polygon_pairs=npairs, pairs_examined=tests, candidates=c, grid_level=level,

@@ -110,3 +110,10 @@ class OverlayPlan(KernelPlan):
 class OverlayV1(OverlayPlan):
     version = "v1"
     summary = "brute-force segment-MBR filter: every near edge of a x every near edge of b, per polygon pair"
+
+
+@register
+class OverlayV2(OverlayPlan):
+    version = "v2"
+    summary = ("sort-and-sweep segment-MBR filter: per polygon pair, b's near edges sorted by lowest y; "
+               "each near edge of a tests only the prefix that can reach it")
