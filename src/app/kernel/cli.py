@@ -35,6 +35,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--json", action="store_true", help="print trace.json to stdout")
     add("--baseline", help="a previous profile folder (or its trace.json) to compare against")
     add("--no-verify", dest="verify", action="store_false", help="skip the shapely check of the output")
+    add("--ncu", help="Nsight Compute executable (default: $NCU, PATH, CUDA folders)")
+    add("--ncu-timeout", type=float, default=600.0, help="seconds before ncu is stopped (default 600)")
+    add("--ncu-clock-control", choices=("none", "base"), default="none",
+        help="ncu's clock control: none (default; lock clocks with scripts/) or base")
+    add("--worker", help=argparse.SUPPRESS)   # internal: the profiled subprocess of annotation/ncu modes
 
 
 def list_kernels() -> str:
@@ -111,12 +116,17 @@ def _main(argv: list[str]) -> int:
               "--warmup --nvtx --out --json --baseline --no-verify")
         return 0
     plan, args = parsed
+    if args.worker:
+        from app.runtime.profiling.worker import run_worker
+
+        return run_worker(plan, args.device, args.warmup, args.worker)
     mode = get_mode(args.prof_type)
     parent = profile_parent(args.out, mode.name, plan.kernel, plan.slug())
     check_writable(parent)
     options = ProfileOptions(device=args.device, bench_runs=args.bench_runs, warmup=args.warmup,
                              nvtx=args.nvtx, verify=args.verify, baseline=load_baseline(args.baseline),
-                             argv=["python -m app.kernel", *argv])
+                             argv=["python -m app.kernel", *argv], ncu=args.ncu, ncu_timeout=args.ncu_timeout,
+                             clock_control=args.ncu_clock_control)
     profile = mode.profile(plan, options)
     out_dir = write_profile(parent, profile.files)
     print(profile.summary, file=sys.stderr if args.json else sys.stdout)

@@ -20,6 +20,9 @@ class ProfileOptions:
     verify: bool = True
     baseline: dict | None = None
     argv: list[str] | None = None
+    ncu: str | None = None            # --ncu PATH
+    ncu_timeout: float = 600.0        # --ncu-timeout seconds
+    clock_control: str = "none"       # --ncu-clock-control none|base
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -52,10 +55,12 @@ def register_mode(cls: type[Mode]) -> type[Mode]:
 
 
 def get_mode(name: str) -> Mode:
-    import app.runtime.profiling.event  # noqa: F401  (registers itself)
+    import app.runtime.profiling.annotation  # noqa: F401  (each registers itself)
+    import app.runtime.profiling.event  # noqa: F401
+    import app.runtime.profiling.ncu  # noqa: F401
 
     if name not in MODES:
-        planned = {"annotation", "ncu", "nsys"}
+        planned = {"nsys"}
         hint = " (planned, not built yet)" if name in planned else ""
         raise BadParameter(f"unknown --prof_type {name!r}{hint}; available: {', '.join(sorted(MODES))}")
     return MODES[name]()
