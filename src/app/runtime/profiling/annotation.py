@@ -32,7 +32,7 @@ def measured_trace(plan, run, kernels, stages, mode: str) -> dict:
             "metadata": dict(w["meta"]) | w["counters"] | {"kernels": int(m["kernels"])},
             "ncu": {k: (None if v != v else float(v)) for k, v in m.items() if k not in ("stage", "bottleneck")}
                    | {"bottleneck": m["bottleneck"]},
-            "tiling": plan.tiling[spec.name],
+            "tiling": plan.tiling[spec.name], "cost": worker.get("costs", {}).get(spec.name),
         })
     sel = worker["selection"]
     return {

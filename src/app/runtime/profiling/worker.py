@@ -35,7 +35,11 @@ def run_worker(plan, device: str, warmup: int, out_path: str) -> int:
     nvtx.push(PROFILE_RANGE)
     _, record = Recorder("gpu", xp_for("gpu"), nvtx).run(plan, inputs, backend)
     nvtx.pop()
-    doc = {"kernel": plan.kernel, "version": plan.version, "params": plan.params, "tiling": plan.tiling,
+    from dataclasses import asdict
+
+    costs = {s["name"]: asdict(plan.cost(s["name"], s["rows_in"], s["rows_out"], s["meta"], inputs))
+             for s in record.stages}
+    doc = {"costs": costs, "kernel": plan.kernel, "version": plan.version, "params": plan.params, "tiling": plan.tiling,
            "selection": selection.as_dict(), "nvtx": nvtx.report(), "compile": compile_info,
            "stages": record.stages, "total_seconds": record.total_seconds,
            "artifacts": backend.artifacts()}
