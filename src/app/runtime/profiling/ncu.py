@@ -52,7 +52,7 @@ class NcuMode(Mode):
         rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
         headline = (f"`ncu --set full` on one warm iteration on {device_name}: "
                     f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
-        sections = stage_sections(trace, stages, kernels, _rule_ops(rules, stages) or opportunities(
+        sections = stage_sections(trace, stages, kernels, _rule_ops(rules, raw) or opportunities(
             stages, stages["duration_us"].sum()), spec, f"ncu --clock-control {options.clock_control}")
         sections.append(_rules_section(rules))
         files["report.md"] = render_report(trace, sections, headline)
@@ -77,16 +77,17 @@ class NcuMode(Mode):
         return Profile(trace=trace, files=files, summary=summary)
 
 
-def _rule_ops(rules, stages) -> list[dict]:
-    """NCU's own OPT rules with an estimated speedup, ranked: the opportunities list."""
+def _rule_ops(rules, raw) -> list[dict]:
+    """NCU's own OPT rules with an estimated speedup, ranked by what they would save of the whole
+    iteration: the rule's speedup on its kernel times that kernel's share of the kernel time."""
     if not len(rules):
         return []
     opt = rules[(rules["rule_type"] == "OPT") & rules["speedup_pct"].notna()]
-    total = stages["duration_us"].sum() or 1.0
-    share = dict(zip(stages["stage"], stages["duration_us"] / total))
+    dur = dict(zip(raw["id"].astype(int).astype(str), raw["duration_ns"]))
+    total = raw["duration_ns"].sum() or 1.0
     ops = []
     for r in opt.itertuples():
-        gain = r.speedup_pct * share.get(r.stage, 0.0)
+        gain = r.speedup_pct * dur.get(str(int(float(r.id))), 0.0) / total
         ops.append({"name": f"{r.rule} in {r.stage or 'unstaged kernel'} ({r.kernel[:30]})", "gain_pct": gain,
                     "trigger": f"ncu {r.rule} est. {r.speedup_type} speedup={r.speedup_pct:.1f}%"})
     return sorted(ops, key=lambda o: -o["gain_pct"])
