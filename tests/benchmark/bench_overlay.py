@@ -17,7 +17,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-import numpy as np  # noqa: E402
 
 from app.kernel.overlay.oracle import compare, shapely_overlay  # noqa: E402
 from app.kernel.plan import get_plan_class  # noqa: E402

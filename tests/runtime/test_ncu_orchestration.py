@@ -4,7 +4,6 @@ The device is declared a GPU in-process (CI has none); the fake runs the real wo
 on the CPU and prints the real H200 CSV. Real ncu runs happen on the lent GPU machine.
 """
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -166,5 +166,43 @@ class CudaModule:
         return out
 
 
+class GpuBackend:
+    """What every kernel's GPU backend shares: its module, compile, artifacts, launches.
+
+    Subclasses set SOURCE, STAGE_KERNELS, LIBRARY_CALLS and SCAN_STAGES, and add one
+    method per plan stage.
+    """
+
+    device = "gpu"
+    SOURCE: Path
+    STAGE_KERNELS: dict
+    LIBRARY_CALLS: dict
+    SCAN_STAGES: tuple = ()
+
+    def __init__(self, tiling: dict, version: str = "v1"):
+        import cupy
+
+        self.cp = cupy
+        self.tiling = tiling
+        self.version = version
+        self.mod = CudaModule(self.SOURCE, self.STAGE_KERNELS, self.LIBRARY_CALLS, scan_stages=self.SCAN_STAGES)
+
+    def _blocks(self) -> dict:
+        return {s: t.get("block", 256) for s, t in self.tiling.items()}
+
+    def compile(self) -> dict:
+        return self.mod.compile(self._blocks())
+
+    def artifacts(self) -> dict:
+        return self.mod.artifacts(self._blocks())
+
+    def to_host(self, array):
+        return self.cp.asnumpy(array)
+
+    def _launch(self, name, n, block, args):
+        if n > 0:
+            self.mod.fn[name](((n + block - 1) // block,), (block,), args)
+
+
 def _i64(v):
     return np.int64(v)

@@ -10,13 +10,12 @@ hits by point) built from our kernels and scan.cu.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 
 from app.kernel import grid
-from app.kernel.gpu_build import CudaModule
+from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
 SOURCE = Path(__file__).with_name("join.cu")
@@ -38,31 +37,13 @@ LIBRARY_CALLS = {
 }
 
 
-class JoinGPU:
-    device = "gpu"
+class JoinGPU(GpuBackend):
+    SOURCE, STAGE_KERNELS, LIBRARY_CALLS = SOURCE, STAGE_KERNELS, LIBRARY_CALLS
+    SCAN_STAGES = ("morton_sort", "candidate_filter", "output_sort")
 
     def __init__(self, tiling: dict, version: str = "v1"):
-        import cupy
-
-        self.cp = cupy
-        self.tiling = tiling
-        self.version = version
-        self.sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        self.mod = CudaModule(SOURCE, STAGE_KERNELS, LIBRARY_CALLS,
-                              scan_stages=("morton_sort", "candidate_filter", "output_sort"))
-
-    def compile(self) -> dict:
-        return self.mod.compile({s: t.get("block", 256) for s, t in self.tiling.items()})
-
-    def artifacts(self) -> dict:
-        return self.mod.artifacts({s: t.get("block", 256) for s, t in self.tiling.items()})
-
-    def to_host(self, array):
-        return self.cp.asnumpy(array)
-
-    def _launch(self, name, n, block, args):
-        if n > 0:
-            self.mod.fn[name](((n + block - 1) // block,), (block,), args)
+        super().__init__(tiling, version)
+        self.sm_count = self.cp.cuda.Device().attributes["MultiProcessorCount"]
 
     # --- stages ----------------------------------------------------------------------
     def owned_buffer_build(self, state, st, tiling):

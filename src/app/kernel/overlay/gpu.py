@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from app.kernel import grid
-from app.kernel.gpu_build import CudaModule
+from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
 SOURCE = Path(__file__).with_name("overlay.cu")
@@ -33,31 +33,9 @@ LIBRARY_CALLS = {
 }
 
 
-class OverlayGPU:
-    device = "gpu"
-
-    def __init__(self, tiling: dict, version: str = "v1"):
-        import cupy
-
-        self.cp = cupy
-        self.tiling = tiling
-        self.version = version
-        self.mod = CudaModule(SOURCE, STAGE_KERNELS, LIBRARY_CALLS,
-                              scan_stages=("segment_mbr_filter", "reconstruction_event_sort",
-                                           "area_reconstruction"))
-
-    def compile(self) -> dict:
-        return self.mod.compile({s: t.get("block", 256) for s, t in self.tiling.items()})
-
-    def artifacts(self) -> dict:
-        return self.mod.artifacts({s: t.get("block", 256) for s, t in self.tiling.items()})
-
-    def to_host(self, array):
-        return self.cp.asnumpy(array)
-
-    def _launch(self, name, n, block, args):
-        if n > 0:
-            self.mod.fn[name](((n + block - 1) // block,), (block,), args)
+class OverlayGPU(GpuBackend):
+    SOURCE, STAGE_KERNELS, LIBRARY_CALLS = SOURCE, STAGE_KERNELS, LIBRARY_CALLS
+    SCAN_STAGES = ("segment_mbr_filter", "reconstruction_event_sort", "area_reconstruction")
 
     def owned_buffer_build(self, state, st, tiling):
         cp, inp = self.cp, state["inputs"]

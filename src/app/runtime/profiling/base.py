@@ -57,7 +57,7 @@ def register_mode(cls: type[Mode]) -> type[Mode]:
 def get_mode(name: str) -> Mode:
     import app.runtime.profiling.annotation  # noqa: F401  (each registers itself)
     import app.runtime.profiling.event  # noqa: F401
-    import app.runtime.profiling.ncu  # noqa: F401
+    import app.runtime.profiling.ncu  # noqa: F401  (registers itself)
 
     if name not in MODES:
         planned = {"nsys"}
