@@ -10,7 +10,14 @@ def _pct(v) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
 
 
-def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: str) -> list[Section]:
+GAIN_NOTE = ("Gain = the stage's share of kernel time x an estimate of the part it could recover: "
+             "(1 - max(SM%, DRAM%)/100) when latency-bound, 1 - waves/SM when underfilled, 0.5 for occupancy "
+             "< 25%, 0.3 for L2 hit < 80% or spills. Rough, measured inputs; rank, do not promise.")
+RULE_NOTE = "Gain = NCU's estimated speedup for the rule x the kernel's share of the iteration's kernel time."
+
+
+def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: str,
+                   gain_note: str = GAIN_NOTE) -> list[Section]:
     total = stages["duration_us"].sum()
     by_time = stages[stages["kernels"] > 0].sort_values("duration_us", ascending=False)
     if len(by_time):
@@ -45,7 +52,7 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
         Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
         Section("Top 3 Opportunities (ranked by estimated impact)",
                 items=[f"{o['name']} — est. {o['gain_pct']:.0f}% gain — trigger: {o['trigger']}" for o in ops[:3]]
-                or ["none triggered"]),
+                or ["none triggered"], note=gain_note),
         Section("Kernels", columns=["Stage", "Kernel", "us", "GB/s", "TFLOP/s fp64", "FLOP/B", "% roofline",
                                     "SM%", "DRAM%", "Occ%", "L2 hit%", "regs", "waves/SM", "Bottleneck"],
                 rows=[[k.stage or "-", k.kernel[:40], fmt(k.duration_us), fmt(k.achieved_gbps),

@@ -14,7 +14,7 @@ import re
 from app.analysis.devices import match_device
 from app.analysis.kernel_metrics import attribute_stages, kernel_table, opportunities, stage_table
 from app.report.markdown import Section, fmt, render
-from app.report.ncu_report import render_report, stage_sections
+from app.report.ncu_report import GAIN_NOTE, RULE_NOTE, render_report, stage_sections
 from app.runtime.profiling.annotation import _profile_api, common_files, measured_trace
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.profiling.ncu_session import run_under_ncu
@@ -52,8 +52,10 @@ class NcuMode(Mode):
         rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
         headline = (f"`ncu --set full` on one warm iteration on {device_name}: "
                     f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
-        sections = stage_sections(trace, stages, kernels, _rule_ops(rules, raw) or opportunities(
-            stages, stages["duration_us"].sum()), spec, f"ncu --clock-control {options.clock_control}")
+        rule_ops = _rule_ops(rules, raw)
+        sections = stage_sections(trace, stages, kernels, rule_ops or opportunities(stages, stages["duration_us"].sum()),
+                                  spec, f"ncu --clock-control {options.clock_control}",
+                                  RULE_NOTE if rule_ops else GAIN_NOTE)
         sections.append(_rules_section(rules))
         files["report.md"] = render_report(trace, sections, headline)
         files["report-verbose.md"] = _verbose(plan, metrics, rules)

@@ -51,6 +51,7 @@ def run_under_ncu(plan, options, ncu_args: list[str], label: str) -> NcuRun:
     ncu_args = [a.replace("{tmp}", tmpdir) for a in ncu_args]
     cmd = [ncu, "--clock-control", options.clock_control, "--nvtx", "--nvtx-include",
            f"{plan.kernel}@{PROFILE_RANGE}/", *ncu_args, *worker_command(plan, out_json, options.warmup)]
+    # The worker must import this very checkout even when the package is not installed.
     env_path = os.environ.get("PYTHONPATH", "")
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     os.environ["PYTHONPATH"] = src + (os.pathsep + env_path if env_path else "")
