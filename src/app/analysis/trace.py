@@ -24,7 +24,6 @@ def build_trace(plan, inputs, selection, cold, runs, *, mode: str, nvtx: dict,
         meta = dict(rec["meta"]) | rec["counters"]
         if rec["size_reads"]:
             meta["allocation_size_read_reasons"] = rec["size_reads"]
-        meta.pop("d2h_reasons", None)
         cost = plan.cost(spec.name, rec["rows_in"], rec["rows_out"], rec["meta"], inputs)
         stages.append({
             "name": spec.name, "category": spec.category, "device": rec["device"],

@@ -46,3 +46,31 @@ def grid_level(world, mean_w: float, mean_h: float, bias: int = 0) -> int:
     cell = max(mean_w, mean_h, extent / (1 << MAX_LEVEL))
     level = int(math.floor(math.log2(extent / cell))) + bias if cell > 0 else 0
     return int(min(max(level, 1), MAX_LEVEL))
+
+
+def cell_of(x, y, world, level: int):
+    """Morton code of the level-``level`` cell holding each point (x, y)."""
+    shift = np.uint32(BITS - level)
+    minx, miny, sx, sy = world_scale(world)
+    return morton(quantise(x, minx, sx) >> shift, quantise(y, miny, sy) >> shift)
+
+
+def covered_cells(box, world, level: int):
+    """(owner, cell) for every level-``level`` cell each box (x0, y0, x1, y1) covers,
+    row by row (x fastest) -- the order overlay.cu/join.cu loops visit them in."""
+    from app.kernel.ranges import expand
+
+    shift = np.uint32(BITS - level)
+    minx, miny, sx, sy = world_scale(world)
+    x0, y0 = quantise(box[:, 0], minx, sx) >> shift, quantise(box[:, 1], miny, sy) >> shift
+    nx = ((quantise(box[:, 2], minx, sx) >> shift) - x0 + 1).astype(np.int64)
+    ny = ((quantise(box[:, 3], miny, sy) >> shift) - y0 + 1).astype(np.int64)
+    owner, local = expand(np.zeros(len(box), dtype=np.int64), nx * ny)
+    nxo = nx[owner]
+    return owner, morton(x0[owner] + (local % nxo).astype(np.uint32), y0[owner] + (local // nxo).astype(np.uint32))
+
+
+def bucket(cells, level: int):
+    """Counting sort by cell: (stable order, cell_start with 4^level + 1 entries)."""
+    order = np.argsort(cells, kind="stable")
+    return order, np.concatenate([[0], np.cumsum(np.bincount(cells, minlength=1 << 2 * level))])

@@ -93,19 +93,18 @@ class StageContext:
         self.h2d_bytes += arr.nbytes
         return arr
 
-    def to_host(self, array, why: str) -> np.ndarray:
+    def to_host(self, array) -> np.ndarray:
         if not self.on_gpu:
             return np.asarray(array)
         out = self.xp.asnumpy(array)   # blocking copy: a synchronisation too
         self.d2h_copies += 1
         self.d2h_bytes += out.nbytes
         self.syncs += 1
-        self.meta.setdefault("d2h_reasons", []).append(why)
         return out
 
     def read_size(self, array, why: str) -> np.ndarray:
         """A device->host read that sizes an allocation: the only kind allowed mid-pipeline."""
-        out = self.to_host(array, why)
+        out = self.to_host(array)
         self.size_reads.append(why)
         return out
 

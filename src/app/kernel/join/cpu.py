@@ -57,66 +57,42 @@ class JoinCPU:
     def morton_sort(self, state, st, tiling):
         pts = state["points"]
         level = grid.grid_level(state["world"], *state["mean_wh"], bias=tiling["level_bias"])
-        minx, miny, sx, sy = grid.world_scale(state["world"])
-        shift = np.uint32(grid.BITS - level)
-        pcell = grid.morton(grid.quantise(pts[:, 0], minx, sx) >> shift, grid.quantise(pts[:, 1], miny, sy) >> shift)
-        cells = 1 << 2 * level
-        state["sorted_pt"] = np.argsort(pcell, kind="stable")
-        state["cell_start"] = np.concatenate([[0], np.cumsum(np.bincount(pcell, minlength=cells))])
+        pcell = grid.cell_of(pts[:, 0], pts[:, 1], state["world"], level)
+        state["sorted_pt"], state["cell_start"] = grid.bucket(pcell, level)
         state["level"] = level
         st.rows_in = st.rows_out = len(pts)
-        st.meta.update(grid_level=level, grid_cells=cells)
+        st.meta.update(grid_level=level, grid_cells=1 << 2 * level)
 
     def candidate_filter(self, state, st, tiling):
         if self.version == "v2":
             return self._candidate_filter_cells(state, st, tiling)
-        bbox, world, level = state["bbox"], state["world"], state["level"]
-        shift = np.uint32(grid.BITS - level)
-        minx, miny, sx, sy = grid.world_scale(world)
-        x0 = grid.quantise(bbox[:, 0], minx, sx) >> shift
-        y0 = grid.quantise(bbox[:, 1], miny, sy) >> shift
-        x1 = grid.quantise(bbox[:, 2], minx, sx) >> shift
-        y1 = grid.quantise(bbox[:, 3], miny, sy) >> shift
-        nx, ny = (x1 - x0 + 1).astype(np.int64), (y1 - y0 + 1).astype(np.int64)
+        bbox = state["bbox"]
         # Each polygon scans the point buckets of every cell its bbox covers.
-        poly, local = _expand(np.zeros(len(bbox), dtype=np.int64), nx * ny)
-        cell = grid.morton(x0[poly] + (local % nx[poly]).astype(np.uint32),
-                           y0[poly] + (local // nx[poly]).astype(np.uint32))
+        poly, cell = grid.covered_cells(bbox, state["world"], state["level"])
         cs = state["cell_start"]
         owner, j = _expand(cs[cell], cs[cell + 1] - cs[cell])
-        cand_poly = poly[owner]
-        cand_pt = state["sorted_pt"][j]
-        p, b = state["points"][cand_pt], bbox[cand_poly]
-        hit = (b[:, 0] <= p[:, 0]) & (p[:, 0] <= b[:, 2]) & (b[:, 1] <= p[:, 1]) & (p[:, 1] <= b[:, 3])
-        state["cand_pt"], state["cand_poly"] = cand_pt[hit], cand_poly[hit]
-        st.rows_in, st.rows_out = len(bbox), int(hit.sum())
-        st.meta.update(pairs_examined=int(len(hit)), candidates=int(hit.sum()))
+        self._keep_hits(state, st, state["sorted_pt"][j], poly[owner], rows_in=len(bbox))
 
     def _candidate_filter_cells(self, state, st, tiling):
         """v2: polygons listed per grid cell, each point (Morton-bucketed) tests its own cell's list."""
         bbox, level, pts = state["bbox"], state["level"], state["points"]
-        shift = np.uint32(grid.BITS - level)
-        minx, miny, sx, sy = grid.world_scale(state["world"])
-        x0 = grid.quantise(bbox[:, 0], minx, sx) >> shift
-        y0 = grid.quantise(bbox[:, 1], miny, sy) >> shift
-        nx = ((grid.quantise(bbox[:, 2], minx, sx) >> shift) - x0 + 1).astype(np.int64)
-        ny = ((grid.quantise(bbox[:, 3], miny, sy) >> shift) - y0 + 1).astype(np.int64)
-        poly, local = _expand(np.zeros(len(bbox), dtype=np.int64), nx * ny)
-        cell = grid.morton(x0[poly] + (local % nx[poly]).astype(np.uint32),
-                           y0[poly] + (local // nx[poly]).astype(np.uint32))
-        by_cell = np.argsort(cell, kind="stable")
+        poly, cell = grid.covered_cells(bbox, state["world"], level)
+        by_cell, cell_start = grid.bucket(cell, level)
         entries = poly[by_cell]
-        cell_start = np.concatenate([[0], np.cumsum(np.bincount(cell, minlength=1 << 2 * level))])
         order = state["sorted_pt"]
-        p = pts[order]
-        pcell = grid.morton(grid.quantise(p[:, 0], minx, sx) >> shift, grid.quantise(p[:, 1], miny, sy) >> shift)
+        pcell = grid.cell_of(pts[order, 0], pts[order, 1], state["world"], level)
         row, j = _expand(cell_start[pcell], cell_start[pcell + 1] - cell_start[pcell])
-        cand_pt, cand_poly = order[row], entries[j]
-        q, b = pts[cand_pt], bbox[cand_poly]
-        hit = (b[:, 0] <= q[:, 0]) & (q[:, 0] <= b[:, 2]) & (b[:, 1] <= q[:, 1]) & (q[:, 1] <= b[:, 3])
+        self._keep_hits(state, st, order[row], entries[j], rows_in=len(pts))
+        st.meta["grid_entries"] = int(len(entries))
+
+    @staticmethod
+    def _keep_hits(state, st, cand_pt, cand_poly, rows_in):
+        """Keep the (point, polygon) pairs whose bbox holds the point (closed bbox)."""
+        p, b = state["points"][cand_pt], state["bbox"][cand_poly]
+        hit = (b[:, 0] <= p[:, 0]) & (p[:, 0] <= b[:, 2]) & (b[:, 1] <= p[:, 1]) & (p[:, 1] <= b[:, 3])
         state["cand_pt"], state["cand_poly"] = cand_pt[hit], cand_poly[hit]
-        st.rows_in, st.rows_out = len(pts), int(hit.sum())
-        st.meta.update(pairs_examined=int(len(hit)), candidates=int(hit.sum()), grid_entries=int(len(entries)))
+        st.rows_in, st.rows_out = rows_in, int(hit.sum())
+        st.meta.update(pairs_examined=int(len(hit)), candidates=int(hit.sum()))
 
     def predicate_refine(self, state, st, tiling):
         edges = edge_table(state["coords"], state["ring_offsets"], state["geom_ring_offsets"])

@@ -36,18 +36,9 @@ def bbox_pairs(ba: np.ndarray, bb: np.ndarray, bias: int = 0):
     world = np.r_[both[:, :2].min(0), both[:, 2:].max(0)]
     w, h = both[:, 2] - both[:, 0], both[:, 3] - both[:, 1]
     level = grid.grid_level(world, float(w.sum() / len(both)), float(h.sum() / len(both)), bias)
-    shift = np.uint32(grid.BITS - level)
-    minx, miny, sx, sy = grid.world_scale(world)
-    q = lambda v, o, s_: grid.quantise(v, o, s_) >> shift  # noqa: E731
-    corner = grid.morton(q(bb[:, 0], minx, sx), q(bb[:, 1], miny, sy))
-    sorted_b = np.argsort(corner, kind="stable")
-    cell_start = np.concatenate([[0], np.cumsum(np.bincount(corner, minlength=1 << 2 * level))])
-    x0, y0 = q(ba[:, 0] - w.max(), minx, sx), q(ba[:, 1] - h.max(), miny, sy)
-    nx = (q(ba[:, 2], minx, sx) - x0 + 1).astype(np.int64)
-    ny = (q(ba[:, 3], miny, sy) - y0 + 1).astype(np.int64)
-    a_owner, local = expand(np.zeros(len(ba), dtype=np.int64), nx * ny)
-    nxo = nx[a_owner]
-    cell = grid.morton(x0[a_owner] + (local % nxo).astype(np.uint32), y0[a_owner] + (local // nxo).astype(np.uint32))
+    sorted_b, cell_start = grid.bucket(grid.cell_of(bb[:, 0], bb[:, 1], world, level), level)
+    grown = np.column_stack([ba[:, 0] - w.max(), ba[:, 1] - h.max(), ba[:, 2], ba[:, 3]])
+    a_owner, cell = grid.covered_cells(grown, world, level)
     row, j = expand(cell_start[cell], cell_start[cell + 1] - cell_start[cell])
     a, b = a_owner[row], sorted_b[j]
     A, B = ba[a], bb[b]

@@ -69,32 +69,32 @@ class AnnotationMode(Mode):
 
     def profile(self, plan, options: ProfileOptions) -> Profile:
         ncu_args = ["--csv", "--page", "raw", "--print-units", "base", "--metrics", ",".join(ANNOTATION_METRICS)]
-        run = run_under_ncu(plan, options, ncu_args, "ncu annotation")
-        raw, _ = parse_raw(run.stdout, run.ncu_version)
-        names = [s.name for s in plan.stages]
-        device_name = run.worker["selection"]["device_name"]
-        kernels = kernel_table(raw, plan.kernel, names, device_name)
-        stages = stage_table(kernels, names)
-        ops = opportunities(stages, stages["duration_us"].sum())
-        trace = measured_trace(plan, run, kernels, stages, self.name)
-        files = common_files(plan, run, trace, options, self.name)
-        _, spec = match_device(device_name)
-        clock = f"ncu --clock-control {options.clock_control}"
-        headline = (f"One warm iteration under ncu on {device_name}: {stages['duration_us'].sum():,.1f} us of "
-                    f"kernel time in {len(kernels) - trace['metadata']['kernels_outside_stages']} stage kernels.")
-        files["report.md"] = render_report(trace, stage_sections(trace, stages, kernels, ops, spec, clock), headline)
-        from app.report.plots import roofline_png   # matplotlib: only when a plot is drawn
+        with run_under_ncu(plan, options, ncu_args, "ncu annotation") as run:
+            raw, _ = parse_raw(run.stdout, run.ncu_version)
+            names = [s.name for s in plan.stages]
+            device_name = run.worker["selection"]["device_name"]
+            kernels = kernel_table(raw, plan.kernel, names, device_name)
+            stages = stage_table(kernels, names)
+            ops = opportunities(stages, stages["duration_us"].sum())
+            trace = measured_trace(plan, run, kernels, stages, self.name)
+            files = common_files(plan, run, trace, options, self.name)
+            _, spec = match_device(device_name)
+            clock = f"ncu --clock-control {options.clock_control}"
+            headline = (f"One warm iteration under ncu on {device_name}: {stages['duration_us'].sum():,.1f} us of "
+                        f"kernel time in {len(kernels) - trace['metadata']['kernels_outside_stages']} stage kernels.")
+            files["report.md"] = render_report(trace, stage_sections(trace, stages, kernels, ops, spec, clock), headline)
+            from app.report.plots import roofline_png   # matplotlib: only when a plot is drawn
 
-        png = roofline_png(kernels, spec, f"{plan.kernel} {plan.version} on {device_name}")
-        if png:
-            files["roofline.png"] = png
-        files["ncu_raw.csv"] = raw.drop(columns=["nvtx_stack"]).to_csv(index=False)
-        files["kernels.csv"] = kernels.to_csv(index=False)
-        files["stages.csv"] = stages.to_csv(index=False)
-        summary = "\n".join([f"{plan.kernel} {plan.version} under ncu (annotation) on {device_name}:"] +
-                            [f"  {r.stage:<28} {r.duration_us:>10,.1f} us  SM {r.sm_pct:5.1f}%  DRAM {r.dram_pct:5.1f}%"
-                             f"  {r.bottleneck}" for r in stages.itertuples()])
-        return Profile(trace=trace, files=files, summary=summary)
+            png = roofline_png(kernels, spec, f"{plan.kernel} {plan.version} on {device_name}")
+            if png:
+                files["roofline.png"] = png
+            files["ncu_raw.csv"] = raw.drop(columns=["nvtx_stack"]).to_csv(index=False)
+            files["kernels.csv"] = kernels.to_csv(index=False)
+            files["stages.csv"] = stages.to_csv(index=False)
+            summary = "\n".join([f"{plan.kernel} {plan.version} under ncu (annotation) on {device_name}:"] +
+                                [f"  {r.stage:<28} {r.duration_us:>10,.1f} us  SM {r.sm_pct:5.1f}%  DRAM {r.dram_pct:5.1f}%"
+                                 f"  {r.bottleneck}" for r in stages.itertuples()])
+            return Profile(trace=trace, files=files, summary=summary)
 
 
 def annotation_profile_plan(plan, out_dir=None, version=None, bench_runs=1, **options):

@@ -30,53 +30,53 @@ class NcuMode(Mode):
 
     def profile(self, plan, options: ProfileOptions) -> Profile:
         rep_base = "profile"
-        run = run_under_ncu(plan, options, ["--set", "full", "--import-source", "yes", "-f", "-o",
-                                            "{tmp}/" + rep_base], "ncu full")
-        rep = os.path.join(run.tmpdir, rep_base + ".ncu-rep")
-        label = "ncu export"
-        exports = {}
-        for page, extra in (("raw", ["--print-units", "base"]), ("details", ["--print-units", "base"]),
-                            ("source", ["--print-source", "sass"])):
-            exports[page], _ = run_tool([run.ncu, "--import", rep, "--csv", "--page", page, *extra],
-                                        timeout=options.ncu_timeout, label=label)
-        raw, _ = parse_raw(exports["raw"], run.ncu_version)
-        metrics, rules = parse_details(exports["details"], run.ncu_version)
-        sources = parse_source(exports["source"])
-        names = [s.name for s in plan.stages]
-        device_name = run.worker["selection"]["device_name"]
-        kernels = kernel_table(raw, plan.kernel, names, device_name)
-        stages = stage_table(kernels, names)
-        trace = measured_trace(plan, run, kernels, stages, self.name)
-        files = common_files(plan, run, trace, options, self.name)
-        _, spec = match_device(device_name)
-        rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
-        headline = (f"`ncu --set full` on one warm iteration on {device_name}: "
-                    f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
-        rule_ops = _rule_ops(rules, raw)
-        sections = stage_sections(trace, stages, kernels, rule_ops or opportunities(stages, stages["duration_us"].sum()),
-                                  spec, f"ncu --clock-control {options.clock_control}",
-                                  RULE_NOTE if rule_ops else GAIN_NOTE)
-        sections.append(_rules_section(rules))
-        files["report.md"] = render_report(trace, sections, headline)
-        files["report-verbose.md"] = _verbose(plan, metrics, rules)
-        from app.report.plots import roofline_png   # matplotlib: only when a plot is drawn
+        with run_under_ncu(plan, options, ["--set", "full", "--import-source", "yes", "-f", "-o",
+                                            "{tmp}/" + rep_base], "ncu full") as run:
+            rep = os.path.join(run.tmpdir, rep_base + ".ncu-rep")
+            label = "ncu export"
+            exports = {}
+            for page, extra in (("raw", ["--print-units", "base"]), ("details", ["--print-units", "base"]),
+                                ("source", ["--print-source", "sass"])):
+                exports[page], _ = run_tool([run.ncu, "--import", rep, "--csv", "--page", page, *extra],
+                                            timeout=options.ncu_timeout, label=label)
+            raw, _ = parse_raw(exports["raw"], run.ncu_version)
+            metrics, rules = parse_details(exports["details"], run.ncu_version)
+            sources = parse_source(exports["source"])
+            names = [s.name for s in plan.stages]
+            device_name = run.worker["selection"]["device_name"]
+            kernels = kernel_table(raw, plan.kernel, names, device_name)
+            stages = stage_table(kernels, names)
+            trace = measured_trace(plan, run, kernels, stages, self.name)
+            files = common_files(plan, run, trace, options, self.name)
+            _, spec = match_device(device_name)
+            rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
+            headline = (f"`ncu --set full` on one warm iteration on {device_name}: "
+                        f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
+            rule_ops = _rule_ops(rules, raw)
+            sections = stage_sections(trace, stages, kernels, rule_ops or opportunities(stages, stages["duration_us"].sum()),
+                                      spec, f"ncu --clock-control {options.clock_control}",
+                                      RULE_NOTE if rule_ops else GAIN_NOTE)
+            sections.append(_rules_section(rules))
+            files["report.md"] = render_report(trace, sections, headline)
+            files["report-verbose.md"] = _verbose(plan, metrics, rules)
+            from app.report.plots import roofline_png   # matplotlib: only when a plot is drawn
 
-        png = roofline_png(kernels, spec, f"{plan.kernel} {plan.version} on {device_name}")
-        if png:
-            files["roofline.png"] = png
-        with open(rep, "rb") as f:
-            files["profile.ncu-rep"] = f.read()
-        files["ncu_raw.csv"] = raw.drop(columns=["nvtx_stack"]).to_csv(index=False)
-        files["ncu_details.csv"] = metrics.drop(columns=["nvtx_stack"], errors="ignore").to_csv(index=False)
-        files["ncu_rules.csv"] = rules.drop(columns=["nvtx_stack"], errors="ignore").to_csv(index=False)
-        files["kernels.csv"] = kernels.to_csv(index=False)
-        for i, (kname, sass) in enumerate(sources.items()):
-            slug = f"{i:03d}_{re.sub(r'[^A-Za-z0-9_]+', '_', kname)[:60]}"
-            files[f"sass/{slug}.csv"] = sass.to_csv(index=False)
-            files[f"sass/{slug}.hot.md"] = _hot_listing(kname, sass)
-        summary = f"{plan.kernel} {plan.version} under ncu --set full on {device_name}: {len(kernels)} kernels, " \
-                  f"{len(rules)} rule results; see report.md"
-        return Profile(trace=trace, files=files, summary=summary)
+            png = roofline_png(kernels, spec, f"{plan.kernel} {plan.version} on {device_name}")
+            if png:
+                files["roofline.png"] = png
+            with open(rep, "rb") as f:
+                files["profile.ncu-rep"] = f.read()
+            files["ncu_raw.csv"] = raw.drop(columns=["nvtx_stack"]).to_csv(index=False)
+            files["ncu_details.csv"] = metrics.drop(columns=["nvtx_stack"], errors="ignore").to_csv(index=False)
+            files["ncu_rules.csv"] = rules.drop(columns=["nvtx_stack"], errors="ignore").to_csv(index=False)
+            files["kernels.csv"] = kernels.to_csv(index=False)
+            for i, (kname, sass) in enumerate(sources.items()):
+                slug = f"{i:03d}_{re.sub(r'[^A-Za-z0-9_]+', '_', kname)[:60]}"
+                files[f"sass/{slug}.csv"] = sass.to_csv(index=False)
+                files[f"sass/{slug}.hot.md"] = _hot_listing(kname, sass)
+            summary = f"{plan.kernel} {plan.version} under ncu --set full on {device_name}: {len(kernels)} kernels, " \
+                      f"{len(rules)} rule results; see report.md"
+            return Profile(trace=trace, files=files, summary=summary)
 
 
 def _rule_ops(rules, raw) -> list[dict]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from app.errors import AppError, DeviceUnavailable
@@ -39,7 +41,9 @@ def worker_command(plan, out_json: str, warmup: int) -> list[str]:
     return args
 
 
-def run_under_ncu(plan, options, ncu_args: list[str], label: str) -> NcuRun:
+@contextmanager
+def run_under_ncu(plan, options, ncu_args: list[str], label: str):
+    """Yields the NcuRun; its temporary folder (worker JSON, .ncu-rep) is removed afterwards."""
     ncu = find_tool("ncu", options.ncu)
     selection = devmod.select("gpu" if options.device == "auto" else options.device)
     if selection.selected != "gpu":
@@ -47,23 +51,22 @@ def run_under_ncu(plan, options, ncu_args: list[str], label: str) -> NcuRun:
     if plan.tiling != type(plan)(plan.params).tiling:
         raise AppError(f"{label} runs the worker with default tiling; custom tiling is not passed through yet")
     tmpdir = tempfile.mkdtemp(prefix=f"app-{label.split()[0]}-")
-    out_json = os.path.join(tmpdir, "worker.json")
-    ncu_args = [a.replace("{tmp}", tmpdir) for a in ncu_args]
-    cmd = [ncu, "--clock-control", options.clock_control, "--nvtx", "--nvtx-include",
-           f"{plan.kernel}@{PROFILE_RANGE}/", *ncu_args, *worker_command(plan, out_json, options.warmup)]
-    # The worker must import this very checkout even when the package is not installed.
-    env_path = os.environ.get("PYTHONPATH", "")
-    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    os.environ["PYTHONPATH"] = src + (os.pathsep + env_path if env_path else "")
     try:
+        out_json = os.path.join(tmpdir, "worker.json")
+        ncu_args = [a.replace("{tmp}", tmpdir) for a in ncu_args]
+        cmd = [ncu, "--clock-control", options.clock_control, "--nvtx", "--nvtx-include",
+               f"{plan.kernel}@{PROFILE_RANGE}/", *ncu_args, *worker_command(plan, out_json, options.warmup)]
+        # The worker must import this very checkout even when the package is not installed.
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
         with device_lock("gpu0"):
             stdout, _ = run_tool(cmd, timeout=options.ncu_timeout, label=label,
-                                 progress=progress_printer(f"[{label}] "))
+                                 progress=progress_printer(f"[{label}] "), env=env)
+        if "No kernels were profiled" in stdout or not os.path.exists(out_json):
+            raise AppError(f"{label} profiled no kernels: the NVTX filter {plan.kernel}@{PROFILE_RANGE}/ matched "
+                           "nothing (was the worker's NVTX range emitted? is the nvtx package installed?)")
+        with open(out_json) as f:
+            worker = json.load(f)
+        yield NcuRun(stdout, worker, tmpdir, ncu, tool_version(ncu), cmd, selection)
     finally:
-        os.environ["PYTHONPATH"] = env_path
-    if "No kernels were profiled" in stdout or not os.path.exists(out_json):
-        raise AppError(f"{label} profiled no kernels: the NVTX filter {plan.kernel}@{PROFILE_RANGE}/ matched "
-                       "nothing (was the worker's NVTX range emitted? is the nvtx package installed?)")
-    with open(out_json) as f:
-        worker = json.load(f)
-    return NcuRun(stdout, worker, tmpdir, ncu, tool_version(ncu), cmd, selection)
+        shutil.rmtree(tmpdir, ignore_errors=True)

@@ -47,14 +47,14 @@ def tool_version(path: str) -> str | None:
     return out.strip().splitlines()[-1] if out.strip() else None
 
 
-def run_tool(cmd: list[str], *, timeout: float, label: str, progress=None) -> tuple[str, str]:
+def run_tool(cmd: list[str], *, timeout: float, label: str, progress=None, env=None) -> tuple[str, str]:
     """Run ``cmd``; stream lines through ``progress``; return (stdout, stderr).
 
     Raises one clear AppError on a timeout, a counter-permission refusal, or a
     non-zero exit (with the last lines the tool or the worker printed).
     """
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     out_lines, err_lines = [], []
 
     def pump(stream, sink):
