@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not (FIXTURES / "ncu").exists(), reason="fixture
 @pytest.fixture(autouse=True)
 def fake_gpu(monkeypatch):
     sel = devmod.Selection("auto", "gpu", "gpu", "declared by the test", "NVIDIA H200", {"name": "NVIDIA H200"})
-    monkeypatch.setattr("app.runtime.profiling.ncu_session.devmod.select", lambda requested: sel)
+    monkeypatch.setattr("app.runtime.profiling.session.devmod.select", lambda requested: sel)
     monkeypatch.setenv("APP_FIXTURES", str(FIXTURES))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -26,7 +27,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--prof_type", "--prof-type", default="event", help="event (default), annotation, ncu, nsys")
+    add("--prof_type", "--prof-type", default="event", metavar="{event,annotation,ncu,nsys}", help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
+                             "nsys: timeline and wall-time accounting")
     add("--device", default="auto", choices=DEVICES, help="auto: GPU if usable; gpu: fail if not")
     add("--bench_runs", "--bench-runs", type=int, default=10, help="timed runs (default 10)")
     add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
@@ -39,7 +41,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--ncu-timeout", type=float, default=600.0, help="seconds before ncu is stopped (default 600)")
     add("--ncu-clock-control", choices=("none", "base"), default="none",
         help="ncu's clock control: none (default; lock clocks with scripts/) or base")
-    add("--worker", help=argparse.SUPPRESS)   # internal: the profiled subprocess of annotation/ncu modes
+    add("--nsys", metavar="PATH", help="Nsight Systems executable (default: $NSYS, PATH, Nsight install folders)")
+    add("--nsys-timeout", type=float, default=600.0, metavar="SECONDS",
+        help="seconds before nsys (or the cupti worker) is stopped (default 600)")
+    add("--backend", choices=("nsys", "cupti"), default="nsys",
+        help="nsys mode's trace source: nsys (default) or cupti (in process with cupti-python, no nsys needed)")
+    # internal: the profiled subprocess of the annotation/ncu/nsys modes
+    add("--worker", help=argparse.SUPPRESS)
+    add("--worker-iterations", type=int, default=1, help=argparse.SUPPRESS)
+    add("--worker-collect", choices=("none", "cupti"), default="none", help=argparse.SUPPRESS)
 
 
 def list_kernels() -> str:
@@ -76,6 +86,9 @@ def parse(argv: list[str]):
         raise BadParameter("--bench_runs must be >= 1")
     if args.warmup < 0:
         raise BadParameter("--warmup must be >= 0")
+    for flag in ("ncu_timeout", "nsys_timeout"):
+        if not (math.isfinite(getattr(args, flag)) and getattr(args, flag) > 0):
+            raise BadParameter(f"--{flag.replace('_', '-')} must be a finite number of seconds > 0")
     return cls(given), args
 
 
@@ -110,6 +123,10 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] == "list":
         print(list_kernels())
         return 0
+    if argv and argv[0] == "timeline":
+        from app.runtime.profiling.timeline_command import run_timeline
+
+        return run_timeline(argv[1:])
     parsed = parse(argv)
     if parsed is None:
         print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "
@@ -119,14 +136,16 @@ def _main(argv: list[str]) -> int:
     if args.worker:
         from app.runtime.profiling.worker import run_worker
 
-        return run_worker(plan, args.device, args.warmup, args.worker)
+        return run_worker(plan, args.device, args.warmup, args.worker, args.worker_iterations, args.worker_collect,
+                          args.verify)
     mode = get_mode(args.prof_type)
     parent = profile_parent(args.out, mode.name, plan.kernel, plan.slug())
     check_writable(parent)
     options = ProfileOptions(device=args.device, bench_runs=args.bench_runs, warmup=args.warmup,
                              nvtx=args.nvtx, verify=args.verify, baseline=load_baseline(args.baseline),
                              argv=["python -m app.kernel", *argv], ncu=args.ncu, ncu_timeout=args.ncu_timeout,
-                             clock_control=args.ncu_clock_control)
+                             clock_control=args.ncu_clock_control, nsys=args.nsys,
+                             nsys_timeout=args.nsys_timeout, backend=args.backend)
     profile = mode.profile(plan, options)
     out_dir = write_profile(parent, profile.files)
     print(profile.summary, file=sys.stderr if args.json else sys.stdout)

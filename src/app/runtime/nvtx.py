@@ -2,13 +2,19 @@
 from __future__ import annotations
 
 import os
+import threading
 
 
 class Nvtx:
-    def __init__(self, requested: bool, domain: str):
+    """Push/pop NVTX ranges. With ``clock`` (a function returning integer ns), every range is also
+    logged as (name, domain, start, end, thread id) on that clock -- how the in-process CUPTI trace
+    learns the stage ranges, since CUPTI sees NVTX only through an injection library."""
+
+    def __init__(self, requested: bool, domain: str, clock=None):
         self.requested, self.domain = requested, domain
         self.ranges = 0
         self._nvtx = None
+        self.clock, self.log, self._open = clock, [], []
         self.reason = "not requested (pass --nvtx)"
         if not requested:
             return
@@ -30,8 +36,13 @@ class Nvtx:
     def push(self, name: str) -> None:
         if self._nvtx is not None:
             self._nvtx.push_range(name, domain=self.domain)
+        if self.clock is not None:
+            self._open.append((name, self.clock()))
 
     def pop(self) -> None:
+        if self.clock is not None:
+            name, start = self._open.pop()
+            self.log.append((name, self.domain, start, self.clock(), threading.get_ident()))
         if self._nvtx is not None:
             self._nvtx.pop_range(domain=self.domain)
             self.ranges += 1

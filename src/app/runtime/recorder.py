@@ -134,15 +134,17 @@ class Recorder:
     @contextmanager
     def stage(self, spec):
         st = StageContext(spec.name, spec.category, self.device, self.xp)
-        self.nvtx.push(spec.name)
-        host0 = time.perf_counter()
+        # The clock marks bracket the NVTX range, not the other way round: a trace's range then
+        # holds the stage's own work only, and its span lines up with the event time.
         start = self.clock.mark()
+        host0 = time.perf_counter()
+        self.nvtx.push(spec.name)
         try:
             yield st
         finally:
-            end = self.clock.mark()
-            host = time.perf_counter() - host0
             self.nvtx.pop()
+            host = time.perf_counter() - host0
+            end = self.clock.mark()
         self._marks.append((st, start, end, host))
 
     def run(self, plan, inputs, backend):

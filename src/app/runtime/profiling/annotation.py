@@ -13,9 +13,9 @@ from app.kernel.plan import get_plan_class
 from app.report.ncu_report import render_report, stage_sections
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.profiling.ncu_session import run_under_ncu
+from app.runtime.profiling.session import profile_files
 from app.runtime.profiling.parsers.columns import ANNOTATION_METRICS
 from app.runtime.profiling.parsers.ncu_csv import parse_raw
-from app.runtime.provenance import params_json
 
 
 def measured_trace(plan, run, kernels, stages, mode: str) -> dict:
@@ -50,16 +50,9 @@ def measured_trace(plan, run, kernels, stages, mode: str) -> dict:
 
 
 def common_files(plan, run, trace, options, mode) -> dict:
-    params = params_json(plan, run.selection, mode=mode, options=options.as_dict(), argv=options.argv,
-                         tools={"ncu": run.ncu_version})
-    params["clocks"]["ncu_clock_control"] = options.clock_control
-    files = {"params.json": params, "trace.json": trace}
-    for spec in plan.stages:
-        files[f"tiling/{spec.name}.json"] = {"stage": spec.name, "tiling": plan.tiling[spec.name],
-                                             "source": "defaults (no autotune cache)"}
-    for stage, arts in run.worker.get("artifacts", {}).items():
-        for fname, content in arts.items():
-            files[f"compiled/{stage}/{fname}"] = content
+    files = profile_files(plan, run.worker, run.selection, options, mode, {"ncu": run.ncu_version})
+    files["params.json"]["clocks"]["ncu_clock_control"] = options.clock_control
+    files["trace.json"] = trace
     return files
 
 

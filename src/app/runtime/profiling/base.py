@@ -23,6 +23,9 @@ class ProfileOptions:
     ncu: str | None = None            # --ncu PATH
     ncu_timeout: float = 600.0        # --ncu-timeout seconds
     clock_control: str = "none"       # --ncu-clock-control none|base
+    nsys: str | None = None           # --nsys PATH
+    nsys_timeout: float = 600.0       # --nsys-timeout seconds
+    backend: str = "nsys"             # --backend nsys|cupti (nsys mode's trace source)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -58,9 +61,8 @@ def get_mode(name: str) -> Mode:
     import app.runtime.profiling.annotation  # noqa: F401  (each registers itself)
     import app.runtime.profiling.event  # noqa: F401
     import app.runtime.profiling.ncu  # noqa: F401  (registers itself)
+    import app.runtime.profiling.nsys  # noqa: F401
 
     if name not in MODES:
-        planned = {"nsys"}
-        hint = " (planned, not built yet)" if name in planned else ""
-        raise BadParameter(f"unknown --prof_type {name!r}{hint}; available: {', '.join(sorted(MODES))}")
+        raise BadParameter(f"unknown --prof_type {name!r}; available: {', '.join(sorted(MODES))}")
     return MODES[name]()

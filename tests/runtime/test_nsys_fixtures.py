@@ -1,0 +1,228 @@
+"""nsys mode and the timeline command on real captures of this project's own plans.
+
+The fixtures under tests/fixtures/nsys/ were made on the lent H200 by make.sh
+(the command is in that file) and stripped of environment and paths. Every
+test here fails -- never skips -- when a fixture is missing. The orchestration
+tests use a fake nsys that runs the real worker on the CPU and replays the real
+export; real nsys runs are in test_nsys_real.py.
+"""
+import json
+import os
+import sqlite3
+import statistics
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from app.kernel.cli import main
+from app.kernel.plan import get_plan_class
+from app.runtime import device as devmod
+from app.runtime.profiling.cupti_trace import timeline_from_records
+from app.runtime.profiling.nsys import analyse_plan, nsys_trace
+from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nsys"
+FAKE = Path(__file__).parent / "fake_tools" / "nsys"
+KERNELS = ["join", "overlay"]
+
+
+def fixture(name: str) -> Path:
+    path = FIX / name
+    assert path.is_file(), f"fixture {path} is missing: re-create it with tests/fixtures/nsys/make.sh on a GPU"
+    return path
+
+
+def load(kernel):
+    worker = json.loads(fixture(f"{kernel}.worker.json").read_text())
+    plan = get_plan_class(kernel, worker["version"])(worker["params"])
+    return plan, worker
+
+
+def raw_ranges(db: Path, name: str) -> list[tuple[int, int, int]]:
+    """(start, end, thread) of every range called ``name``, straight from the export."""
+    con = sqlite3.connect(db)
+    return con.execute("SELECT n.start, n.end, n.globalTid FROM NVTX_EVENTS n JOIN StringIds s ON s.id = n.textId "
+                       "WHERE s.value = ? ORDER BY n.start", (name,)).fetchall()
+
+
+def raw_kernel_ns(db: Path, start: int, end: int, tid: int) -> int:
+    """Kernel time launched from [start, end) on the thread: runtime record -> correlation id -> kernel."""
+    con = sqlite3.connect(db)
+    return con.execute("SELECT COALESCE(SUM(k.end - k.start), 0) FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE k.correlationId "
+                       "IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start >= ? AND start < ? "
+                       "AND globalTid = ?)", (start, end, tid)).fetchone()[0]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_accounting_agrees_with_the_raw_export(kernel):
+    plan, worker = load(kernel)
+    db = fixture(f"{kernel}.sqlite")
+    analysis = analyse_plan(plan, read_sqlite(str(db)), worker)
+    assert len(analysis["iterations"]) == 3
+    by = {(r["name"], r["instance"]): r for r in analysis["instances"]}
+    for spec in plan.stages:
+        rows = raw_ranges(db, spec.name)
+        assert len(rows) == 3
+        for i, (start, end, tid) in enumerate(rows):
+            rec = by[(spec.name, i)]
+            assert rec["span_ns"] == end - start                     # the span is the range, to the ns
+            assert rec["kernel_ns"] == raw_kernel_ns(db, start, end, tid)
+            assert rec["accounted_ns"] == rec["span_ns"]             # busy + idle by cause, exactly
+            assert 0 <= rec["busy_ns"] <= rec["span_ns"]
+        s = next(x for x in analysis["stages"] if x["name"] == spec.name)
+        assert s["span_us"] == pytest.approx(statistics.median((e - b) / 1e3 for b, e, _ in rows))
+        assert s["ops"] > 0
+    it = analysis["iteration"]
+    assert it["span_us"] >= sum(s["span_us"] for s in analysis["stages"]) * 0.9
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_report_and_trace_from_a_real_capture(kernel):
+    from app.report.timeline_report import nsys_report
+
+    plan, worker = load(kernel)
+    analysis = analyse_plan(plan, read_sqlite(str(fixture(f"{kernel}.sqlite"))), worker)
+    tool = {"backend": "nsys", "version": "2025.3.1", "command": []}
+    trace = nsys_trace(plan, worker, analysis, tool, None)
+    assert [s["name"] for s in trace["stages"]] == [s.name for s in plan.stages]
+    assert trace["total_elapsed_seconds"] == pytest.approx(analysis["iteration"]["span_us"] / 1e6)
+    params = {"command_line": "python -m app.kernel test", "clocks": {"locked": False}}
+    report = nsys_report(trace, analysis, params, None)
+    for heading in ("## Configuration", "## Stages", "**Bottleneck:**", "**Root cause:**", "## Top 3 Opportunities",
+                    "## vs Baseline", "## Wall-time accounting", "## Event time vs span vs GPU busy",
+                    "## Launches, copies and concurrency", "## Audit", "What forces this plan",
+                    "smallest structural change"):
+        assert heading in report, heading
+    first = trace["stages"][0]
+    assert f"| {first['name']} | {first['elapsed_seconds'] * 1e6:,.1f} | missing |" in report
+    assert "sm__warps_active" in report                        # a missing counter is named, never zero
+    baseline = dict(trace, mode="event")
+    assert "Warning: the baseline was measured in event mode" in nsys_report(trace, analysis, params, baseline)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_cupti_records_feed_the_same_analysis(kernel):
+    plan, _ = load(kernel)
+    worker = json.loads(fixture(f"{kernel}.cupti.json").read_text())
+    tl = timeline_from_records(worker["cupti"], worker["selection"]["device_name"])
+    analysis = analyse_plan(plan, tl, worker)
+    assert len(analysis["iterations"]) == 3
+    for s in analysis["stages"]:
+        assert s["ops"] > 0, s["name"]                           # thread ids of ranges and API calls line up
+        assert s["accounting_max_error_pct"] == 0
+    overhead = worker["overhead"]
+    assert len(overhead["untraced_wall_seconds"]) == len(overhead["traced_wall_seconds"]) == 3
+
+
+def test_timeline_command_json(capsys):
+    db = fixture("join.sqlite")
+    assert main(["timeline", str(db), "--domain", "join", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {r["name"]: r for r in doc["ranges"]}
+    assert by["profile"]["instances"] == 3
+    for r in doc["ranges"]:
+        assert set(r) >= {"name", "instances", "span_us", "busy_us", "kernel_us", "memcpy_us", "memset_us", "ops",
+                          "idle_us"}
+        assert set(r["idle_us"]) == {"before_first_op", "launch_gap", "sync_wait", "launch_latency", "after_last_op",
+                                     "no_gpu_work"}
+    (start, end, _), *_ = raw_ranges(db, "bounds")
+    assert by["bounds"]["span_us"] == pytest.approx(
+        statistics.median((e - s) / 1e3 for s, e, _ in raw_ranges(db, "bounds")))
+
+
+def test_timeline_command_tables_and_every_domain(capsys):
+    assert main(["timeline", str(fixture("overlay.sqlite"))]) == 0
+    out = capsys.readouterr().out
+    assert "## Wall-time accounting" in out and "segment_mbr_filter" in out and "## Audit" in out
+
+
+@pytest.mark.parametrize("setup,code,fragment", [
+    (lambda p: p.write_text("not a database"), 8, "is not an SQLite export"),
+    (lambda p: sqlite3.connect(p).execute("CREATE TABLE t (x)"), 8, "no StringIds table"),
+    (None, 2, "no such file"),
+])
+def test_timeline_command_bad_input(tmp_path, capsys, setup, code, fragment):
+    path = tmp_path / "capture.sqlite"
+    if setup:
+        setup(path)
+    assert main(["timeline", str(path)]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+
+
+def test_timeline_command_nsys_rep_needs_nsys(tmp_path, capsys):
+    rep = tmp_path / "x.nsys-rep"
+    rep.write_bytes(b"\0")
+    assert main(["timeline", str(rep), "--nsys", str(tmp_path / "nowhere" / "nsys")]) == 6
+    assert "nsys not found" in capsys.readouterr().err
+
+
+def test_timeline_command_unknown_domain(capsys):
+    assert main(["timeline", str(fixture("join.sqlite")), "--domain", "nope"]) == 2
+    assert "domains present: 'CCCL', 'join'" in capsys.readouterr().err
+
+
+# --- the whole mode, with a fake nsys ----------------------------------------------------------
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    sel = devmod.Selection("auto", "gpu", "gpu", "declared by the test", "NVIDIA H200", {"name": "NVIDIA H200"})
+    monkeypatch.setattr("app.runtime.profiling.session.devmod.select", lambda requested: sel)
+    monkeypatch.setenv("FAKE_NSYS_SQLITE", str(fixture("join.sqlite")))
+
+
+def _leftovers():
+    return set(Path(tempfile.gettempdir()).glob("app-nsys-*"))
+
+
+def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys):
+    plan, worker = load("join")
+    before = _leftovers()
+    out = tmp_path / "out"
+    args = ["join", "--points", "20000", "--polygons", "2000", "--prof_type", "nsys", "--bench_runs", "3",
+            "--nsys", str(FAKE), "--out", str(out)]
+    assert main(args) == 0
+    (d,) = list(out.glob("profiles/nsys/join/*/*"))
+    names = {p.name for p in d.iterdir()}
+    assert {"report.md", "trace.json", "params.json", "timeline.png", "timeline.json", "timeline_ranges.csv",
+            "profile.nsys-rep", "profile.sqlite", "tiling"} <= names
+    trace = json.loads((d / "trace.json").read_text())
+    expected = analyse_plan(plan, read_sqlite(str(fixture("join.sqlite"))), worker)
+    for s, e in zip(trace["stages"], expected["stages"]):
+        assert s["elapsed_seconds"] == pytest.approx(e["span_us"] / 1e6)
+    # The fake ran the worker on the CPU: the audit says so, stage by stage, and the headline too.
+    cpu = {f["stage"] for f in trace["audit"]["findings"] if f["rule"] == "CPU fallback"}
+    assert cpu == {s.name for s in plan.stages}
+    assert (d / "report.md").read_text().split("\n")[2].startswith("**CPU fallback or planner override")
+    assert json.loads((d / "timeline.json").read_text())["traceEvents"]
+    assert sqlite3.connect(d / "profile.sqlite").execute("SELECT COUNT(*) FROM NVTX_EVENTS").fetchone()[0] > 0
+    assert _leftovers() == before                                 # the temporary folder is gone
+
+
+@pytest.mark.parametrize("mode,extra,code,fragment", [
+    ("qdstrm", [], 2, "could not load libdw.so.1"),
+    ("empty", [], 2, "holds no join@profile range"),
+    ("hang", ["--nsys-timeout", "2"], 2, "did not finish within 2 s"),
+    ("worker-fails", [], 2, "nsys profile failed (exit"),
+])
+def test_nsys_mode_failures_are_one_line(tmp_path, fake_gpu, capsys, monkeypatch, mode, extra, code, fragment):
+    monkeypatch.setenv("FAKE_NSYS_MODE", mode)
+    before = _leftovers()
+    out = tmp_path / "out"
+    args = ["join", "--points", "2000", "--polygons", "200", "--prof_type", "nsys", "--bench_runs", "2",
+            "--nsys", str(FAKE), "--out", str(out), *extra]
+    assert main(args) == code
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("error")]
+    assert len(err) == 1 and fragment in err[0], err
+    assert not out.exists()
+    assert _leftovers() == before
+
+
+def test_nsys_not_found_is_one_line(tmp_path, fake_gpu, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setattr("app.runtime.profiling.tools.SEARCH_DIRS", ())
+    assert main(["join", "--prof_type", "nsys", "--out", str(tmp_path / "out")]) == 6
+    assert "nsys not found" in capsys.readouterr().err
+    assert os.environ["PATH"] == str(tmp_path)
