@@ -16,7 +16,14 @@ OPPORTUNITY = {
     "before_first_op": "Take host preparation off the critical path (pinned staging, overlapped copies)",
     "after_last_op": "Shrink host work after the last GPU op of each stage",
     "no_gpu_work": "Move host-only work to the GPU or out of the timed path",
+    "staging": "Stage inputs in pinned memory once and overlap the copies with compute (the host stages data "
+               "between copies)",
 }
+STAGING_CAUSES = ("launch_gap", "before_first_op")
+
+
+def _copy_bound(s: dict) -> bool:
+    return s["memcpy_us"] > s["kernel_us"]
 COUNTERS_NOTE = ("TC%, DRAM% and Occ% are hardware counters (sm__pipe_tensor_op_*, dram__throughput, "
                  "sm__warps_active) that a trace does not record: they are missing here, not zero. Run "
                  "`--prof_type annotation` for them.")
@@ -30,6 +37,8 @@ def stage_bottleneck(s: dict) -> str:
         kind = "Transfer-bound" if s["memcpy_us"] > s["kernel_us"] else "GPU-bound"
         return f"{kind} (busy {100 * share:.0f}%)"
     top = max(CAUSES, key=lambda c: s["idle_us"][c])
+    if _copy_bound(s) and top in STAGING_CAUSES:
+        return f"Host-staging-bound (copies wait for the host), busy {100 * share:.0f}%"
     return f"{BOTTLENECK[top]}, busy {100 * share:.0f}%"
 
 
@@ -136,7 +145,8 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         v = it["idle_us"][c]
         if v > 0 and it["span_us"]:
             where = max(stages, key=lambda s: s["idle_us"][c])
-            ops.append((v, f"{OPPORTUNITY[c]}, mostly in {where['name']} — est. {100 * v / it['span_us']:.0f}% gain "
+            text = OPPORTUNITY["staging" if c in STAGING_CAUSES and _copy_bound(where) else c]
+            ops.append((v, f"{text}, mostly in {where['name']} — est. {100 * v / it['span_us']:.0f}% gain "
                            f"— trigger: {c}={v:,.1f}us per iteration"))
     k = max(stages, key=lambda s: s["kernel_us"])
     ops.append((k["kernel_us"], f"Faster kernels in {k['name']} — est. {100 * k['kernel_us'] / it['span_us']:.0f}% "
@@ -146,7 +156,7 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
     backend = tool["backend"] + (f" {tool['version']}" if tool.get("version") else "")
     config_cols = list(trace["metadata"]["params"]) + ["device", "backend", "iterations", "clocks locked"]
     config = [fmt(v) for v in trace["metadata"]["params"].values()] + [
-        trace["device"]["name"], backend, it["instances"], fmt(clocks.get("locked"))]
+        trace["device"]["name"], backend, it["instances"], "yes" if clocks.get("locked") else "no"]
     verification = trace["metadata"].get("verification")
     sections = [
         Section("Configuration", columns=config_cols, rows=[config]),

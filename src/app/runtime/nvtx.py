@@ -13,7 +13,8 @@ class Nvtx:
     def __init__(self, requested: bool, domain: str, clock=None):
         self.requested, self.domain = requested, domain
         self.ranges = 0
-        self._nvtx = None
+        self._nvtx = self._domain = None
+        self._attrs: dict = {}
         self.clock, self.log, self._open = clock, [], []
         self.reason = "not requested (pass --nvtx)"
         if not requested:
@@ -28,13 +29,22 @@ class Nvtx:
             return
         self._nvtx = nvtx
         self.reason = f"nvtx {getattr(nvtx, '__version__', '?')} push/pop per stage"
+        # The domain handle and one registered attribute set per range name are made once: a push is
+        # then one C call, which keeps the instrumentation out of the stage times it brackets.
+        dom = nvtx.get_domain(domain) if hasattr(nvtx, "get_domain") else None
+        self._domain = dom if hasattr(dom, "get_event_attributes") and hasattr(dom, "push_range") else None
 
     @property
     def active(self) -> bool:
         return self._nvtx is not None
 
     def push(self, name: str) -> None:
-        if self._nvtx is not None:
+        if self._domain is not None:
+            attrs = self._attrs.get(name)
+            if attrs is None:
+                attrs = self._attrs[name] = self._domain.get_event_attributes(message=name)
+            self._domain.push_range(attrs)
+        elif self._nvtx is not None:
             self._nvtx.push_range(name, domain=self.domain)
         if self.clock is not None:
             self._open.append((name, self.clock()))
@@ -43,7 +53,10 @@ class Nvtx:
         if self.clock is not None:
             name, start = self._open.pop()
             self.log.append((name, self.domain, start, self.clock(), threading.get_ident()))
-        if self._nvtx is not None:
+        if self._domain is not None:
+            self._domain.pop_range()
+            self.ranges += 1
+        elif self._nvtx is not None:
             self._nvtx.pop_range(domain=self.domain)
             self.ranges += 1
 

@@ -46,16 +46,18 @@ class GpuClock:
         self._cp = cupy
         self._pool: list = []
         self._next = 0
+        self._stream = None
 
     def begin(self) -> None:
         self._next = 0
+        self._stream = self._cp.cuda.get_current_stream()
 
     def mark(self):
         if self._next == len(self._pool):
             self._pool.append(self._cp.cuda.Event())
         ev = self._pool[self._next]
         self._next += 1
-        ev.record()
+        ev.record(self._stream)
         return ev
 
     def finish(self) -> None:
