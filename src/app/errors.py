@@ -53,3 +53,8 @@ class VerificationFailed(AppError):
     """The kernel's output differs from the oracle: the profile would time a wrong answer."""
 
     exit_code = 9
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so the same clean-up runs: child process groups are stopped,
+    temporary folders removed, half-written profiles deleted."""

@@ -226,3 +226,32 @@ def test_nsys_not_found_is_one_line(tmp_path, fake_gpu, capsys, monkeypatch):
     assert main(["join", "--prof_type", "nsys", "--out", str(tmp_path / "out")]) == 6
     assert "nsys not found" in capsys.readouterr().err
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_sigterm_stops_nsys_and_leaves_nothing(tmp_path, fake_gpu, capsys, monkeypatch):
+    """A real second process: the fake nsys hangs; SIGTERM to this process must stop it and clean up."""
+    import signal
+    import threading
+    import time
+
+    pidfile = tmp_path / "nsys.pid"
+    monkeypatch.setenv("FAKE_NSYS_MODE", "hang")
+    monkeypatch.setenv("FAKE_NSYS_PIDFILE", str(pidfile))
+    before, handler = _leftovers(), signal.getsignal(signal.SIGTERM)
+
+    def terminate_when_nsys_runs():
+        for _ in range(200):
+            if pidfile.exists() and pidfile.read_text():
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_when_nsys_runs, daemon=True).start()
+    out = tmp_path / "out"
+    assert main(["join", "--prof_type", "nsys", "--nsys", str(FAKE), "--out", str(out)]) == 143
+    assert "terminated: no profile was written" in capsys.readouterr().err
+    child = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)                                          # nsys (the fake) is gone
+    assert not out.exists() and _leftovers() == before
+    assert signal.getsignal(signal.SIGTERM) is handler              # the handler was put back

@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 from pathlib import Path
 
-from app.errors import AppError, BadParameter
+from app.errors import AppError, BadParameter, Terminated
 from app.kernel.plan import get_plan_class, kernels, latest_version
 from app.report.writer import check_writable, profile_parent, write_profile
 from app.runtime.device import DEVICES
@@ -107,16 +108,26 @@ def load_baseline(path: str | None) -> dict | None:
                            "pass a profile folder or its trace.json") from None
 
 
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return _main(argv)
     except AppError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("terminated: no profile was written", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted: no profile was written", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str]) -> int:
