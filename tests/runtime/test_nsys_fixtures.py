@@ -84,7 +84,7 @@ def test_report_and_trace_from_a_real_capture(kernel):
     plan, worker = load(kernel)
     analysis = analyse_plan(plan, read_sqlite(str(fixture(f"{kernel}.sqlite"))), worker)
     tool = {"backend": "nsys", "version": "2025.3.1", "command": []}
-    trace = nsys_trace(plan, worker, analysis, tool, None)
+    trace = nsys_trace(plan, worker, analysis, tool)
     assert [s["name"] for s in trace["stages"]] == [s.name for s in plan.stages]
     assert trace["total_elapsed_seconds"] == pytest.approx(analysis["iteration"]["span_us"] / 1e6)
     params = {"command_line": "python -m app.kernel test", "clocks": {"locked": False}}
@@ -201,7 +201,7 @@ def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys
 
 
 @pytest.mark.parametrize("mode,extra,code,fragment", [
-    ("qdstrm", [], 2, "could not load libdw.so.1"),
+    ("qdstrm", [], 2, "nsys wrote no .nsys-rep: its importer failed"),
     ("empty", [], 2, "holds no join@profile range"),
     ("hang", ["--nsys-timeout", "2"], 2, "did not finish within 2 s"),
     ("worker-fails", [], 2, "nsys profile failed (exit"),
@@ -255,3 +255,15 @@ def test_sigterm_stops_nsys_and_leaves_nothing(tmp_path, fake_gpu, capsys, monke
         os.kill(child, 0)                                          # nsys (the fake) is gone
     assert not out.exists() and _leftovers() == before
     assert signal.getsignal(signal.SIGTERM) is handler              # the handler was put back
+
+
+def test_missing_importer_library_is_named():
+    from app.runtime.profiling.nsys import _no_report, parse_ldd
+
+    # ldd's answer for QdstrmImporter on the lent H200 without libdw (LD_LIBRARY_PATH emptied)
+    ldd = ("\tlinux-vdso.so.1 (0x00007ffd)\n\tlibdw.so.1 => not found\n"
+           "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n")
+    assert parse_ldd(ldd) == ["libdw.so.1"]
+    msg = _no_report("QdstrmImporter: error while loading shared libraries: libdw.so.1: cannot open shared "
+                     "object file: No such file or directory", "/nonexistent/nsys")
+    assert "cannot load libdw.so.1" in msg and "apt-get install libdw1" in msg

@@ -19,7 +19,9 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import statistics
+import subprocess
 import time
 
 from app.analysis.audit import answers, audit
@@ -47,7 +49,7 @@ class NsysMode(Mode):
         with gpu_session(plan, options, f"nsys mode ({options.backend})") as ses:
             tl, worker, tool, capture_files = capture(plan, options, ses)
         analysis = analyse_plan(plan, tl, worker)
-        trace = nsys_trace(plan, worker, analysis, tool, options)
+        trace = nsys_trace(plan, worker, analysis, tool)
         trace["timing"]["mode_wall_seconds"] = time.monotonic() - t0
         files = profile_files(plan, worker, ses.selection, options, self.name, {options.backend: tool.get("version")})
         files["trace.json"] = trace
@@ -80,7 +82,7 @@ def _nsys_capture(plan, options, ses):
             raise
         out, err = str(exc), ""
     if not os.path.exists(rep + ".nsys-rep"):
-        raise AppError(_no_report(out + err, ses.tmpdir))
+        raise AppError(_no_report(out + err, nsys))
     run_tool([nsys, "export", "--type", "sqlite", "-q", "true", "-f", "true", "-o", rep + ".sqlite", rep + ".nsys-rep"],
              timeout=options.nsys_timeout, label="nsys export")
     tl = read_sqlite(rep + ".sqlite")
@@ -93,18 +95,43 @@ def _nsys_capture(plan, options, ses):
     return tl, ses.load_worker("nsys profile"), tool, files
 
 
-def _no_report(output: str, tmpdir: str) -> str:
+def _no_report(output: str, nsys: str) -> str:
     """nsys wrote its raw .qdstrm but its importer could not turn it into a .nsys-rep."""
-    qdstrm = re.findall(r"(\S+\.qdstrm)", output) or glob.glob(os.path.join(tmpdir, "*.qdstrm"))
-    lib = MISSING_LIB.search(output)
-    where = f" ({qdstrm[0].strip(chr(39))} was left)" if qdstrm else ""
-    if lib:
-        package = lib.group(1).split(".so")[0] + "1"          # libdw.so.1 -> Debian's libdw1
-        return (f"nsys recorded the run but its importer could not load {lib.group(1)}{where}; install it "
-                f"(on Debian/Ubuntu: apt-get install {package}) or put the folder holding it on LD_LIBRARY_PATH")
+    missing = MISSING_LIB.findall(output) or missing_libraries(importer_of(nsys))
+    if missing:
+        package = missing[0].split(".so")[0] + "1"          # libdw.so.1 -> Debian's libdw1
+        return (f"nsys recorded the run but its importer (QdstrmImporter) cannot load {', '.join(missing)}, so only "
+                f"a raw .qdstrm was written; install it (on Debian/Ubuntu: apt-get install {package}) or put the "
+                "folder holding it on LD_LIBRARY_PATH")
     tail = " | ".join(line.strip() for line in output.splitlines() if line.strip())[-300:]
-    return (f"nsys wrote no .nsys-rep{where}: its importer failed ({tail or 'no output'}); check the Nsight "
-            "Systems install (QdstrmImporter and its libraries) or pass --nsys PATH to another nsys")
+    return (f"nsys wrote no .nsys-rep: its importer failed ({tail or 'no output'}); check the Nsight Systems "
+            "install (QdstrmImporter and its libraries) or pass --nsys PATH to another nsys")
+
+
+def importer_of(nsys: str) -> str | None:
+    """The QdstrmImporter that ships with this nsys: beside it, or in a sibling host folder."""
+    here = os.path.dirname(os.path.realpath(nsys))
+    for pattern in (os.path.join(here, "QdstrmImporter"), os.path.join(here, "..", "*", "QdstrmImporter")):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def missing_libraries(binary: str | None) -> list[str]:
+    """Shared libraries ``ldd`` cannot find for ``binary`` (with this process's library path)."""
+    ldd = shutil.which("ldd")
+    if not binary or not ldd:
+        return []
+    try:
+        out = subprocess.run([ldd, binary], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_ldd(out)
+
+
+def parse_ldd(text: str) -> list[str]:
+    return [line.split("=>")[0].strip() for line in text.splitlines() if "=> not found" in line]
 
 
 def _cupti_capture(plan, options, ses):
@@ -160,7 +187,7 @@ def analyse_plan(plan, tl: Timeline, worker: dict) -> dict:
             "event_us": events, "findings": findings, "answers": [q1, q2], "capture": capture_summary(tl)}
 
 
-def nsys_trace(plan, worker, analysis, tool, options) -> dict:
+def nsys_trace(plan, worker, analysis, tool) -> dict:
     """trace.json: seed-000 fields, stage time = median host span of the stage's range."""
     sel = worker["selection"]
     by_name = {s["name"]: s for s in worker["stages"]}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from dataclasses import asdict
 
 from app.errors import DeviceUnavailable
@@ -25,7 +24,6 @@ from app.runtime.nvtx import Nvtx
 from app.runtime.recorder import Recorder
 
 PROFILE_RANGE = "profile"
-COLLECTORS = ("none", "cupti")
 
 
 def _iterations(rec: Recorder, nvtx: Nvtx, plan, inputs, backend, n: int) -> tuple[list, tuple]:
@@ -59,7 +57,7 @@ def run_worker(plan, device: str, warmup: int, out_path: str, iterations: int = 
         nvtx.log.clear()
         trace.start()
         records, output = _iterations(rec, nvtx, plan, inputs, backend, iterations)
-        extra["cupti"] = trace.stop() | {"ranges": nvtx.log, "thread": threading.get_ident()}
+        extra["cupti"] = trace.stop() | {"ranges": nvtx.log}
         extra["overhead"] = {"untraced_wall_seconds": [r.wall_seconds for r in untraced],
                              "traced_wall_seconds": [r.wall_seconds for r in records]}
     else:
