@@ -67,21 +67,37 @@ class PolygonBuffers:
         return out
 
 
-def polygons_from_shapely(geoms) -> PolygonBuffers:
-    """Flatten shapely Polygons/MultiPolygons (holes allowed) into owned buffers."""
+def polygons_from_shapely(geoms, make_valid: bool = False) -> PolygonBuffers:
+    """Flatten shapely Polygons/MultiPolygons (holes allowed) into owned buffers.
+
+    The kernels are exact for *valid* polygons only: a self-intersecting ring or
+    overlapping parts have no defined area or interior, so an invalid geometry is
+    refused with its index, unless ``make_valid=True`` asks for shapely's repair
+    (its polygonal part is kept). Every refusal names the first offending index.
+    """
     import shapely
 
     geoms = np.asarray(geoms, dtype=object)
     if geoms.ndim != 1:
         raise BadParameter("polygons must be a 1-D sequence of shapely Polygon/MultiPolygon")
     kinds = shapely.get_type_id(geoms)
-    bad = ~np.isin(kinds, (3, 6))  # Polygon, MultiPolygon
-    if bad.any():
-        raise BadParameter(
-            f"polygon {int(np.flatnonzero(bad)[0])} is not a Polygon or MultiPolygon; "
-            "pass only areal geometries")
-    if shapely.is_empty(geoms).any():
-        raise BadParameter("empty polygons are not supported; drop them before the join")
+    _refuse(~np.isin(kinds, (3, 6)), "polygon {i} is not a Polygon or MultiPolygon (got {what}); pass only "
+                                     "areal geometries", geoms)
+    _refuse(shapely.is_empty(geoms), "polygon {i} is empty; drop empty polygons first", geoms)
+    coords = shapely.get_coordinates(geoms)
+    if not np.isfinite(coords).all():
+        _refuse(np.array([not np.isfinite(shapely.get_coordinates(g)).all() for g in geoms]),
+                "polygon {i} has NaN or infinite coordinates; fix or drop it", geoms)
+    invalid = ~shapely.is_valid(geoms)
+    if invalid.any():
+        if not make_valid:
+            i = int(np.flatnonzero(invalid)[0])
+            raise BadParameter(f"polygon {i} is invalid ({shapely.is_valid_reason(geoms[i])}) and its area or interior "
+                               f"is undefined; repair it with shapely.make_valid, or pass make_valid=True "
+                               f"({int(invalid.sum())} invalid polygon(s) in all)")
+        geoms = geoms.copy()
+        geoms[invalid] = [_polygonal(shapely.make_valid(g)) for g in geoms[invalid]]
+        _refuse(shapely.is_empty(geoms), "polygon {i} has no area left after make_valid; drop it", geoms)
     # Shells CCW, holes CW: to_shapely and the area kernels rely on it.
     geoms = shapely.orient_polygons(geoms, exterior_cw=False)
     parts, part_geom = shapely.get_parts(geoms, return_index=True)
@@ -97,18 +113,52 @@ def polygons_from_shapely(geoms) -> PolygonBuffers:
     )
 
 
-def points_from_any(points) -> np.ndarray:
-    """An (N, 2) float64 array from an array-like or a sequence of shapely Points."""
+def _polygonal(geom):
+    """The areal part of what shapely.make_valid returns (it may add lines or points)."""
+    import shapely
+
+    if shapely.get_type_id(geom) in (3, 6):
+        return geom
+    parts = [p for p in shapely.get_parts(geom) if shapely.get_type_id(p) in (3, 6)]
+    return shapely.union_all(parts) if parts else shapely.Polygon()
+
+
+def _refuse(mask, message: str, geoms) -> None:
+    if mask.any():
+        i = int(np.flatnonzero(mask)[0])
+        g = geoms[i]
+        raise BadParameter(message.format(i=i, what=type(g).__name__ if g is not None else "None"))
+
+
+def points_from_any(points) -> tuple[np.ndarray, np.ndarray | None]:
+    """(coords, kept) from an (N, 2) array-like or a sequence of shapely Points.
+
+    A point that is None, empty, NaN or infinite keeps its index and matches
+    nothing, as in shapely: ``coords`` holds only the usable points and ``kept``
+    maps their positions back to the caller's indices (None when all are usable).
+    """
     arr = np.asarray(points)
     if arr.dtype == object:
         import shapely
 
-        if not (shapely.get_type_id(arr) == 0).all():
-            raise BadParameter("points must be shapely Points or an (N, 2) float array")
-        arr = shapely.get_coordinates(arr)
-    arr = np.ascontiguousarray(arr, dtype=np.float64)
+        if arr.ndim != 1:
+            raise BadParameter(f"points must be a 1-D sequence of shapely Points or an (N, 2) array, got shape "
+                               f"{arr.shape}")
+        kinds = shapely.get_type_id(arr)
+        _refuse(~np.isin(kinds, (-1, 0)), "point {i} is not a Point (got {what}); pass shapely Points or an "
+                                          "(N, 2) float array", arr)
+        usable = (kinds == 0) & ~shapely.is_empty(arr)
+        xy = np.full((len(arr), 2), np.nan)
+        xy[usable] = shapely.get_coordinates(arr[usable])
+        arr = xy
+    try:
+        arr = np.ascontiguousarray(arr, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise BadParameter("points must be shapely Points or an (N, 2) float array") from None
     if arr.ndim != 2 or arr.shape[1] != 2:
         raise BadParameter(f"points must have shape (N, 2), got {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise BadParameter("points contain NaN or infinite coordinates")
-    return arr
+    finite = np.isfinite(arr).all(axis=1)
+    if finite.all():
+        return arr, None
+    kept = np.flatnonzero(finite)
+    return np.ascontiguousarray(arr[kept]), kept
