@@ -25,6 +25,12 @@ class ProfileBusy(AppError):
     exit_code = 4
 
 
+class LockUnusable(AppError):
+    """The device lock's folder or file cannot be used safely (missing, foreign, a symbolic link)."""
+
+    exit_code = 4
+
+
 class OutputNotWritable(AppError):
     """The output folder cannot be created or written."""
 

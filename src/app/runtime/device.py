@@ -59,12 +59,26 @@ def probe_gpu() -> tuple[bool, str, dict]:
             "driver_version": _cuda_version(rt.driverGetVersion()),
             "runtime_version": _cuda_version(rt.runtimeGetVersion()),
             "cupy_version": cupy.__version__,
+            # The physical GPU, whatever CUDA_VISIBLE_DEVICES renumbers: what the device lock is keyed by.
+            "uuid": _uuid(props.get("uuid")),
+            "pci_bus_id": f"{props.get('pciDomainID', 0):04x}:{props.get('pciBusID', 0):02x}:"
+                          f"{props.get('pciDeviceID', 0):02x}",
         }
         # A trivial kernel proves the context and JIT path work, not just enumeration.
         float((cupy.arange(4, dtype=cupy.float64) * 2).sum())
         return True, "CUDA device 0 is usable", info
     except Exception as exc:  # CUDARuntimeError, CompileException, driver mismatch...
         return False, f"no usable CUDA device: {str(exc).splitlines()[0]}", {}
+
+
+def _uuid(raw) -> str | None:
+    """GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx from the 16 bytes CUDA reports, as nvidia-smi prints it."""
+    if not raw:
+        return None
+    h = bytes(raw).hex() if not isinstance(raw, str) else raw.encode().hex()
+    if len(h) != 32:
+        return None
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _cuda_version(v: int) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from app.errors import AppError, DeviceUnavailable
 from app.runtime import device as devmod
-from app.runtime.lock import device_lock
+from app.runtime.lock import device_key, device_lock
 
 
 def worker_command(plan, out_json: str, warmup: int, iterations: int = 1, collect: str = "none",
@@ -67,7 +67,7 @@ def gpu_session(plan, options, label: str):
         raise AppError(f"{label} runs the worker with default tiling; custom tiling is not passed through yet")
     tmpdir = tempfile.mkdtemp(prefix=f"app-{label.split()[0]}-")
     try:
-        with device_lock("gpu0"):
+        with device_lock(device_key(selection)):
             yield Session(tmpdir, selection)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

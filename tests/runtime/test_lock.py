@@ -1,0 +1,120 @@
+"""The device lock against a real second process, a planted symbolic link, and another user's file."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.errors import LockUnusable, ProfileBusy
+from app.kernel.cli import main
+from app.runtime.device import Selection
+from app.runtime.lock import device_key, device_lock, lock_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLD = ("import sys, time; from app.runtime.lock import device_lock\n"
+        "with device_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(30)\n")
+
+
+@pytest.fixture
+def holder():
+    """Start a second process that holds the lock for a key; yields a starter function."""
+    procs = []
+
+    def start(key):
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        p = subprocess.Popen([sys.executable, "-c", HOLD, key], stdout=subprocess.PIPE, text=True, env=env)
+        procs.append(p)
+        assert p.stdout.readline().strip() == "held"
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_a_second_process_holding_the_lock_refuses_the_profile(holder, tmp_path, capsys):
+    p = holder("cpu")
+    out = tmp_path / "out"
+    assert main(["join", "--points", "100", "--polygons", "10", "--device", "cpu", "--out", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert f"another profile is running on cpu (pid {p.pid}" in err and not out.exists()
+
+
+def test_released_when_the_holder_dies(holder, tmp_path):
+    p = holder("cpu")
+    p.kill()
+    p.wait()
+    with device_lock("cpu"):            # the kernel dropped the dead holder's lock
+        pass
+
+
+def test_profiles_on_two_gpus_do_not_refuse_each_other(holder):
+    holder("gpu-GPU-aaaa")
+    with device_lock("gpu-GPU-bbbb"):
+        pass
+    with pytest.raises(ProfileBusy):
+        with device_lock("gpu-GPU-aaaa"):
+            pass
+
+
+def test_key_is_the_physical_gpu():
+    sel = lambda info: Selection("gpu", "gpu", "gpu", "", "H200", info)  # noqa: E731
+    assert device_key(sel({"uuid": "GPU-5e1f97fb-7fd8", "index": 0})) == "gpu-GPU-5e1f97fb-7fd8"
+    assert device_key(sel({"pci_bus_id": "0000:06:00", "index": 0})) == "gpu-0000_06_00"
+    assert device_key(Selection("auto", "cpu", "cpu", "", "cpu", {})) == "cpu"
+
+
+def test_a_planted_symlink_is_refused_and_its_target_untouched(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "app-kernel-profile-cpu.lock").symlink_to(victim)
+    with pytest.raises(LockUnusable, match="symbolic link"):
+        with device_lock("cpu"):
+            pass
+    assert victim.read_text() == "precious"
+
+
+def test_a_lock_file_of_another_user_is_refused_not_a_crash(tmp_path, monkeypatch, capsys):
+    lock = tmp_path / "app-kernel-profile-cpu.lock"
+    lock.write_text("123")
+    if os.geteuid() == 0:
+        os.chown(lock, 12345, 12345)                     # really another owner
+    else:
+        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)   # the ownership check, simulated
+    assert main(["join", "--points", "100", "--polygons", "10", "--device", "cpu",
+                 "--out", str(tmp_path / "out")]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a regular file owned by you" in err[0]
+    assert lock.read_text() == "123"
+
+
+@pytest.mark.parametrize("value", ["does/not/exist", "file"])
+def test_unusable_lock_dir_is_one_line(tmp_path, monkeypatch, capsys, value):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("APP_LOCK_DIR", str(tmp_path / value))
+    assert main(["join", "--points", "100", "--polygons", "10", "--device", "cpu",
+                 "--out", str(tmp_path / "out")]) == 4
+    assert "is not a writable folder" in capsys.readouterr().err
+
+
+def test_default_folder_is_private(tmp_path, monkeypatch):
+    monkeypatch.delenv("APP_LOCK_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    d = lock_dir()
+    assert d == str(tmp_path / ".cache" / "app-kernel" / "locks")
+    assert oct(os.stat(d).st_mode & 0o777) == "0o700"
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert lock_dir() == str(runtime / "app-kernel")
+    runtime.chmod(0o777)                                  # a world-writable runtime dir is not used
+    assert lock_dir() == str(tmp_path / ".cache" / "app-kernel" / "locks")
+
+
+def test_lock_records_the_holder_pid(tmp_path):
+    with device_lock("cpu") as path:
+        assert Path(path).read_text() == str(os.getpid())
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
