@@ -12,10 +12,11 @@ import signal
 import sys
 from pathlib import Path
 
-from app.errors import AppError, BadParameter, Terminated
+from app.errors import AppError, BadParameter, DeviceUnavailable, Terminated
 from app.kernel.plan import get_plan_class, kernels, latest_version
 from app.report.writer import check_writable, profile_parent, write_profile
-from app.runtime.device import DEVICES
+from app.analysis.baseline import load_baseline
+from app.runtime import device as devmod
 from app.runtime.profiling import ProfileOptions, get_mode
 
 USAGE = "python -m app.kernel {list | <kernel> [<version>]} [--prof_type MODE] [options] [kernel parameters]"
@@ -30,13 +31,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--prof_type", "--prof-type", default="event", metavar="{event,annotation,ncu,nsys}", help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
                              "nsys: timeline and wall-time accounting")
-    add("--device", default="auto", choices=DEVICES, help="auto: GPU if usable; gpu: fail if not")
+    add("--device", default="auto", choices=devmod.DEVICES, help="auto: GPU if usable; gpu: fail if not")
     add("--bench_runs", "--bench-runs", type=int, default=10, help="timed runs (default 10)")
     add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
     add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
     add("--json", action="store_true", help="print trace.json to stdout")
-    add("--baseline", help="a previous profile folder (or its trace.json) to compare against")
+    add("--baseline", metavar="PROFILE", help="a previous profile folder (or its trace.json) to compare against; "
+        "it must be of the same kernel, version, parameters and device")
+    add("--force", action="store_true", help="compare with a --baseline of another kernel, version, parameters or "
+        "device anyway (the report warns at the top)")
     add("--no-verify", dest="verify", action="store_false", help="skip the shapely check of the output")
     add("--ncu", help="Nsight Compute executable (default: $NCU, PATH, CUDA folders)")
     add("--ncu-timeout", type=float, default=600.0, help="seconds before ncu is stopped (default 600)")
@@ -93,19 +97,16 @@ def parse(argv: list[str]):
     return cls(given), args
 
 
-def load_baseline(path: str | None) -> dict | None:
-    if not path:
+def _baseline(args, plan) -> dict | None:
+    """Read and check --baseline before any profiling starts (against the device this run will use)."""
+    if not args.baseline:
         return None
-    p = Path(path)
-    p = p / "trace.json" if p.is_dir() else p
+    wanted = args.device if args.prof_type == "event" or args.device != "auto" else "gpu"
     try:
-        with open(p) as f:
-            trace = json.load(f)
-        trace["total_elapsed_seconds"], trace["stages"]
-        return trace
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BadParameter(f"--baseline {path}: not a readable profile trace ({exc}); "
-                           "pass a profile folder or its trace.json") from None
+        device_name = devmod.select(wanted).device_name
+    except DeviceUnavailable:
+        device_name = None          # the mode itself says why it cannot run
+    return load_baseline(args.baseline, plan, device_name, args.force)
 
 
 def _terminate(signum, frame):
@@ -153,7 +154,7 @@ def _main(argv: list[str]) -> int:
     parent = profile_parent(args.out, mode.name, plan.kernel, plan.slug())
     check_writable(parent)
     options = ProfileOptions(device=args.device, bench_runs=args.bench_runs, warmup=args.warmup,
-                             nvtx=args.nvtx, verify=args.verify, baseline=load_baseline(args.baseline),
+                             nvtx=args.nvtx, verify=args.verify, baseline=_baseline(args, plan),
                              argv=["python -m app.kernel", *argv], ncu=args.ncu, ncu_timeout=args.ncu_timeout,
                              clock_control=args.ncu_clock_control, nsys=args.nsys,
                              nsys_timeout=args.nsys_timeout, backend=args.backend)

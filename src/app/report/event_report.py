@@ -66,7 +66,15 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (>2% rel. stdev): {', '.join(unstable)}."
                                                    if unstable else ""))
+    if baseline and baseline.get("_mismatch"):
+        headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     return render(trace["kernel"], trace["version"], headline, [s for s in sections if s])
+
+
+def mismatch_warning(baseline: dict) -> str:
+    """The warning every report carries when --force compared unlike profiles ('' otherwise)."""
+    m = baseline.get("_mismatch")
+    return f" The baseline is not comparable: it was measured for {m} (compared anyway, --force)." if m else ""
 
 
 def _baseline(trace, baseline):
@@ -74,7 +82,7 @@ def _baseline(trace, baseline):
         return Section("vs Baseline", text="No baseline given (pass `--baseline PROFILE_DIR`).")
     rows = advice.baseline_rows(trace, baseline)
     return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} on "
-                                        f"{baseline.get('device', {}).get('name')}.",
+                                        f"{baseline.get('device', {}).get('name')}." + mismatch_warning(baseline),
                    columns=["Metric", "Previous", "Current", "Change"],
                    rows=[[r["metric"], fmt(r["previous"]), fmt(r["current"]), r["change"]] for r in rows])
 

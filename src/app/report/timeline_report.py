@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.analysis import advice
 from app.analysis.timeline import CAUSE_TEXT, CAUSES
+from app.report.event_report import mismatch_warning
 from app.report.markdown import Section, fmt, render
 
 BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
@@ -185,6 +186,8 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
                 f"{backend}: {it['span_us']:,.1f} us per iteration (median span), GPU busy {it['busy_us']:,.1f} us "
                 f"({share:.0f}%). Files: timeline.png, timeline.json (open in Perfetto or chrome://tracing), "
                 "timeline_ranges.csv (every instance).")
+    if baseline and baseline.get("_mismatch"):
+        headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     if trace["selected_runtime"] != "gpu" or trace["metadata"]["planner_selected_runtime"] != "gpu":
         headline = f"**CPU fallback or planner override: ran on {trace['selected_runtime']}.** " + headline
     return render(trace["kernel"], trace["version"], headline, sections)
@@ -194,9 +197,9 @@ def _baseline(trace, baseline) -> Section:
     if baseline is None:
         return Section("vs Baseline", text="No baseline given (pass `--baseline PROFILE_DIR`).")
     rows = advice.baseline_rows(trace, baseline)
-    warn = "" if baseline.get("mode") == "nsys" else (
+    warn = mismatch_warning(baseline) + ("" if baseline.get("mode") == "nsys" else (
         f" Warning: the baseline was measured in {baseline.get('mode')} mode, whose stage times are not host "
-        "spans; compare like with like.")
+        "spans; compare like with like."))
     return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} on "
                                         f"{baseline.get('device', {}).get('name')}.{warn}",
                    columns=["Metric", "Previous", "Current", "Change"],

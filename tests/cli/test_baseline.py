@@ -1,0 +1,98 @@
+"""--baseline is checked before any profiling starts: bad files, wrong fields, unlike profiles."""
+import json
+import os
+
+import pytest
+
+from app.analysis.advice import baseline_rows
+from app.kernel.cli import main
+
+ARGS = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2"]
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    out = tmp_path_factory.mktemp("base")
+    assert main([*ARGS, "--out", str(out)]) == 0
+    (d,) = list(out.glob("profiles/event/join/*/*"))
+    return json.loads((d / "trace.json").read_text())
+
+
+@pytest.fixture
+def no_profiling(monkeypatch):
+    """Fail the test if a mode starts profiling: every refusal must come first."""
+    from app.runtime.profiling.event import EventMode
+
+    def boom(*a, **k):
+        raise AssertionError("profiling started before the baseline was checked")
+    monkeypatch.setattr(EventMode, "profile", boom)
+
+
+def write(tmp_path, doc, name="trace.json"):
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return p
+
+
+@pytest.mark.parametrize("mutate,fragment", [
+    (lambda t: {**t, "kernel": "overlay"}, "measured for kernel overlay (this run: join)"),
+    (lambda t: {**t, "version": "v1"}, "measured for version v1 (this run: v2)"),
+    (lambda t: {**t, "metadata": {**t["metadata"], "params": {**t["metadata"]["params"], "points": 999}}},
+     "points=999 vs 300"),
+    (lambda t: {**t, "device": {**t["device"], "name": "NVIDIA H100 80GB HBM3"}}, "device NVIDIA H100 80GB HBM3"),
+])
+def test_unlike_baselines_are_refused_unless_forced(tmp_path, capsys, good, no_profiling, mutate, fragment):
+    p = write(tmp_path, mutate(good))
+    assert main([*ARGS, "--out", str(tmp_path / "out"), "--baseline", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0] and "--force" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_forced_comparison_warns_at_the_top(tmp_path, good):
+    p = write(tmp_path, {**good, "kernel": "overlay"})
+    out = tmp_path / "out"
+    assert main([*ARGS, "--out", str(out), "--baseline", str(p), "--force"]) == 0
+    (d,) = list(out.glob("profiles/event/join/*/*"))
+    report = (d / "report.md").read_text().splitlines()
+    assert report[2].startswith("**Warning: The baseline is not comparable: it was measured for kernel overlay")
+
+
+@pytest.mark.parametrize("doc,fragment", [
+    ("{not json", "not a readable profile trace"),
+    ("[1, 2]", "the JSON is not an object"),
+    (lambda t: {**t, "total_elapsed_seconds": "fast"}, "total_elapsed_seconds='fast' is not a finite positive"),
+    ('{"kernel": "join", "version": "v2", "total_elapsed_seconds": NaN, "stages": []}', "total_elapsed_seconds=nan"),
+    (lambda t: {**t, "total_elapsed_seconds": True}, "is not a finite positive number"),
+    (lambda t: {**t, "total_elapsed_seconds": -1}, "is not a finite positive number"),
+    (lambda t: {**t, "stages": {"bounds": 1}}, "not a list of stages"),
+    (lambda t: {**t, "stages": [{"name": "bounds", "elapsed_seconds": float("inf")}]}, "no finite elapsed_seconds"),
+    (lambda t: {**t, "kernel": 7}, "field 'kernel' is missing or not a string"),
+    (lambda t: {**t, "device": "gpu"}, "must be objects"),
+])
+def test_malformed_baselines_are_one_line(tmp_path, capsys, good, no_profiling, doc, fragment):
+    p = write(tmp_path, doc(good) if callable(doc) else doc)
+    assert main([*ARGS, "--out", str(tmp_path / "out"), "--baseline", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+
+
+def test_special_and_huge_files_are_refused_without_reading(tmp_path, capsys, no_profiling):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)                      # opening it would block forever
+    assert main([*ARGS, "--out", str(tmp_path / "out"), "--baseline", str(fifo)]) == 2
+    assert "is not a regular file" in capsys.readouterr().err
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 30)              # sparse: 1 GiB of nothing
+    assert main([*ARGS, "--out", str(tmp_path / "out"), "--baseline", str(huge)]) == 2
+    assert "too large to be a profile trace" in capsys.readouterr().err
+    assert main([*ARGS, "--out", str(tmp_path / "out"), "--baseline", "/dev/zero"]) == 2
+    assert "is not a regular file" in capsys.readouterr().err
+
+
+def test_change_has_the_right_sign():
+    base = {"total_elapsed_seconds": 100e-6, "stages": [{"name": "a", "elapsed_seconds": 50e-6}]}
+    cur = {"total_elapsed_seconds": 110e-6, "stages": [{"name": "a", "elapsed_seconds": 40e-6}]}
+    rows = {r["metric"]: r["change"] for r in baseline_rows(cur, base)}
+    assert rows == {"total (us)": "+10.0%", "a (us)": "-20.0%"}
