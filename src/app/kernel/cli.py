@@ -121,12 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     except AppError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except Terminated:
-        print("terminated: no profile was written", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("interrupted: no profile was written", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:          # Ctrl-C, or SIGTERM (Terminated)
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        written = getattr(exc, "profile_dir", None)
+        print(f"{what}: " + (f"the profile was complete and is kept at {written}" if written
+                             else "no profile was written"), file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -160,6 +160,14 @@ def _main(argv: list[str]) -> int:
                              nsys_timeout=args.nsys_timeout, backend=args.backend)
     profile = mode.profile(plan, options)
     out_dir = write_profile(parent, profile.files)
+    try:
+        return _report_written(profile, out_dir, args)
+    except KeyboardInterrupt as exc:    # the profile is on disk: never claim otherwise
+        exc.profile_dir = out_dir
+        raise
+
+
+def _report_written(profile, out_dir, args) -> int:
     print(profile.summary, file=sys.stderr if args.json else sys.stdout)
     print(f"profile: {out_dir}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
