@@ -49,6 +49,14 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
+class Footprint:
+    host_bytes: int                 # inputs, intermediates, outputs and the shapely oracle on the host
+    device_bytes: int               # owned buffers, intermediates and outputs on the GPU
+    scale: str                      # the parameter that drives the size (named in a refusal)
+    indices: dict                   # element counts the kernels address with 32-bit indices
+
+
+@dataclass(frozen=True)
 class Cost:
     """Minimum traffic and arithmetic of a stage: the roofline's numerator."""
 
@@ -95,6 +103,10 @@ class KernelPlan:
     # --- what a kernel package provides -------------------------------------------
     def make_inputs(self):
         raise NotImplementedError
+
+    def footprint(self) -> Footprint | None:
+        """A conservative estimate of the memory these parameters need, checked before any allocation."""
+        return None
 
     def backend(self, device: str):
         """The object whose methods, named after the stages, run them on ``device``."""

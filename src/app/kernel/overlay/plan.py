@@ -7,7 +7,7 @@ import numpy as np
 
 from app.kernel import datagen
 from app.kernel.geometry import PolygonBuffers
-from app.kernel.plan import Cost, KernelPlan, Param, StageSpec, register
+from app.kernel.plan import Cost, Footprint, KernelPlan, Param, StageSpec, register
 
 LAYOUTS = ("random", "shifted", "self", "grid")
 BLOCK_SIZES = (256, 128, 512)
@@ -49,6 +49,16 @@ class OverlayPlan(KernelPlan):
     kernel = "overlay"
     params_spec = PARAMS
     stages = STAGES
+
+    def footprint(self) -> Footprint:
+        # Per vertex of either layer: coordinates, segments with their boxes, candidate segment pairs,
+        # split events and ring pieces on the device; a shapely copy and the oracle's intersections on
+        # the host.
+        p = self.params
+        verts = (p["left"] + p["right"]) * (p["vertices"] + 1)
+        return Footprint(host_bytes=600 * verts, device_bytes=400 * verts,
+                         scale="left" if p["left"] >= p["right"] else "right",
+                         indices={"segments": verts})
 
     def make_inputs(self) -> OverlayInputs:
         p = self.params

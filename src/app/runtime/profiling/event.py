@@ -15,6 +15,7 @@ from app.report.event_report import build_report
 from app.runtime import device as devmod
 from app.runtime.execute import backend_for, xp_for
 from app.runtime.lock import device_key, device_lock
+from app.runtime.memory import check_fits
 from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.provenance import params_json
@@ -27,6 +28,7 @@ class EventMode(Mode):
 
     def profile(self, plan, options: ProfileOptions) -> Profile:
         selection = devmod.select(options.device)
+        check_fits(plan, selection.selected)
         with device_lock(device_key(selection)):
             inputs = plan.make_inputs()
             t0 = time.perf_counter()

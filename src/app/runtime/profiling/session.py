@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from app.errors import AppError, DeviceUnavailable
 from app.runtime import device as devmod
 from app.runtime.lock import device_key, device_lock
+from app.runtime.memory import check_fits
 
 
 def worker_command(plan, out_json: str, warmup: int, iterations: int = 1, collect: str = "none",
@@ -63,6 +64,7 @@ def gpu_session(plan, options, label: str):
         raise DeviceUnavailable(f"{label} needs a GPU: {exc}") from None
     if selection.selected != "gpu":
         raise DeviceUnavailable(f"{label} needs a GPU; use --prof_type event on the CPU")
+    check_fits(plan, selection.selected)
     if plan.tiling != type(plan)(plan.params).tiling:
         raise AppError(f"{label} runs the worker with default tiling; custom tiling is not passed through yet")
     tmpdir = tempfile.mkdtemp(prefix=f"app-{label.split()[0]}-")
