@@ -14,8 +14,12 @@
 #   GPU              GPU index (default 0; --gpu wins)
 #   NVIDIA_SMI       nvidia-smi executable to use (default: nvidia-smi on PATH)
 #   APP_CLOCK_STATE  state file (default /tmp/app-kernel-clock-state.json)
+#   SMI_TIMEOUT      seconds before a hanging nvidia-smi call is abandoned (default 30)
 #
-# Exit status: 0 ok, 1 nvidia-smi failed, 2 nvidia-smi not found, 64 bad usage.
+# The lock is recorded in the state file right after it is made; if that cannot
+# be written, the clocks are reset again: clocks are never left locked unrecorded.
+#
+# Exit status: 0 ok, 1 nvidia-smi failed or hung, 2 nvidia-smi not found, 64 bad usage.
 set -euo pipefail
 
 readonly PROG="lock-gpu-clock"
@@ -63,10 +67,16 @@ fi
 # smi_run KIND ARGS...: run nvidia-smi, output in $smi_out; on failure print one
 # line (the command, its exit status, its first line of output, the fix) and exit 1.
 smi_out=""
+smi_timeout="${SMI_TIMEOUT:-30}"
+is_uint "$smi_timeout" && ((10#$smi_timeout > 0)) || die_usage "SMI_TIMEOUT must be a positive integer, got '$smi_timeout'"
 smi_run() {
     local kind="$1" rc=0 reason fix
     shift
-    smi_out="$("$smi" "$@" 2>&1)" || rc=$?
+    smi_out="$(timeout "$smi_timeout" "$smi" "$@" 2>&1)" || rc=$?
+    if ((rc == 124)); then
+        echo "$PROG: 'nvidia-smi $*' did not answer within $smi_timeout s and was stopped; check the driver (is the GPU hung?) or raise SMI_TIMEOUT" >&2
+        exit 1
+    fi
     if ((rc != 0)); then
         reason="$(printf '%s\n' "$smi_out" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' | grep -m1 -v '^$' || true)"
         if [[ "$kind" == change ]]; then
@@ -130,33 +140,50 @@ fi
 
 echo "$PROG: GPU $gpu (${name:-unknown}): locking SM clock at $target MHz (from $chosen_from; max ${max_sm:-?} MHz)"
 change -i "$gpu" -pm 1
-change -i "$gpu" -lgc "$target,$target"
 
 if ((dry_run)); then
+    change -i "$gpu" -lgc "$target,$target"
     echo "[dry-run] would read back clocks.sm and write $state_file"
     exit 0
 fi
+
+# write_state READBACK: record the lock atomically (a private temp file, then rename).
+write_state() {
+    local tmp
+    mkdir -p "$(dirname "$state_file")" && tmp="$(mktemp "$state_file.XXXXXX")" || return 1
+    if ! cat >"$tmp" <<JSON
+{
+  "gpu": $gpu,
+  "name": "$(json_escape "$name")",
+  "locked_sm_mhz": $target,
+  "readback_sm_mhz": ${1:-null},
+  "max_sm_mhz": ${max_sm:-null},
+  "locked_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+  "by": "$BY"
+}
+JSON
+    then rm -f "$tmp"; return 1; fi
+    chmod 0644 "$tmp" && mv -f "$tmp" "$state_file"
+}
+
+# From the lock on, any exit that has not recorded it resets the clocks again.
+recorded=0
+undo_unrecorded() {
+    if ((!recorded)); then
+        echo "$PROG: the lock could not be recorded in $state_file; resetting the clocks of GPU $gpu" >&2
+        timeout "$smi_timeout" "$smi" -i "$gpu" -rgc >/dev/null 2>&1 || true
+    fi
+}
+change -i "$gpu" -lgc "$target,$target"
+trap undo_unrecorded EXIT
+write_state "" || exit 1
+recorded=1
 
 smi_run query -i "$gpu" --query-gpu=clocks.sm --format=csv,noheader,nounits
 readback="$(field_uint "$(printf '%s\n' "$smi_out" | head -n1)")"
 if [[ -n "$readback" && "$readback" != "$target" ]]; then
     echo "$PROG: note: clocks.sm reads $readback MHz right after the lock (locked at $target); power or thermal limits may pull it lower under load"
 fi
-
-mkdir -p "$(dirname "$state_file")"
-tmp="$state_file.tmp.$$"
-trap 'rm -f "$tmp"' EXIT
-cat >"$tmp" <<JSON
-{
-  "gpu": $gpu,
-  "name": "$(json_escape "$name")",
-  "locked_sm_mhz": $target,
-  "readback_sm_mhz": ${readback:-null},
-  "max_sm_mhz": ${max_sm:-null},
-  "locked_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
-  "by": "$BY"
-}
-JSON
-mv -f "$tmp" "$state_file"
+write_state "$readback" || echo "$PROG: note: could not add the read-back clock to $state_file" >&2
 trap - EXIT
 echo "$PROG: GPU $gpu locked at $target MHz (reads ${readback:-?} MHz); state in $state_file"

@@ -11,8 +11,9 @@
 #   GPU              GPU index (default 0; --gpu wins)
 #   NVIDIA_SMI       nvidia-smi executable to use (default: nvidia-smi on PATH)
 #   APP_CLOCK_STATE  state file (default /tmp/app-kernel-clock-state.json)
+#   SMI_TIMEOUT      seconds before a hanging nvidia-smi call is abandoned (default 30)
 #
-# Exit status: 0 ok, 1 nvidia-smi failed, 2 nvidia-smi not found, 64 bad usage.
+# Exit status: 0 ok, 1 nvidia-smi failed or hung, 2 nvidia-smi not found, 64 bad usage.
 set -euo pipefail
 
 readonly PROG="reset-gpu-clock"
@@ -52,6 +53,9 @@ if ! command -v "$smi" >/dev/null 2>&1; then
     exit 2
 fi
 
+smi_timeout="${SMI_TIMEOUT:-30}"
+is_uint "$smi_timeout" && ((10#$smi_timeout > 0)) || die_usage "SMI_TIMEOUT must be a positive integer, got '$smi_timeout'"
+
 # change ARGS...: a state-changing nvidia-smi call (printed only, under --dry-run);
 # on failure print one line (command, exit status, first line of output, fix), exit 1.
 change() {
@@ -60,7 +64,11 @@ change() {
         echo "[dry-run] $smi $*"
         return 0
     fi
-    out="$("$smi" "$@" 2>&1)" || rc=$?
+    out="$(timeout "$smi_timeout" "$smi" "$@" 2>&1)" || rc=$?
+    if ((rc == 124)); then
+        echo "$PROG: 'nvidia-smi $*' did not answer within $smi_timeout s and was stopped; check the driver (is the GPU hung?) or raise SMI_TIMEOUT" >&2
+        exit 1
+    fi
     if ((rc != 0)); then
         reason="$(printf '%s\n' "$out" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' | grep -m1 -v '^$' || true)"
         echo "$PROG: 'nvidia-smi $*' failed (exit $rc): ${reason:-no output}; changing clocks or persistence needs root: run it as root or with sudo (sudo bash $BY)" >&2

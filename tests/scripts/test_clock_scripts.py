@@ -230,3 +230,48 @@ def test_script_is_executable_strict_bash(script):
     assert "\nset -euo pipefail\n" in text
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert subprocess.run(["bash", str(script), "--help"], capture_output=True).returncode == 0
+
+
+HANG = """\
+#!{python}
+import time
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("script", [LOCK, RESET])
+def test_a_hanging_nvidia_smi_is_stopped(smi, tmp_path, script):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.write_text(HANG.format(python=sys.executable))
+    r = run(script, smi, SMI_TIMEOUT="1")
+    assert r.returncode == 1
+    assert len(r.stderr.splitlines()) == 1 and "did not answer within 1 s" in r.stderr
+    assert not smi["state"].exists()
+
+
+def test_a_lock_that_cannot_be_recorded_is_undone(smi, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    r = run(LOCK, smi, APP_CLOCK_STATE=str(blocker / "clock.json"))
+    assert r.returncode != 0
+    assert "could not be recorded" in r.stderr and "resetting the clocks of GPU 0" in r.stderr
+    made = [" ".join(c) for c in changes(smi)]
+    assert any("-lgc" in c for c in made) and made[-1].endswith("-rgc")   # locked, then reset
+
+
+def test_a_failed_read_back_still_leaves_the_lock_recorded(smi):
+    r = run(LOCK, smi, FAKE_SMI_FAIL="--query-gpu=clocks.sm")      # only the read-back query fails
+    assert r.returncode == 1
+    state = json.loads(smi["state"].read_text())       # the clocks are locked, and it says so
+    assert state["locked_sm_mhz"] == 1755 and state["readback_sm_mhz"] is None
+
+
+def test_state_file_is_not_written_through_a_planted_link(smi, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    smi["state"].parent.mkdir(parents=True, exist_ok=True)
+    for pid in range(os.getpid(), os.getpid() + 200):   # the old predictable temp names
+        (smi["state"].parent / f"clock.json.tmp.{pid}").symlink_to(victim)
+    assert run(LOCK, smi).returncode == 0
+    assert victim.read_text() == "precious"
+    assert json.loads(smi["state"].read_text())["by"] == "scripts/lock-gpu-clock.sh"
