@@ -46,7 +46,12 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, code, 
     assert profiles(out) == [] and not out.exists()
 
 
-def test_unwritable_out_fails_before_running(tmp_path, capsys):
+def test_unwritable_out_fails_before_running(tmp_path, capsys, monkeypatch):
+    from app.runtime.profiling.event import EventMode
+
+    def boom(*a, **k):
+        raise AssertionError("profiling started before the output folder was checked")
+    monkeypatch.setattr(EventMode, "profile", boom)
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert main(["join", *SMALL, "--out", str(blocker / "sub")]) == 5

@@ -68,9 +68,18 @@ def test_failures_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, 
 
 
 def test_timeout_stops_ncu(tmp_path, capsys, monkeypatch):
+    import os
+    import tempfile
+
+    pidfile = tmp_path / "ncu.pid"
     monkeypatch.setenv("FAKE_NCU_MODE", "hang")
+    monkeypatch.setenv("FAKE_NCU_PIDFILE", str(pidfile))
+    before = set(Path(tempfile.gettempdir()).glob("app-ncu-*"))
     assert main([*ARGS, "--ncu-timeout", "1", "--out", str(tmp_path / "out")]) == 2
     assert "did not finish within 1 s" in capsys.readouterr().err
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pidfile.read_text()), 0)                     # ncu (the fake) was stopped, not orphaned
+    assert set(Path(tempfile.gettempdir()).glob("app-ncu-*")) == before    # and its temp folder removed
 
 
 def test_missing_ncu(tmp_path, capsys):

@@ -208,6 +208,7 @@ def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys
 ])
 def test_nsys_mode_failures_are_one_line(tmp_path, fake_gpu, capsys, monkeypatch, mode, extra, code, fragment):
     monkeypatch.setenv("FAKE_NSYS_MODE", mode)
+    monkeypatch.setenv("FAKE_NSYS_PIDFILE", str(tmp_path / "nsys.pid"))
     before = _leftovers()
     out = tmp_path / "out"
     args = ["join", "--points", "2000", "--polygons", "200", "--prof_type", "nsys", "--bench_runs", "2",
@@ -217,6 +218,9 @@ def test_nsys_mode_failures_are_one_line(tmp_path, fake_gpu, capsys, monkeypatch
     assert len(err) == 1 and fragment in err[0], err
     assert not out.exists()
     assert _leftovers() == before
+    if mode == "hang":
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((tmp_path / "nsys.pid").read_text()), 0)      # stopped at the timeout, not orphaned
 
 
 def test_nsys_not_found_is_one_line(tmp_path, fake_gpu, capsys, monkeypatch):
