@@ -180,3 +180,12 @@ def test_event_marks_bracketing_a_range_move_the_event_estimate():
     assert us(marked, "event_estimate_ns") == 47            # from the first record's issue to the second's
     assert us(marked, "event_marks_outside_ns") == 2 + 5
     assert marked["accounted_ns"] == marked["span_ns"] == 40 * US   # the marks never enter the span
+
+
+def test_interval_edges_touching_and_empty():
+    assert union([(0, 5), (5, 9)]) == [(0, 9)]                    # touching intervals merge
+    assert union([(3, 3), (4, 2)]) == []                           # empty and inverted ones vanish
+    assert gaps(0, 10, [(0, 4), (4, 10)]) == []
+    assert gaps(5, 10, [(0, 5), (10, 12)]) == [(5, 10)]
+    assert gaps(0, 10, [(-5, 2), (3, 4), (12, 15)]) == [(2, 3), (4, 10)]
+    assert covered_at_least([(0, 5), (5, 10)], 2, 0, 10) == 0     # an end closes before a start opens

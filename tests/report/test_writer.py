@@ -88,3 +88,10 @@ def test_interrupt_between_claiming_a_name_and_the_rename_leaves_nothing(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         write_profile(tmp_path, {"trace.json": {}})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_same_second_in_one_process_gets_the_next_free_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer.time, "strftime", lambda fmt, t=None: "20261126-120000")
+    dirs = [write_profile(tmp_path, {"trace.json": {"n": i}}) for i in range(3)]
+    assert [d.name for d in dirs] == ["20261126-120000", "20261126-120000-2", "20261126-120000-3"]
+    assert [json.loads((d / "trace.json").read_text())["n"] for d in dirs] == [0, 1, 2]
