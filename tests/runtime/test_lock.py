@@ -118,3 +118,16 @@ def test_lock_records_the_holder_pid(tmp_path):
     with device_lock("cpu") as path:
         assert Path(path).read_text() == str(os.getpid())
         assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("raw,expected", [
+    (bytes(range(16)), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"),
+    (list(range(16)), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"),
+    (b"short", None), (None, None), ("not bytes", None), (12, None), ([300] * 16, None),
+])
+def test_gpu_identity_never_breaks_the_probe(raw, expected):
+    from app.runtime.device import _pci, _uuid
+
+    assert _uuid(raw) == expected
+    assert _pci({"pciDomainID": 0, "pciBusID": 6, "pciDeviceID": 0}) == "0000:06:00"
+    assert _pci({}) is None and _pci({"pciDomainID": "x", "pciBusID": 1, "pciDeviceID": 2}) is None

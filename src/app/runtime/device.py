@@ -61,8 +61,7 @@ def probe_gpu() -> tuple[bool, str, dict]:
             "cupy_version": cupy.__version__,
             # The physical GPU, whatever CUDA_VISIBLE_DEVICES renumbers: what the device lock is keyed by.
             "uuid": _uuid(props.get("uuid")),
-            "pci_bus_id": f"{props.get('pciDomainID', 0):04x}:{props.get('pciBusID', 0):02x}:"
-                          f"{props.get('pciDeviceID', 0):02x}",
+            "pci_bus_id": _pci(props),
         }
         # A trivial kernel proves the context and JIT path work, not just enumeration.
         float((cupy.arange(4, dtype=cupy.float64) * 2).sum())
@@ -72,13 +71,23 @@ def probe_gpu() -> tuple[bool, str, dict]:
 
 
 def _uuid(raw) -> str | None:
-    """GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx from the 16 bytes CUDA reports, as nvidia-smi prints it."""
-    if not raw:
+    """GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx from the 16 bytes CUDA reports, as nvidia-smi prints it.
+
+    Never raises: an identity the driver does not report must not make a usable GPU unusable."""
+    try:
+        h = bytes(raw).hex() if isinstance(raw, (bytes, bytearray, memoryview)) else bytes(list(raw)).hex()
+    except (TypeError, ValueError):
         return None
-    h = bytes(raw).hex() if not isinstance(raw, str) else raw.encode().hex()
     if len(h) != 32:
         return None
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _pci(props: dict) -> str | None:
+    try:
+        return f"{int(props['pciDomainID']):04x}:{int(props['pciBusID']):02x}:{int(props['pciDeviceID']):02x}"
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _cuda_version(v: int) -> str:
