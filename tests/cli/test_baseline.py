@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from app.analysis.advice import baseline_rows
+from app.analysis.compare import compare_traces
 from app.kernel.cli import main
 
 ARGS = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2"]
@@ -94,5 +94,6 @@ def test_special_and_huge_files_are_refused_without_reading(tmp_path, capsys, no
 def test_change_has_the_right_sign():
     base = {"total_elapsed_seconds": 100e-6, "stages": [{"name": "a", "elapsed_seconds": 50e-6}]}
     cur = {"total_elapsed_seconds": 110e-6, "stages": [{"name": "a", "elapsed_seconds": 40e-6}]}
-    rows = {r["metric"]: r["change"] for r in baseline_rows(cur, base)}
-    assert rows == {"total (us)": "+10.0%", "a (us)": "-20.0%"}
+    result = compare_traces(base, cur)
+    assert result["total"]["change_pct"] == pytest.approx(10.0)
+    assert result["stages"][0]["change_pct"] == pytest.approx(-20.0)

@@ -124,16 +124,3 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
         cause += (" The GPU waits on launches, host round-trips and dependent steps rather than on "
                   "memory or arithmetic" + (f" ({top['key_issue']})." if top["key_issue"] != "-" else "."))
     return f"{kind}-bound", cause
-
-
-def baseline_rows(trace: dict, base: dict) -> list[dict]:
-    def row(metric, prev, cur):
-        change = f"{100 * (cur - prev) / prev:+.1f}%" if prev else "n/a"
-        return {"metric": metric, "previous": prev, "current": cur, "change": change}
-
-    rows = [row("total (us)", base["total_elapsed_seconds"] * 1e6, trace["total_elapsed_seconds"] * 1e6)]
-    prev = {s["name"]: s for s in base.get("stages", [])}
-    for s in trace["stages"]:
-        if s["name"] in prev:
-            rows.append(row(f"{s['name']} (us)", prev[s["name"]]["elapsed_seconds"] * 1e6, s["elapsed_seconds"] * 1e6))
-    return rows

@@ -15,7 +15,7 @@ from pathlib import Path
 from app.errors import AppError, BadParameter, DeviceUnavailable, Terminated
 from app.kernel.plan import get_plan_class, kernels, latest_version
 from app.report.writer import check_writable, profile_parent, write_profile
-from app.analysis.baseline import load_baseline
+from app.analysis.baseline import latest_profile, load_baseline
 from app.runtime import device as devmod
 from app.runtime.profiling import ProfileOptions, get_mode
 
@@ -37,8 +37,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
     add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
     add("--json", action="store_true", help="print trace.json to stdout")
-    add("--baseline", metavar="PROFILE", help="a previous profile folder (or its trace.json) to compare against; "
-        "it must be of the same kernel, version, parameters and device")
+    add("--baseline", metavar="PROFILE", help="a previous profile folder (or its trace.json) to compare against, or "
+        "'latest' (the newest profile of this kernel, version, mode, parameters and device under --out); it must be "
+        "of the same kernel, version, parameters and device")
     add("--force", action="store_true", help="compare with a --baseline of another kernel, version, parameters or "
         "device anyway (the report warns at the top)")
     add("--no-verify", dest="verify", action="store_false", help="skip the shapely check of the output")
@@ -106,7 +107,11 @@ def _baseline(args, plan) -> dict | None:
         device_name = devmod.select(wanted).device_name
     except DeviceUnavailable:
         device_name = None          # the mode itself says why it cannot run
-    return load_baseline(args.baseline, plan, device_name, args.force)
+    path = args.baseline
+    if path == "latest":
+        path = latest_profile(profile_parent(args.out, args.prof_type, plan.kernel, plan.slug()), device_name)
+        print(f"baseline: {path}", file=sys.stderr)
+    return load_baseline(path, plan, device_name, args.force)
 
 
 def _terminate(signum, frame):
@@ -139,6 +144,10 @@ def _main(argv: list[str]) -> int:
         from app.runtime.profiling.timeline_command import run_timeline
 
         return run_timeline(argv[1:])
+    if argv and argv[0] == "compare":
+        from app.report.compare_command import run_compare
+
+        return run_compare(argv[1:])
     parsed = parse(argv)
     if parsed is None:
         print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "

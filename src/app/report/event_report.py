@@ -7,6 +7,7 @@ start, Verification, Device -- the evidence behind the first five.
 from __future__ import annotations
 
 from app.analysis import advice
+from app.report.baseline import baseline_section, mismatch_warning
 from app.report.markdown import Section, fmt, render, us
 
 
@@ -36,7 +37,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 items=[f"{o['name']} — est. {fmt(o['gain_pct'], 0, '%') if o['gain_pct'] is not None else 'n/a'} "
                        f"gain — trigger: {o['trigger']}" for o in ops[:3]] or ["none triggered"],
                 note=f"Gain = time above {advice.ATTAINABLE:.0%} of the stage's roofline, as a share of the plan."),
-        _baseline(trace, baseline),
+        baseline_section(trace, baseline),
         Section("Timing", columns=["what", "value"], rows=[
             ["total, median of timed runs (us)", us(trace["total_elapsed_seconds"])],
             ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
@@ -69,22 +70,6 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     return render(trace["kernel"], trace["version"], headline, [s for s in sections if s])
-
-
-def mismatch_warning(baseline: dict) -> str:
-    """The warning every report carries when --force compared unlike profiles ('' otherwise)."""
-    m = baseline.get("_mismatch")
-    return f" The baseline is not comparable: it was measured for {m} (compared anyway, --force)." if m else ""
-
-
-def _baseline(trace, baseline):
-    if baseline is None:
-        return Section("vs Baseline", text="No baseline given (pass `--baseline PROFILE_DIR`).")
-    rows = advice.baseline_rows(trace, baseline)
-    return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} on "
-                                        f"{baseline.get('device', {}).get('name')}." + mismatch_warning(baseline),
-                   columns=["Metric", "Previous", "Current", "Change"],
-                   rows=[[r["metric"], fmt(r["previous"]), fmt(r["current"]), r["change"]] for r in rows])
 
 
 def _roofline(roof):

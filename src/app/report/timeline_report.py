@@ -2,9 +2,8 @@
 with CUDA-event timing, launches, the audit and its two questions."""
 from __future__ import annotations
 
-from app.analysis import advice
 from app.analysis.timeline import CAUSE_TEXT, CAUSES
-from app.report.event_report import mismatch_warning
+from app.report.baseline import baseline_section, mismatch_warning
 from app.report.markdown import Section, fmt, render
 
 BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
@@ -169,7 +168,9 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         Section("Top 3 Opportunities (ranked by estimated impact)", items=ops,
                 note="Gain = the idle (or kernel) time that cause accounts for, as a share of the iteration's span: "
                      "an upper bound, since removing one cause can expose another."),
-        _baseline(trace, baseline),
+        baseline_section(trace, baseline, "" if not baseline or baseline.get("mode") == "nsys" else (
+            f" Warning: the baseline was measured in {baseline.get('mode')} mode, whose stage times are not host "
+            "spans; compare like with like.")),
         accounting_section([it] + stages),
         reconciliation_section(analysis),
         launches_section([it] + stages),
@@ -191,19 +192,6 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
     if trace["selected_runtime"] != "gpu" or trace["metadata"]["planner_selected_runtime"] != "gpu":
         headline = f"**CPU fallback or planner override: ran on {trace['selected_runtime']}.** " + headline
     return render(trace["kernel"], trace["version"], headline, sections)
-
-
-def _baseline(trace, baseline) -> Section:
-    if baseline is None:
-        return Section("vs Baseline", text="No baseline given (pass `--baseline PROFILE_DIR`).")
-    rows = advice.baseline_rows(trace, baseline)
-    warn = mismatch_warning(baseline) + ("" if baseline.get("mode") == "nsys" else (
-        f" Warning: the baseline was measured in {baseline.get('mode')} mode, whose stage times are not host "
-        "spans; compare like with like."))
-    return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} on "
-                                        f"{baseline.get('device', {}).get('name')}.{warn}",
-                   columns=["Metric", "Previous", "Current", "Change"],
-                   rows=[[r["metric"], fmt(r["previous"]), fmt(r["current"]), r["change"]] for r in rows])
 
 
 def _spread(trace, it, stages) -> Section:

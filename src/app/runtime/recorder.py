@@ -10,6 +10,7 @@ assumed to be zero (truth rule 2).
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +18,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.runtime.nvtx import Nvtx
+
+
+def _injected_delays() -> dict[str, float]:
+    """Test hook for regression gates: APP_INJECT_STAGE_DELAY="stage=seconds[,stage=seconds]" makes those
+    stages sleep, so a test can produce a genuinely slower run of unchanged code."""
+    out = {}
+    for item in filter(None, os.environ.get("APP_INJECT_STAGE_DELAY", "").split(",")):
+        name, _, seconds = item.partition("=")
+        try:
+            out[name.strip()] = max(0.0, float(seconds))
+        except ValueError:
+            continue                # a malformed test hook is ignored, never a crash
+    return out
+
+
+_INJECTED_DELAY = _injected_delays()
 
 
 class CpuClock:
@@ -143,6 +160,8 @@ class Recorder:
         self.nvtx.push(spec.name)
         try:
             yield st
+            if spec.name in _INJECTED_DELAY:
+                time.sleep(_INJECTED_DELAY[spec.name])
         finally:
             self.nvtx.pop()
             host = time.perf_counter() - host0

@@ -18,4 +18,6 @@ def spread(values: list[float]) -> dict:
         "mean": statistics.fmean(vals), "stdev": sd, "rel_stdev": rel,
         # One run has no spread to judge: not called stable.
         "stable": len(vals) > 1 and rel <= STABLE_REL_STDEV,
+        # The raw timed-run samples, so `compare` can judge a change against them.
+        "samples": vals,
     }

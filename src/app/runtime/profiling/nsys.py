@@ -198,7 +198,8 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
         stages.append({
             "name": s["name"], "category": w["category"], "device": w["device"],
             "elapsed_seconds": s["span_us"] / 1e6,
-            "spread": s["span_spread"], "rows_in": w["rows_in"], "rows_out": w["rows_out"],
+            "spread": s["span_spread"] | {"samples": _span_samples(analysis, s["name"])},
+            "rows_in": w["rows_in"], "rows_out": w["rows_out"],
             "metadata": dict(w["meta"]) | w["counters"],
             "event_seconds": analysis["event_us"][s["name"]] / 1e6,
             "timeline": {k: v for k, v in s.items() if k not in ("name", "domain", "span_spread")},
@@ -211,7 +212,8 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
         "device": {"name": sel["device_name"]} | sel["info"],
         "total_elapsed_seconds": it["span_us"] / 1e6,
         "timing": {"clock": f"host wall time of each NVTX range ({tool['backend']} trace)",
-                   "timed_runs": it["instances"], "total": it["span_spread"],
+                   "timed_runs": it["instances"],
+                   "total": it["span_spread"] | {"samples": _span_samples(analysis, PROFILE_RANGE)},
                    "uncovered_seconds": it["span_us"] / 1e6 - covered,
                    "event_total_seconds": analysis["event_us"][PROFILE_RANGE] / 1e6},
         "metadata": {"planner_selected_runtime": sel["planner"], "selection_reason": sel["reason"],
@@ -221,6 +223,11 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
         "stages": stages,
         "audit": {"findings": analysis["findings"], "answers": analysis["answers"]},
     }
+
+
+def _span_samples(analysis: dict, name: str) -> list[float]:
+    """Each iteration's span of a range, in seconds (what `compare` resamples)."""
+    return [r["span_ns"] / 1e9 for r in analysis["instances"] if r["name"] == name]
 
 
 def ranges_csv(instances: list[dict]) -> str:

@@ -1,0 +1,106 @@
+"""compare: identical code reads as noise, a genuinely slowed run as slower, and the gate exits 1."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.analysis.compare import verdict_of
+from app.kernel.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["join", "--points", "60000", "--polygons", "6000", "--device", "cpu", "--bench_runs", "15"]
+
+
+def profile(out: Path, env=None) -> Path:
+    """One real event-mode profile in its own process (so a test hook in the environment applies)."""
+    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
+    r = subprocess.run([sys.executable, "-m", "app.kernel", *ARGS, "--out", str(out)], capture_output=True,
+                       text=True, env=e, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return Path(r.stdout.strip().splitlines()[-1].split("profile: ")[1])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cmp")
+    base, same = profile(root / "a"), profile(root / "b")
+    slow = profile(root / "c", {"APP_INJECT_STAGE_DELAY": "candidate_filter=0.02"})
+    return base, same, slow
+
+
+def test_two_runs_of_identical_code_are_noise(runs, capsys):
+    base, same, _ = runs
+    assert main(["compare", str(base), str(same), "--json", "--fail-on-regression", "5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "noise" and doc["regression"] is False
+    assert {s["name"] for s in doc["stages"]} >= {"bounds", "candidate_filter", "output_sort"}
+    for s in doc["stages"] + [doc["total"]]:
+        assert set(s) >= {"base_median_us", "new_median_us", "change_pct", "ci_pct", "verdict"}
+        assert s["samples"] == [15, 15]
+
+
+def test_a_slowed_run_is_slower_and_fails_the_gate(runs, capsys):
+    base, _, slow = runs
+    assert main(["compare", str(base), str(slow), "--fail-on-regression", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "end to end: SLOWER" in out and "regression: end to end is +" in out
+    assert main(["compare", str(base), str(slow), "--json"]) == 0              # no gate asked: exit 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {s["name"]: s for s in doc["stages"]}
+    assert by["candidate_filter"]["verdict"] == "slower" and by["candidate_filter"]["ci_pct"][0] > 0
+    assert by["bounds"]["verdict"] == "noise"                                   # untouched stages stay noise
+    assert main(["compare", str(slow), str(base), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "faster"
+
+
+def test_baseline_latest_uses_the_same_verdicts(runs, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*ARGS[:-2], "--bench_runs", "5", "--out", str(out)]) == 0
+    assert main([*ARGS[:-2], "--bench_runs", "5", "--out", str(out), "--baseline", "latest"]) == 0
+    newest = sorted(out.glob("profiles/event/join/*/*"))[-1]
+    report = (newest / "report.md").read_text()
+    assert "## vs Baseline" in report and "| 95% interval | Verdict |" in report
+
+
+def test_latest_with_nothing_earlier_is_one_line(tmp_path, capsys):
+    assert main([*ARGS, "--out", str(tmp_path / "out"), "--baseline", "latest"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no earlier profile of these parameters" in err[0]
+
+
+def test_unlike_profiles_are_refused_unless_forced(runs, tmp_path, capsys):
+    base, _, _ = runs
+    other = json.loads((base / "trace.json").read_text()) | {"kernel": "overlay"}
+    (tmp_path / "t.json").write_text(json.dumps(other))
+    assert main(["compare", str(tmp_path / "t.json"), str(base)]) == 2
+    assert "BASE was measured for kernel overlay" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "t.json"), str(base), "--force"]) == 0
+    assert capsys.readouterr().out.startswith("WARNING: kernel overlay")
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["compare", "a"], "the following arguments are required: NEW"),
+    (["compare", "/nope", "/nope2"], "BASE /nope: not a readable profile trace"),
+    (["compare", "x", "y", "--fail-on-regression", "nan"], "--fail-on-regression must be a finite percentage"),
+    (["compare", "x", "y", "--floor", "-1"], "--floor must be a finite percentage"),
+])
+def test_bad_compare_input_is_one_line(capsys, argv, fragment):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+
+
+def test_verdict_rules():
+    rng = np.random.default_rng(1)
+    a = list(1.0 + 0.01 * rng.standard_normal(20))
+    assert verdict_of(a, [x * 1.10 for x in a])["verdict"] == "slower"
+    assert verdict_of(a, [x * 0.90 for x in a])["verdict"] == "faster"
+    assert verdict_of(a, [x * 1.01 for x in a])["verdict"] == "noise"          # below the 2% floor
+    noisy = list(1.0 + 0.2 * rng.standard_normal(20))
+    assert verdict_of(noisy, [x * 1.05 for x in noisy])["verdict"] == "noise"  # below the runs' own spread
+    one = verdict_of([1.0], [2.0])
+    assert one["verdict"] == "noise" and one["why"] == "the interval includes 0"
