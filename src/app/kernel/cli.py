@@ -40,6 +40,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--baseline", metavar="PROFILE", help="a previous profile folder (or its trace.json) to compare against, or "
         "'latest' (the newest profile of this kernel, version, mode, parameters and device under --out); it must be "
         "of the same kernel, version, parameters and device")
+    add("--devlog", nargs="?", const="", metavar="FILE", help="append this profile's Performance block to a devlog "
+        "(default docs/kernels/<kernel>.md under the current folder)")
     add("--force", action="store_true", help="compare with a --baseline of another kernel, version, parameters or "
         "device anyway (the report warns at the top)")
     add("--no-verify", dest="verify", action="store_false", help="skip the shapely check of the output")
@@ -114,6 +116,21 @@ def _baseline(args, plan) -> dict | None:
     return load_baseline(path, plan, device_name, args.force)
 
 
+def _devlog_command(argv: list[str]) -> int:
+    from app.report.devlog import append_devlog
+
+    p = _Parser(prog="python -m app.kernel devlog", allow_abbrev=False,
+                description="Append a profile's Performance block (duration, rates, occupancy, bottleneck, issues, "
+                            "insights, each with its change against the previous entry) to a devlog; the same "
+                            "profile is never added twice.")
+    p.add_argument("profile", metavar="PROFILE", help="a profile folder (or its trace.json)")
+    p.add_argument("--file", metavar="F", help="the devlog (default: docs/kernels/<kernel>.md under the current folder)")
+    args = p.parse_args(argv)
+    path, added = append_devlog(args.profile, args.file)
+    print(f"devlog: {'appended to' if added else 'already in'} {path}")
+    return 0
+
+
 def _terminate(signum, frame):
     raise Terminated()
 
@@ -148,6 +165,8 @@ def _main(argv: list[str]) -> int:
         from app.report.compare_command import run_compare
 
         return run_compare(argv[1:])
+    if argv and argv[0] == "devlog":
+        return _devlog_command(argv[1:])
     parsed = parse(argv)
     if parsed is None:
         print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "
@@ -179,6 +198,11 @@ def _main(argv: list[str]) -> int:
 def _report_written(profile, out_dir, args) -> int:
     print(profile.summary, file=sys.stderr if args.json else sys.stdout)
     print(f"profile: {out_dir}", file=sys.stderr if args.json else sys.stdout)
+    if args.devlog is not None:
+        from app.report.devlog import append_devlog
+
+        path, added = append_devlog(str(out_dir), args.devlog or None)
+        print(f"devlog: {'appended to' if added else 'already in'} {path}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(profile.trace, indent=2, default=str))
     if not profile.ok:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from app.analysis.devices import match_device
 from app.analysis.kernel_metrics import kernel_table, opportunities, stage_table
+from app.analysis.summary import counter_summary
 from app.kernel.plan import get_plan_class
 from app.report.ncu_report import render_report, stage_sections
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
@@ -70,6 +71,7 @@ class AnnotationMode(Mode):
             stages = stage_table(kernels, names)
             ops = opportunities(stages, stages["duration_us"].sum())
             trace = measured_trace(plan, run, kernels, stages, self.name)
+            trace["summary"] = counter_summary(stages, kernels, ops)
             files = common_files(plan, run, trace, options, self.name)
             _, spec = match_device(device_name)
             clock = f"ncu --clock-control {options.clock_control}"

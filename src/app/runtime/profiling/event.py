@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 
+from app.analysis import advice
 from app.analysis.roofline import plan_roofline
+from app.analysis.summary import event_summary
 from app.analysis.trace import build_trace
 from app.report.event_report import build_report
 from app.runtime import device as devmod
@@ -51,6 +53,9 @@ class EventMode(Mode):
         params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv)
         roof = plan_roofline(selection.device_name, selection.selected, trace["stages"])
         trace["roofline"] = roof
+        findings = advice.stage_findings(trace, roof)
+        trace["summary"] = event_summary(trace, roof, findings, advice.opportunities(trace, roof, findings),
+                                         advice.overall(trace, findings, roof)[0])
         files = {"params.json": params, "trace.json": trace,
                  "report.md": build_report(trace, params, roof, options.baseline)}
         for spec in plan.stages:

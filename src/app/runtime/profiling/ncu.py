@@ -13,6 +13,7 @@ import re
 
 from app.analysis.devices import match_device
 from app.analysis.kernel_metrics import attribute_stages, kernel_table, opportunities, stage_table
+from app.analysis.summary import counter_summary
 from app.report.markdown import Section, fmt, render
 from app.report.ncu_report import GAIN_NOTE, RULE_NOTE, render_report, stage_sections
 from app.runtime.profiling.annotation import _profile_api, common_files, measured_trace
@@ -53,7 +54,9 @@ class NcuMode(Mode):
             headline = (f"`ncu --set full` on one warm iteration on {device_name}: "
                         f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
             rule_ops = _rule_ops(rules, raw)
-            sections = stage_sections(trace, stages, kernels, rule_ops or opportunities(stages, stages["duration_us"].sum()),
+            ops = rule_ops or opportunities(stages, stages["duration_us"].sum())
+            trace["summary"] = counter_summary(stages, kernels, ops)
+            sections = stage_sections(trace, stages, kernels, ops,
                                       spec, f"ncu --clock-control {options.clock_control}",
                                       RULE_NOTE if rule_ops else GAIN_NOTE)
             sections.append(_rules_section(rules))

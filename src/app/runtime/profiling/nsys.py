@@ -25,6 +25,7 @@ import subprocess
 import time
 
 from app.analysis.audit import answers, audit
+from app.analysis.summary import nsys_summary
 from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise
 from app.errors import AppError
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
@@ -51,6 +52,7 @@ class NsysMode(Mode):
         analysis = analyse_plan(plan, tl, worker)
         trace = nsys_trace(plan, worker, analysis, tool)
         trace["timing"]["mode_wall_seconds"] = time.monotonic() - t0
+        trace["summary"] = nsys_summary(trace, analysis)
         files = profile_files(plan, worker, ses.selection, options, self.name, {options.backend: tool.get("version")})
         files["trace.json"] = trace
         files.update(capture_files)
