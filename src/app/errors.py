@@ -1,4 +1,7 @@
 """The few errors a user can meet. The CLI turns each into one line and an exit code."""
+from __future__ import annotations
+
+import argparse
 
 
 class AppError(Exception):
@@ -64,3 +67,14 @@ class VerificationFailed(AppError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so the same clean-up runs: child process groups are stopped,
     temporary folders removed, half-written profiles deleted."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are the tool's one-line BadParameter (no usage dump, exit 2)."""
+
+    def __init__(self, *args, help_command: str | None = None, **kwargs):
+        self.help_command = help_command
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        raise BadParameter(f"{message} (see {self.help_command or self.prog} --help)")

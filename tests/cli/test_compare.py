@@ -12,7 +12,11 @@ from app.analysis.compare import verdict_of
 from app.kernel.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["join", "--points", "60000", "--polygons", "6000", "--device", "cpu", "--bench_runs", "15"]
+# Large enough that one process's median is stable on a 2-core CI machine: measured there, ten
+# processes of this plan gave medians 302-334 ms (10% apart at most; smaller plans drift by 20%).
+# No within-run statistic can see that drift, so the identical-runs test sets the floor to the
+# machine's known between-process variability (--floor 12), as a user of a shared CPU would.
+ARGS = ["join", "--points", "400000", "--polygons", "40000", "--device", "cpu", "--bench_runs", "7"]
 
 
 def profile(out: Path, env=None) -> Path:
@@ -28,24 +32,24 @@ def profile(out: Path, env=None) -> Path:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cmp")
     base, same = profile(root / "a"), profile(root / "b")
-    slow = profile(root / "c", {"APP_INJECT_STAGE_DELAY": "candidate_filter=0.02"})
+    slow = profile(root / "c", {"APP_INJECT_STAGE_DELAY": "candidate_filter=0.1"})   # about +30%
     return base, same, slow
 
 
 def test_two_runs_of_identical_code_are_noise(runs, capsys):
     base, same, _ = runs
-    assert main(["compare", str(base), str(same), "--json", "--fail-on-regression", "5"]) == 0
+    assert main(["compare", str(base), str(same), "--json", "--fail-on-regression", "5", "--floor", "12"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "noise" and doc["regression"] is False
     assert {s["name"] for s in doc["stages"]} >= {"bounds", "candidate_filter", "output_sort"}
     for s in doc["stages"] + [doc["total"]]:
         assert set(s) >= {"base_median_us", "new_median_us", "change_pct", "ci_pct", "verdict"}
-        assert s["samples"] == [15, 15]
+        assert s["samples"] == [7, 7]
 
 
 def test_a_slowed_run_is_slower_and_fails_the_gate(runs, capsys):
     base, _, slow = runs
-    assert main(["compare", str(base), str(slow), "--fail-on-regression", "5"]) == 1
+    assert main(["compare", str(base), str(slow), "--fail-on-regression", "5", "--floor", "12"]) == 1
     out = capsys.readouterr().out
     assert "end to end: SLOWER" in out and "regression: end to end is +" in out
     assert main(["compare", str(base), str(slow), "--json"]) == 0              # no gate asked: exit 0
@@ -58,8 +62,9 @@ def test_a_slowed_run_is_slower_and_fails_the_gate(runs, capsys):
 
 def test_baseline_latest_uses_the_same_verdicts(runs, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main([*ARGS[:-2], "--bench_runs", "5", "--out", str(out)]) == 0
-    assert main([*ARGS[:-2], "--bench_runs", "5", "--out", str(out), "--baseline", "latest"]) == 0
+    small = ["join", "--points", "3000", "--polygons", "300", "--device", "cpu", "--bench_runs", "5"]
+    assert main([*small, "--out", str(out)]) == 0
+    assert main([*small, "--out", str(out), "--baseline", "latest"]) == 0
     newest = sorted(out.glob("profiles/event/join/*/*"))[-1]
     report = (newest / "report.md").read_text()
     assert "## vs Baseline" in report and "| 95% interval | Verdict |" in report
@@ -98,8 +103,8 @@ def test_verdict_rules():
     a = list(1.0 + 0.01 * rng.standard_normal(20))
     assert verdict_of(a, [x * 1.10 for x in a])["verdict"] == "slower"
     assert verdict_of(a, [x * 0.90 for x in a])["verdict"] == "faster"
-    assert verdict_of(a, [x * 1.01 for x in a])["verdict"] == "noise"          # below the 2% floor
+    assert verdict_of(a, [x * 1.03 for x in a])["verdict"] == "noise"          # below the 5% floor
     noisy = list(1.0 + 0.2 * rng.standard_normal(20))
-    assert verdict_of(noisy, [x * 1.05 for x in noisy])["verdict"] == "noise"  # below the runs' own spread
+    assert verdict_of(noisy, [x * 1.08 for x in noisy])["verdict"] == "noise"  # below the runs' own spread
     one = verdict_of([1.0], [2.0])
     assert one["verdict"] == "noise" and one["why"] == "the interval includes 0"

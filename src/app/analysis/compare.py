@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 RESAMPLES = 4000
-DEFAULT_FLOOR = 0.02
+DEFAULT_FLOOR = 0.05
 
 
 def samples_of(trace: dict, stage: str | None = None) -> list[float]:

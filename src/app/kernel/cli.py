@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from app.errors import AppError, BadParameter, DeviceUnavailable, Terminated
+from app.errors import AppError, BadParameter, DeviceUnavailable, OneLineParser, Terminated
 from app.kernel.plan import get_plan_class, kernels, latest_version
 from app.report.writer import check_writable, profile_parent, write_profile
 from app.analysis.baseline import latest_profile, load_baseline
@@ -20,11 +20,6 @@ from app.runtime import device as devmod
 from app.runtime.profiling import ProfileOptions, get_mode
 
 USAGE = "python -m app.kernel {list | <kernel> [<version>]} [--prof_type MODE] [options] [kernel parameters]"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage dump
-        raise BadParameter(f"{message} (see python -m app.kernel --help)")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +79,8 @@ def parse(argv: list[str]):
     if rest and not rest[0].startswith("-"):
         version, rest = rest[0], rest[1:]
     cls = get_plan_class(kernel, version)
-    parser = _Parser(prog=f"python -m app.kernel {kernel}", allow_abbrev=False)
+    parser = OneLineParser(help_command="python -m app.kernel", prog=f"python -m app.kernel {kernel}",
+                           allow_abbrev=False)
     _common(parser)
     for p in cls.params_spec:
         parser.add_argument(f"--{p.name}", dest=f"param_{p.name}", default=None, help=p.help)
@@ -119,7 +115,7 @@ def _baseline(args, plan) -> dict | None:
 def _devlog_command(argv: list[str]) -> int:
     from app.report.devlog import append_devlog
 
-    p = _Parser(prog="python -m app.kernel devlog", allow_abbrev=False,
+    p = OneLineParser(help_command="python -m app.kernel", prog="python -m app.kernel devlog", allow_abbrev=False,
                 description="Append a profile's Performance block (duration, rates, occupancy, bottleneck, issues, "
                             "insights, each with its change against the previous entry) to a devlog; the same "
                             "profile is never added twice.")

@@ -7,16 +7,11 @@ import math
 
 from app.analysis.baseline import mismatch_of, read_trace
 from app.analysis.compare import DEFAULT_FLOOR, compare_traces, regression
-from app.errors import BadParameter
+from app.errors import BadParameter, OneLineParser
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise BadParameter(f"{message} (see python -m app.kernel compare --help)")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m app.kernel compare", allow_abbrev=False,
+def parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m app.kernel compare", allow_abbrev=False,
                 description="Compare two profiles of the same kernel, version, parameters and device, stage by "
                             "stage and end to end: medians, the change with its 95%% bootstrap interval, and a "
                             "verdict (faster, slower or noise).")

@@ -10,7 +10,7 @@ import tempfile
 
 from app.analysis.audit import audit
 from app.analysis.timeline import account_ranges, capture_summary, summarise
-from app.errors import AppError, BadParameter
+from app.errors import AppError, BadParameter, OneLineParser
 from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite
 from app.runtime.profiling.tools import find_tool, run_tool
 
@@ -18,13 +18,8 @@ JSON_KEYS = ("name", "domain", "instances", "span_us", "busy_us", "kernel_us", "
              "idle_us")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise BadParameter(f"{message} (see python -m app.kernel timeline --help)")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m app.kernel timeline", allow_abbrev=False,
+def parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m app.kernel timeline", allow_abbrev=False,
                 description="Account for the wall time of every NVTX range of an Nsight Systems capture: span = "
                             "GPU busy + idle time by cause. A .nsys-rep needs nsys (for its SQLite export); a "
                             ".sqlite export needs nothing.")
