@@ -30,7 +30,7 @@ class Case:
     argv: list = field(default_factory=list)    # CLI arguments after `python -m app.kernel`
     api: object = None                          # or a callable for the Python API
     setup: object = None                        # (tmp: Path, env: dict) -> None, may add to argv via {tmp}
-    signal_after: float | None = None           # send SIGTERM/SIGINT after this many seconds
+    signal_after: float | None = None           # send SIGTERM/SIGINT this long after the run took the lock
     signum: int = signal.SIGTERM
 
 
@@ -166,9 +166,9 @@ CASES = [
     Case("profiler missing or capture unreadable", "timeline: bad option", ["timeline", "--colour"]),
     # signals
     Case("signal mid-run", "SIGTERM", ["join", "--points", "3000000", "--polygons", "300000", "--device", "cpu"],
-         signal_after=2.0),
+         signal_after=1.0),
     Case("signal mid-run", "SIGINT", ["join", "--points", "3000000", "--polygons", "300000", "--device", "cpu"],
-         signal_after=2.0, signum=signal.SIGINT),
+         signal_after=1.0, signum=signal.SIGINT),
     # the Python API
     *[Case("geometry with no defined answer (Python API)", name, api=_api(fn)) for name, fn in (
         ("self-overlapping MultiPolygon", lambda g: g["overlay_areas"](
@@ -219,6 +219,11 @@ def run_case(case: Case) -> tuple[bool, str]:
             p = subprocess.Popen([sys.executable, "-m", "app.kernel", *argv], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
             if case.signal_after:
+                # Signal once the run holds the device lock (its handlers are in place by then), plus a
+                # little, so the signal lands mid-run on a slow machine too.
+                deadline = time.monotonic() + 60
+                while not list(locks.glob("*.lock")) and time.monotonic() < deadline and p.poll() is None:
+                    time.sleep(0.05)
                 time.sleep(case.signal_after)
                 p.send_signal(case.signum)
             stdout, stderr = p.communicate(timeout=120)
