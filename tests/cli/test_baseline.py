@@ -97,3 +97,47 @@ def test_change_has_the_right_sign():
     result = compare_traces(base, cur)
     assert result["total"]["change_pct"] == pytest.approx(10.0)
     assert result["stages"][0]["change_pct"] == pytest.approx(-20.0)
+
+
+def test_latest_profile_is_the_newest_on_this_device(tmp_path):
+    from app.analysis.baseline import latest_profile
+    from app.errors import BadParameter
+
+    for name, device in (("20261126-100000", "H200"), ("20261126-110000", "H100"), ("20261126-090000", "H200"),
+                         (".20261126-120000.partial-1", "H200")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trace.json").write_text(json.dumps({"device": {"name": device}}))
+    (tmp_path / "20261126-130000").mkdir()                      # no trace.json: skipped
+    assert latest_profile(tmp_path, "H200").endswith("20261126-100000")
+    assert latest_profile(tmp_path, "H100").endswith("20261126-110000")
+    assert latest_profile(tmp_path, None).endswith("20261126-110000")
+    with pytest.raises(BadParameter, match="no earlier profile of these parameters on A100"):
+        latest_profile(tmp_path, "A100")
+    with pytest.raises(BadParameter, match="no earlier profile"):
+        latest_profile(tmp_path / "missing", "H200")
+
+
+def test_mismatch_names_every_difference():
+    from app.analysis.baseline import mismatch_of
+
+    t = {"kernel": "join", "version": "v2", "metadata": {"params": {"points": 1, "polygons": 2}},
+         "device": {"name": "H200"}}
+    assert mismatch_of(t, "join", "v2", {"points": 1, "polygons": 2}, "H200") == ""
+    assert mismatch_of(t, "join", "v2", {"points": 1, "polygons": 2}, None) == ""
+    assert mismatch_of(t, "overlay", "v2", {}, "H200") == "kernel join (this run: overlay)"
+    assert mismatch_of(t, "join", "v1", {"points": 1, "polygons": 2}, "H200") == "version v2 (this run: v1)"
+    assert mismatch_of(t, "join", "v2", {"points": 5, "polygons": 2}, "H100") == \
+        "other parameters (points=1 vs 5); device H200 (this run: H100)"
+
+
+@pytest.mark.parametrize("samples", [["1"], [float("nan")], [-1.0], "fast", [True]])
+def test_timing_samples_must_be_finite_numbers(tmp_path, good, samples):
+    from app.analysis.baseline import read_trace
+    from app.errors import BadParameter
+
+    doc = dict(good)
+    doc["stages"] = [dict(good["stages"][0], spread={**good["stages"][0]["spread"], "samples": samples})]
+    p = write(tmp_path, doc)
+    with pytest.raises(BadParameter, match="timing samples are not a list of finite non-negative numbers"):
+        read_trace(str(p))
+    assert read_trace(str(write(tmp_path, good, "ok.json")))["kernel"] == "join"
