@@ -78,13 +78,14 @@ def _foreign_lock(tmp, env):
 
 def _api(fn):
     def call():
-        import numpy as np  # noqa: F401
-        import shapely  # noqa: F401
-        from shapely.geometry import MultiPolygon, Point, Polygon, box  # noqa: F401
+        import numpy as np
+        import shapely
+        from shapely.geometry import MultiPolygon, Point, Polygon, box
 
-        from app.kernel.join import spatial_join  # noqa: F401
-        from app.kernel.overlay import overlay_areas  # noqa: F401
-        return fn(locals())
+        from app.kernel.join import spatial_join
+        from app.kernel.overlay import overlay_areas
+        return fn({"np": np, "shapely": shapely, "MultiPolygon": MultiPolygon, "Point": Point, "Polygon": Polygon,
+                   "box": box, "spatial_join": spatial_join, "overlay_areas": overlay_areas})
     return call
 
 

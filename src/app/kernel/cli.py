@@ -10,12 +10,11 @@ import json
 import math
 import signal
 import sys
-from pathlib import Path
 
+from app.analysis.baseline import latest_profile, load_baseline
 from app.errors import AppError, BadParameter, DeviceUnavailable, OneLineParser, Terminated
 from app.kernel.plan import get_plan_class, kernels, latest_version
 from app.report.writer import check_writable, profile_parent, write_profile
-from app.analysis.baseline import latest_profile, load_baseline
 from app.runtime import device as devmod
 from app.runtime.profiling import ProfileOptions, get_mode
 
@@ -24,8 +23,9 @@ USAGE = "python -m app.kernel {list | <kernel> [<version>]} [--prof_type MODE] [
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--prof_type", "--prof-type", default="event", metavar="{event,annotation,ncu,nsys}", help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
-                             "nsys: timeline and wall-time accounting")
+    add("--prof_type", "--prof-type", default="event", metavar="{event,annotation,ncu,nsys}",
+        help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
+             "nsys: timeline and wall-time accounting")
     add("--device", default="auto", choices=devmod.DEVICES, help="auto: GPU if usable; gpu: fail if not")
     add("--bench_runs", "--bench-runs", type=int, default=10, help="timed runs (default 10)")
     add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")

@@ -1,7 +1,6 @@
 """`python -m app.kernel compare BASE NEW [--json] [--fail-on-regression PCT] [--force]`."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 

@@ -2,7 +2,6 @@
 accounting of nsys mode on any capture with NVTX ranges, from this project or not."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
