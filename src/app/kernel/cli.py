@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import sys
 
@@ -127,6 +128,31 @@ def _devlog_command(argv: list[str]) -> int:
     return 0
 
 
+def _devices_command(argv: list[str]) -> int:
+    from app.analysis.devices import describe, devices_path
+
+    p = OneLineParser(help_command="python -m app.kernel", prog="python -m app.kernel devices", allow_abbrev=False,
+                      description="The peak specs of conf/devices.json (the roofline's source), the GPU here marked.")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    args = p.parse_args(argv)
+    usable, _, info = devmod.probe_gpu()
+    rows, line = describe(info.get("name") if usable else None)
+    if args.json:
+        print(json.dumps({"file": str(devices_path()), "present": info.get("name") if usable else None,
+                          "note": line, "devices": rows}, indent=2))
+        return 0
+    print(f"{devices_path()}\n")
+    print(f"  {'model':<22} {'fp64 TFLOP/s':>12} {'fp32 TFLOP/s':>12} {'GB/s':>8} {'SMs':>5} {'L2 MiB':>7} "
+          f"{'boost MHz':>9}  peaks")
+    for r in rows:
+        cells = [r["fp64_tflops"], r["fp32_tflops"], r["memory_gbps"], r["sm_count"], r["l2_mib"], r["boost_clock_mhz"]]
+        fmt = [f"{c:,.1f}" if isinstance(c, float) else (str(c) if c is not None else "missing") for c in cells]
+        print(f"{'*' if r['present'] else ' '} {r['model']:<22} {fmt[0]:>12} {fmt[1]:>12} {fmt[2]:>8} {fmt[3]:>5} "
+              f"{fmt[4]:>7} {fmt[5]:>9}  {r['peaks']}")
+    print(f"\n{line}")
+    return 0
+
+
 def _terminate(signum, frame):
     raise Terminated()
 
@@ -139,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except AppError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:                   # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt as exc:          # Ctrl-C, or SIGTERM (Terminated)
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
         written = getattr(exc, "profile_dir", None)
@@ -163,6 +192,8 @@ def _main(argv: list[str]) -> int:
         return run_compare(argv[1:])
     if argv and argv[0] == "devlog":
         return _devlog_command(argv[1:])
+    if argv and argv[0] == "devices":
+        return _devices_command(argv[1:])
     parsed = parse(argv)
     if parsed is None:
         print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "

@@ -1,0 +1,1 @@
+"""Kernel profiling rails: a spatial join and a polygon overlay, profiled stage by stage."""

@@ -1,0 +1,1 @@
+"""Analyses over traces and tool tables: plain functions, no CuPy, runnable anywhere."""

@@ -1,0 +1,126 @@
+"""Bottleneck class per stage and ranked opportunities, each naming the metric that triggered it.
+
+Rules follow seed 004's Metric Interpretation and Bottleneck Classification
+tables. In event mode the DRAM% and FLOP% are the cost model's minimum traffic
+over the measured time (no counters); annotation mode replaces them with
+measured values through the same functions.
+"""
+from __future__ import annotations
+
+MEMORY_BOUND_PCT = 60.0      # "DRAM% high"
+COMPUTE_BOUND_PCT = 60.0     # "TC%/SM% high"
+ATTAINABLE = 0.7             # fraction of a roof a well-tuned kernel reaches: basis of gain estimates
+UNCOVERED_PCT = 5.0
+H2D_SHARE_PCT = 30.0
+
+
+def classify(dram_pct: float | None, compute_pct: float | None) -> str:
+    if dram_pct is None:
+        return "n/a"
+    if dram_pct >= MEMORY_BOUND_PCT and (compute_pct or 0) < COMPUTE_BOUND_PCT:
+        return "memory-bound"
+    if (compute_pct or 0) >= COMPUTE_BOUND_PCT:
+        return "compute-bound"
+    return "latency-bound"
+
+
+def stage_findings(trace: dict, roof: dict) -> list[dict]:
+    """Per stage: bottleneck class and its key issue, in plan order."""
+    total = trace["total_elapsed_seconds"] or 1e-30
+    out = []
+    for s in trace["stages"]:
+        point = roof.get("stages", {}).get(s["name"]) if roof.get("available") else None
+        dram = point["dram_pct"] if point else None
+        flop = point["flop_pct"] if point else None
+        m = s["metadata"]
+        if s["cost"]["kind"] == "host_link":
+            where = "host->device" if s["device"] == "gpu" else "host copy"
+            bneck, issue = "transfer", f"{m.get('owned_bytes', m.get('h2d_bytes', 0)) / 1e6:.1f} MB {where}"
+        else:
+            bneck = classify(dram, flop)
+            issues = []
+            if m.get("allocation_size_reads"):
+                issues.append(f"{m['allocation_size_reads']} host sync(s) for allocation sizes")
+            if dram is not None and bneck == "latency-bound":
+                issues.append(f"DRAM {dram:.1f}% of peak")
+            if not s["spread"].get("stable", True) and s["spread"]["runs"] > 1:
+                issues.append(f"unstable ({100 * s['spread']['rel_stdev']:.1f}% rel. stdev)")
+            issue = "; ".join(issues) or "-"
+        out.append({"stage": s["name"], "share_pct": 100 * s["elapsed_seconds"] / total,
+                    "dram_pct": dram, "flop_pct": flop, "bottleneck": bneck, "key_issue": issue})
+    return out
+
+
+def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
+    """All triggered opportunities, ranked by estimated gain (% of the plan's time)."""
+    total = trace["total_elapsed_seconds"] or 1e-30
+    ops = []
+    by_name = {s["name"]: s for s in trace["stages"]}
+    for f in findings:
+        s = by_name[f["stage"]]
+        if f["bottleneck"] == "transfer" and f["share_pct"] >= H2D_SHARE_PCT:
+            ops.append({"name": f"Keep inputs device-resident across calls, or copy from pinned memory "
+                                f"({f['stage']})",
+                        "gain_pct": f["share_pct"],
+                        "trigger": f"h2d_share={f['share_pct']:.0f}%, h2d_gbps={_gbps(s):.1f}"})
+            continue
+        point = roof.get("stages", {}).get(f["stage"]) if roof.get("available") else None
+        if not point:
+            continue
+        target = point["roofline_seconds"] / ATTAINABLE
+        saved = s["elapsed_seconds"] - target
+        if saved <= 0:
+            continue
+        reads = s["metadata"].get("allocation_size_reads", 0)
+        if f["bottleneck"] == "latency-bound" and reads:
+            name = f"Remove host round-trips in {f['stage']} (fuse count+emit, upper-bound allocations)"
+            trigger = f"allocation_size_reads={reads}, dram_pct={point['dram_pct']:.1f}"
+        elif f["bottleneck"] == "latency-bound":
+            name = f"Fuse or enlarge the launches of {f['stage']} (too little work per launch to fill the GPU)"
+            trigger = f"dram_pct={point['dram_pct']:.1f}"
+        else:
+            name = f"Cut bytes moved in {f['stage']} (narrower types, fewer passes)"
+            trigger = f"dram_pct={point['dram_pct']:.1f}"
+        ops.append({"name": name, "gain_pct": 100 * saved / total, "trigger": trigger})
+    unc = trace["timing"]["uncovered_fraction"] * 100
+    if unc >= UNCOVERED_PCT:
+        ops.append({"name": "Find the work between stages (untimed host code or idle GPU)",
+                    "gain_pct": unc, "trigger": f"uncovered={unc:.1f}%"})
+    if trace["selected_runtime"] == "cpu" and trace["metadata"]["planner_selected_runtime"] == "cpu":
+        ops.append({"name": "Profile on a GPU: this run used the numpy path", "gain_pct": None,
+                    "trigger": f"selected_runtime=cpu, reason={trace['metadata']['selection_reason']!r}"})
+    return sorted(ops, key=lambda o: -(o["gain_pct"] or 0.0))
+
+
+def _gbps(stage: dict) -> float:
+    m = stage["metadata"]
+    return m.get("h2d_bytes", 0) / stage["elapsed_seconds"] / 1e9 if stage["elapsed_seconds"] > 0 else 0.0
+
+
+def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
+    """(bottleneck line, root cause in at most two sentences)."""
+    device_stages = [f for f in findings if f["bottleneck"] not in ("transfer",)]
+    if not device_stages:
+        return "n/a", "No device stages were timed."
+    top = max(device_stages, key=lambda f: f["share_pct"])
+    transfer = [f for f in findings if f["bottleneck"] == "transfer"]
+    if transfer and transfer[0]["share_pct"] >= 50 and trace["selected_runtime"] == "gpu":
+        t = transfer[0]
+        stage = next(s for s in trace["stages"] if s["name"] == t["stage"])
+        rest = sum(s["elapsed_seconds"] for s in trace["stages"] if s["name"] != t["stage"])
+        return ("Transfer-bound (host->device copy)",
+                f"{t['stage']} copies {t['key_issue'].split(' host')[0]} at {_gbps(stage):.1f} GB/s and takes "
+                f"{t['share_pct']:.0f}% of the plan. The device stages after it take {rest * 1e6:,.0f} us together "
+                f"and are {top['bottleneck']}, led by {top['stage']}.")
+    if top["bottleneck"] == "n/a":
+        why = roof.get("why", "no roofline")
+        return ("unclassified (no roofline)",
+                f"{top['stage']} takes {top['share_pct']:.0f}% of the plan; without device peaks ({why}) "
+                "its bottleneck cannot be classified.")
+    kind = top["bottleneck"].split("-")[0].capitalize()
+    cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and moves its minimum bytes at "
+             f"{top['dram_pct']:.1f}% of peak DRAM bandwidth.")
+    if top["bottleneck"] == "latency-bound":
+        cause += (" The GPU waits on launches, host round-trips and dependent steps rather than on "
+                  "memory or arithmetic" + (f" ({top['key_issue']})." if top["key_issue"] != "-" else "."))
+    return f"{kind}-bound", cause

@@ -1,0 +1,175 @@
+"""The automated GPU performance audit: findings with a severity and the evidence behind them.
+
+Works on the wall-time accounting of range instances (analysis.timeline), so it
+runs the same on this project's plans and on any nsys capture with NVTX ranges.
+Severity follows the audit checklist the tool grew from:
+
+* BLOCKING -- stops the path from scaling as GPU code at all (a stage on the CPU,
+  a synchronisation that drains the GPU with no host read to wait for);
+* HIGH -- caps throughput or destroys overlap (spans dominated by host time,
+  large pageable copies, large device->host copies mid-pipeline);
+* MEDIUM -- a repeated anti-pattern that compounds (allocation-size reads, many
+  tiny launches);
+* LOW -- worth a look, measure before acting.
+
+Rules look at leaf ranges only (a range that holds no other analysed range), so a
+parent range does not repeat its children's findings.
+"""
+from __future__ import annotations
+
+import statistics
+
+SEVERITIES = ("BLOCKING", "HIGH", "MEDIUM", "LOW")
+HOST_DOMINATED = 0.5          # idle share of a span above which a stage is host-dominated
+MIN_SPAN_NS = 20_000          # below this a stage is too short to audit for host time
+TINY_KERNELS = 5              # kernels < 10 us per instance before "many tiny launches" fires
+SMALL_READ_BYTES = 64         # a device->host read this small per copy is an allocation-size read
+PAGEABLE_HIGH_BYTES = 1 << 20
+
+
+def _per_instance(recs, fn) -> float:
+    return statistics.median(fn(r) for r in recs)
+
+
+def _unread_syncs(rec) -> int:
+    """Synchronisations with no device->host copy issued between the previous sync's start (or the
+    range's start) and their own end: a blocking copy is its own read, and the stream sync CuPy
+    issues right after a copy belongs to that read."""
+    count, since = 0, rec["start_ns"]
+    for s in rec["syncs"]:
+        if not any(since <= t <= s["start_ns"] + s["dur_ns"] for t in rec["d2h_launches_ns"]):
+            count += 1
+        since = s["start_ns"]
+    return count
+
+
+def audit(instances: list[dict], stage_info: dict | None = None, terminal: set | None = None) -> list[dict]:
+    """Findings, most severe first.
+
+    ``stage_info`` maps a range name to {"category", "device"} where the plan is known (this
+    project's stages); ``terminal`` names the ranges whose device->host copies are the output.
+    """
+    stage_info = stage_info or {}
+    groups: dict[tuple, list[dict]] = {}
+    for r in instances:
+        if r.get("leaf", True):
+            groups.setdefault((r["domain"], r["name"]), []).append(r)
+    if terminal is None:        # a foreign capture: the last leaf range to open is the output
+        terminal = {max(groups.items(), key=lambda kv: kv[1][0]["start_ns"])[0][1]} if groups else set()
+    findings = []
+
+    def add(sev, rule, stage, evidence, advice):
+        findings.append({"severity": sev, "rule": rule, "stage": stage, "evidence": evidence, "advice": advice})
+
+    for (_, name), recs in groups.items():
+        info = stage_info.get(name, {})
+        n = len(recs)
+        span = _per_instance(recs, lambda r: r["span_ns"])
+        if info.get("device") not in (None, "gpu"):
+            add("BLOCKING", "CPU fallback", name, f"the stage ran on {info['device']} in {n} of {n} instances",
+                "make the stage's GPU path cover this input, or say why it cannot")
+        unread = _per_instance(recs, _unread_syncs)
+        if unread:
+            wait = _per_instance(recs, lambda r: r["idle_ns"]["sync_wait"]) / 1e3
+            add("BLOCKING", "synchronization with no host read", name,
+                f"{unread:g} sync(s) per instance with no device->host copy before them; "
+                f"sync round trips {wait:,.1f} us per instance",
+                "drop the synchronize: same-stream work is already ordered; sync only right before a host read")
+        d2h = [r["copies"].get("DtoH") for r in recs]
+        d2h = [c for c in d2h if c]
+        if d2h and name not in terminal and info.get("category") != "emit":
+            count = statistics.median(c["count"] for c in d2h)
+            nbytes = statistics.median(c["bytes"] for c in d2h)
+            wait = _per_instance(recs, lambda r: r["idle_ns"]["sync_wait"]) / 1e3
+            small = nbytes <= SMALL_READ_BYTES * count
+            add("MEDIUM" if small else "HIGH", "device->host copy inside a compute stage", name,
+                f"{count:g} DtoH copies, {nbytes:,.0f} B per instance; sync round trips {wait:,.1f} us per instance",
+                "size outputs from an upper bound or keep the count on the device, so the stage needs no host read"
+                if small else "keep the data on the device until the output stage")
+        idle = _per_instance(recs, lambda r: sum(r["idle_ns"].values()))
+        if span >= MIN_SPAN_NS and idle > HOST_DOMINATED * span:
+            causes = {c: _per_instance(recs, lambda r, c=c: r["idle_ns"][c]) for c in recs[0]["idle_ns"]}
+            top = max(causes, key=causes.get)
+            copies = _per_instance(recs, lambda r: r["memcpy_ns"]) > _per_instance(recs, lambda r: r["kernel_ns"])
+            add("HIGH", "span dominated by host time", name,
+                f"GPU idle {idle / 1e3:,.1f} of {span / 1e3:,.1f} us ({100 * idle / span:.0f}%); "
+                f"largest cause {top} {causes[top] / 1e3:,.1f} us",
+                "the host stages data between the copies: keep the host arrays in pinned memory so each copy is one "
+                "DMA, and overlap the copies with compute on a second stream" if copies else
+                "issue the stage's work without host round trips; fuse or graph-capture its launches")
+        tiny = _per_instance(recs, lambda r: r["short_kernels"])
+        if tiny >= TINY_KERNELS:
+            kernels = _per_instance(recs, lambda r: r["kernels"])
+            add("MEDIUM", "many tiny launches", name, f"{tiny:g} of {kernels:g} kernels per instance run < 10 us",
+                "fuse the small kernels or capture the stage as a CUDA graph")
+        pageable = [r["copies"].get("HtoD", {}) for r in recs]
+        pb = statistics.median(c.get("pageable_bytes", 0) for c in pageable)
+        if pb:
+            pc = statistics.median(c.get("pageable", 0) for c in pageable)
+            add("HIGH" if pb >= PAGEABLE_HIGH_BYTES else "LOW", "pageable host->device copy", name,
+                f"{pc:g} copies, {pb / 1e6:,.2f} MB per instance from pageable memory",
+                "stage the inputs in pinned memory (cupy.cuda.alloc_pinned_memory) and copy asynchronously")
+        if _per_instance(recs, lambda r: r["ops"]) == 0 and span >= MIN_SPAN_NS and not info:
+            add("LOW", "range with no GPU work", name, f"{span / 1e3:,.1f} us per instance, no GPU op launched",
+                "if this range should run on the GPU, it does not")
+    return sorted(findings, key=lambda f: SEVERITIES.index(f["severity"]))
+
+
+def _copy_stage(s: dict) -> bool:
+    return s["memcpy_us"] > s["kernel_us"]
+
+
+def answers(iteration: dict, stages: list[dict], findings: list[dict]) -> tuple[str, str]:
+    """The audit's two questions, answered from the accounting of the whole iteration.
+
+    ``iteration`` and ``stages`` are analysis.timeline.summarise() entries (microseconds)."""
+    span, busy = iteration["span_us"], iteration["busy_us"]
+    idle = iteration["idle_us"]
+    ranked = sorted(((v, c) for c, v in idle.items() if v > 0), reverse=True)
+    severe = [f for f in findings if f["severity"] in ("BLOCKING", "HIGH")]
+    share = 100 * busy / span if span else 0.0
+    if share >= 70:
+        q1 = (f"Little does: the GPU is busy {share:.0f}% of the iteration ({busy:,.1f} of {span:,.1f} us), "
+              "so the time is kernel and copy work rather than host orchestration.")
+    else:
+        parts = [f"{v:,.1f} us {c.replace('_', ' ')}" for v, c in ranked[:3]]
+        rules: dict[str, list[str]] = {}
+        for f in severe:
+            rules.setdefault(f"{f['severity']} {f['rule']}", []).append(f["stage"])
+        q1 = (f"The host. The GPU is busy only {share:.0f}% of the iteration ({busy:,.1f} of {span:,.1f} us); "
+              f"the rest is {', '.join(parts)}" + ("; findings: " + "; ".join(f"{r} ({', '.join(st)})"
+                                                                             for r, st in rules.items())
+                                                  if rules else "") + ".")
+    top = ranked[0][1] if ranked else None
+    by = lambda key: max(stages, key=lambda s: s[key]) if stages else None  # noqa: E731
+    if share >= 70 or top is None:
+        s = by("kernel_us")
+        q2 = ("None needed for the plan's shape: optimise the kernels themselves, starting with "
+              f"{s['name']} ({s['kernel_us']:,.1f} us of kernels; run --prof_type ncu)." if s else
+              "None needed for the plan's shape.")
+    elif top == "sync_wait":
+        s = max(stages, key=lambda s: s["idle_us"]["sync_wait"])
+        q2 = ("Remove the mid-plan host reads: size outputs from upper bounds or keep counts on the device, so "
+              f"the plan is issued without a round trip (largest in {s['name']}, "
+              f"{s['idle_us']['sync_wait']:,.1f} us). With no host read left the plan can be captured as one CUDA graph.")
+    elif top in ("launch_gap", "launch_latency", "before_first_op") and _copy_stage(
+            s := max(stages, key=lambda s: sum(s["idle_us"].values()))):
+        q2 = (f"Stage the inputs once: {s['name']} moves its data with copies and spends "
+              f"{sum(s['idle_us'].values()):,.1f} us per iteration with the GPU idle around them (host-side "
+              "staging between copies). Keep the host arrays in pinned memory and issue the copies asynchronously "
+              "on a second stream so they overlap the first stages' compute.")
+    elif top in ("launch_gap", "launch_latency"):
+        s = max(stages, key=lambda s: s["idle_us"]["launch_gap"] + s["idle_us"]["launch_latency"])
+        q2 = (f"Issue fewer, larger launches: {iteration['ops']:g} GPU ops are issued one by one per iteration; "
+              f"fuse the launch-bound kernels (most host gap in {s['name']}, "
+              f"{s['idle_us']['launch_gap'] + s['idle_us']['launch_latency']:,.1f} us) or capture the plan as a CUDA graph.")
+    elif top == "before_first_op":
+        s = max(stages, key=lambda s: s["idle_us"]["before_first_op"])
+        q2 = (f"Take host preparation off the critical path: {s['name']} spends "
+              f"{s['idle_us']['before_first_op']:,.1f} us on the host before its first GPU op; stage inputs in "
+              "pinned buffers once and overlap the copies with compute.")
+    else:
+        s = max(stages, key=lambda s: s["idle_us"][top])
+        q2 = (f"Shrink the host work around the GPU ops: {s['name']} has {s['idle_us'][top]:,.1f} us of "
+              f"{top.replace('_', ' ')}.")
+    return q1, q2

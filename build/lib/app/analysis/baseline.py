@@ -1,0 +1,120 @@
+"""--baseline: a previous profile's trace.json, checked before any profiling starts.
+
+A baseline is input like any other: the path must be a regular file of sane size
+holding a trace of this tool, with finite times, and it must describe the same
+kernel, version, parameters and device as the run it is compared with -- a
+comparison across those is refused unless ``--force``, and then every report
+says so at the top.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+
+from app.errors import BadParameter
+
+MAX_BYTES = 64 << 20          # a trace of this tool is kilobytes; anything this large is not one
+
+
+def _fail(path, why: str, what: str = "--baseline"):
+    raise BadParameter(f"{what} {path}: {why}; pass a profile folder or its trace.json")
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_trace(path: str, what: str = "--baseline") -> dict:
+    """A profile's trace.json (or the folder holding it), checked: a regular file of sane size, with the
+    fields a comparison needs, finite and of the right types. Anything else is one clear error."""
+    p = os.path.join(path, "trace.json") if os.path.isdir(path) else path
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        _fail(path, f"not a readable profile trace ({p}: {exc.strerror})", what)
+    if not stat.S_ISREG(st.st_mode):
+        _fail(path, f"{p} is not a regular file", what)
+    if st.st_size > MAX_BYTES:
+        _fail(path, f"{p} is {st.st_size / 2**20:,.0f} MiB, too large to be a profile trace", what)
+    try:
+        with open(p, encoding="utf-8") as f:
+            trace = json.load(f)
+    except (OSError, ValueError) as exc:
+        _fail(path, f"not a readable profile trace ({exc})", what)
+    _check_shape(path, trace, what)
+    return trace
+
+
+def load_baseline(path: str | None, plan=None, device_name: str | None = None, force: bool = False) -> dict | None:
+    if not path:
+        return None
+    trace = read_trace(path)
+    mismatch = "" if plan is None else mismatch_of(trace, plan.kernel, plan.version, plan.params, device_name)
+    if mismatch and not force:
+        raise BadParameter(f"--baseline {path} was measured for {mismatch}; compare like with like, or pass "
+                           "--force to compare anyway (the report will say so)")
+    if mismatch:
+        trace["_mismatch"] = mismatch
+    return trace
+
+
+def latest_profile(parent, device_name: str | None) -> str:
+    """The newest earlier profile folder under ``parent`` (same mode, kernel, version and parameters by
+    construction of the folder layout) that ran on ``device_name``."""
+    folders = sorted((p for p in parent.glob("*") if p.is_dir() and not p.name.startswith(".")),
+                     key=lambda p: p.name, reverse=True) if parent.is_dir() else []
+    for folder in folders:
+        try:
+            with open(folder / "trace.json", encoding="utf-8") as f:
+                name = json.load(f).get("device", {}).get("name")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if device_name is None or name == device_name:
+            return str(folder)
+    raise BadParameter(f"--baseline latest: no earlier profile of these parameters on {device_name or 'this device'} "
+                       f"under {parent}; run once without --baseline first")
+
+
+def _check_shape(path, trace, what: str = "--baseline") -> None:
+    if not isinstance(trace, dict):
+        _fail(path, "not a profile trace (the JSON is not an object)", what)
+    for key in ("kernel", "version"):
+        if not isinstance(trace.get(key), str):
+            _fail(path, f"field {key!r} is missing or not a string", what)
+    total = trace.get("total_elapsed_seconds")
+    if not _finite(total) or total <= 0:
+        _fail(path, f"total_elapsed_seconds={total!r} is not a finite positive number", what)
+    stages = trace.get("stages")
+    if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
+        _fail(path, "field 'stages' is missing or not a list of stages", what)
+    for s in stages:
+        if not isinstance(s.get("name"), str) or not _finite(s.get("elapsed_seconds")) or s["elapsed_seconds"] < 0:
+            _fail(path, f"stage {s.get('name')!r} has no finite elapsed_seconds ({s.get('elapsed_seconds')!r})", what)
+    if not isinstance(trace.get("device", {}), dict) or not isinstance(trace.get("metadata", {}), dict):
+        _fail(path, "fields 'device' and 'metadata' must be objects", what)
+    spreads = [trace.get("timing", {}).get("total")] + [s.get("spread") for s in stages] \
+        if isinstance(trace.get("timing", {}), dict) else [None]
+    for sp in spreads:
+        samples = sp.get("samples") if isinstance(sp, dict) else None
+        if samples is not None and not (isinstance(samples, list) and all(_finite(v) and v >= 0 for v in samples)):
+            _fail(path, "its timing samples are not a list of finite non-negative numbers", what)
+
+
+def mismatch_of(trace: dict, kernel: str, version: str, params: dict | None, device_name: str | None) -> str:
+    """What makes ``trace`` not comparable with a run of (kernel, version, params, device), or ''."""
+    diffs = []
+    if trace["kernel"] != kernel:
+        diffs.append(f"kernel {trace['kernel']} (this run: {kernel})")
+    elif trace["version"] != version:
+        diffs.append(f"version {trace['version']} (this run: {version})")
+    theirs_params = trace.get("metadata", {}).get("params")
+    if trace["kernel"] == kernel and theirs_params is not None and params is not None and theirs_params != params:
+        changed = sorted(k for k in set(theirs_params) | set(params) if theirs_params.get(k) != params.get(k))
+        diffs.append("other parameters (" + ", ".join(f"{k}={theirs_params.get(k)} vs {params.get(k)}"
+                                                      for k in changed) + ")")
+    theirs = trace.get("device", {}).get("name")
+    if device_name and theirs and theirs != device_name:
+        diffs.append(f"device {theirs} (this run: {device_name})")
+    return "; ".join(diffs)

@@ -1,0 +1,76 @@
+"""Two profiles compared stage by stage with a verdict: faster, slower or noise.
+
+The change is the ratio of medians minus one; its 95% interval comes from a
+bootstrap of both sides' timed-run samples (numpy only, a fixed seed so a
+comparison is reproducible). The verdict is ``noise`` when the interval includes
+zero, or when the change is smaller than either run's own robust spread
+(1.4826 x MAD / median) or the floor ``threshold`` -- two runs of identical code
+must not read as a regression.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+RESAMPLES = 4000
+DEFAULT_FLOOR = 0.05
+
+
+def samples_of(trace: dict, stage: str | None = None) -> list[float]:
+    """Timed-run samples (seconds) of one stage, or of the whole plan; [median] for traces without them."""
+    if stage is None:
+        spread, median = trace.get("timing", {}).get("total", {}), trace["total_elapsed_seconds"]
+    else:
+        s = next((x for x in trace["stages"] if x["name"] == stage), None)
+        if s is None:
+            return []
+        spread, median = s.get("spread", {}), s["elapsed_seconds"]
+    vals = spread.get("samples") if isinstance(spread, dict) else None
+    return [float(v) for v in vals] if vals else [float(median)]
+
+
+def robust_spread(x: np.ndarray) -> float:
+    med = float(np.median(x))
+    return 1.4826 * float(np.median(np.abs(x - med))) / med if med > 0 else 0.0
+
+
+def change_interval(base: list[float], new: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """(change, lo, hi) of median(new) / median(base) - 1, with a 95% bootstrap interval."""
+    b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    change = float(np.median(n) / np.median(b) - 1.0)
+    if len(b) < 2 or len(n) < 2:
+        return change, float("-inf"), float("inf")        # one sample cannot bound anything
+    rng = np.random.default_rng(seed)
+    mb = np.median(b[rng.integers(0, len(b), (RESAMPLES, len(b)))], axis=1)
+    mn = np.median(n[rng.integers(0, len(n), (RESAMPLES, len(n)))], axis=1)
+    ratios = mn / mb - 1.0
+    return change, float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def verdict_of(base: list[float], new: list[float], floor: float = DEFAULT_FLOOR) -> dict:
+    change, lo, hi = change_interval(base, new)
+    own = max(robust_spread(np.asarray(base, float)), robust_spread(np.asarray(new, float)), floor)
+    if lo <= 0.0 <= hi:
+        verdict, why = "noise", "the interval includes 0"
+    elif abs(change) < own:
+        verdict, why = "noise", f"|change| < {100 * own:.1f}% (the runs' own spread or the floor)"
+    else:
+        verdict, why = ("slower" if change > 0 else "faster"), "interval excludes 0 and exceeds the spread"
+    return {"base_median_us": float(np.median(base)) * 1e6, "new_median_us": float(np.median(new)) * 1e6,
+            "change_pct": 100 * change, "ci_pct": [100 * lo, 100 * hi], "verdict": verdict, "why": why,
+            "samples": [len(base), len(new)]}
+
+
+def compare_traces(base: dict, new: dict, floor: float = DEFAULT_FLOOR) -> dict:
+    stages = []
+    for s in new["stages"]:
+        b = samples_of(base, s["name"])
+        if b:
+            stages.append({"name": s["name"]} | verdict_of(b, samples_of(new, s["name"]), floor))
+    total = verdict_of(samples_of(base), samples_of(new), floor)
+    return {"verdict": total["verdict"], "total": total, "stages": stages, "floor_pct": 100 * floor}
+
+
+def regression(result: dict, fail_pct: float | None) -> bool:
+    """True when end to end is ``slower`` by more than ``fail_pct`` percent (the CI gate)."""
+    t = result["total"]
+    return fail_pct is not None and t["verdict"] == "slower" and t["change_pct"] > fail_pct

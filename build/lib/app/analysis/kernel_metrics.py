@@ -1,0 +1,123 @@
+"""Per-kernel and per-stage measured metrics from an ncu raw table (annotation/ncu modes).
+
+Kernels are attributed to a stage by the NVTX range open when they were launched
+(the innermost range of the kernel's domain that names a stage), never by time.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from app.analysis import advice
+from app.analysis.devices import match_device
+
+
+def _num(v) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return 0.0
+    return 0.0 if math.isnan(f) else f
+
+
+def attribute_stages(df: pd.DataFrame, domain: str, stages: list[str]) -> pd.Series:
+    names = set(stages)
+
+    def stage_of(stack):
+        inner = [r for d, r in stack if d == domain and r in names]
+        return inner[-1] if inner else None
+
+    return df["nvtx_stack"].map(stage_of)
+
+
+def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: str) -> pd.DataFrame:
+    """One row per profiled kernel with derived rates, roofline share and bottleneck class."""
+    _, spec = match_device(device_name)
+    out = pd.DataFrame({
+        "stage": attribute_stages(df, domain, stages),
+        "kernel": df["kernel"],
+        "duration_us": df["duration_ns"].map(_num) / 1e3,
+        "dram_bytes": df.get("dram_read_bytes", 0).map(_num) + df.get("dram_write_bytes", 0).map(_num),
+        "fp64_flops": 2 * df.get("dfma", pd.Series(0, index=df.index)).map(_num)
+                      + df.get("dadd", pd.Series(0, index=df.index)).map(_num)
+                      + df.get("dmul", pd.Series(0, index=df.index)).map(_num),
+        "fp32_flops": 2 * df.get("ffma", pd.Series(0, index=df.index)).map(_num)
+                      + df.get("fadd", pd.Series(0, index=df.index)).map(_num)
+                      + df.get("fmul", pd.Series(0, index=df.index)).map(_num),
+    })
+    for col in ("sm_pct", "dram_pct", "achieved_occupancy_pct", "l2_hit_pct", "waves_per_sm", "registers",
+                "block_threads", "grid_blocks", "local_load_bytes", "local_store_bytes"):
+        out[col] = df[col].map(_num) if col in df else float("nan")
+    out["local_spill_bytes"] = out["local_load_bytes"].fillna(0) + out["local_store_bytes"].fillna(0)
+    secs = out["duration_us"] / 1e6
+    out["achieved_gbps"] = out["dram_bytes"] / secs / 1e9
+    out["achieved_tflops_fp64"] = out["fp64_flops"] / secs / 1e12
+    out["arithmetic_intensity"] = out["fp64_flops"] / out["dram_bytes"].where(out["dram_bytes"] > 0)
+    if spec is not None:
+        peak_bw, peak_fl = spec["memory_gbps"] * 1e9, spec["peak_tflops"]["fp64"] * 1e12
+        t_min = (out["dram_bytes"] / peak_bw).combine(out["fp64_flops"] / peak_fl, max)
+        out["pct_of_roofline"] = 100 * t_min / secs
+    else:
+        out["pct_of_roofline"] = float("nan")
+    out["bottleneck"] = [classify(r) for r in out.itertuples()]
+    return out
+
+
+def classify(r) -> str:
+    """Seed 004: DRAM% high + SM% low memory-bound; SM% high compute-bound; both low latency-bound;
+    L2 hit < 80% adds a locality issue. SM% stands in for TC% (no tensor cores here)."""
+    base = advice.classify(r.dram_pct, r.sm_pct)
+    if not math.isnan(r.l2_hit_pct) and r.l2_hit_pct < 80 and base != "n/a":
+        return base + " + locality"
+    return base
+
+
+def stage_table(kernels: pd.DataFrame, stages: list[str]) -> pd.DataFrame:
+    """Per stage: summed time, bytes and flops; time-weighted SM%, DRAM%, occupancy, L2 hit."""
+    rows = []
+    for name in stages:
+        k = kernels[kernels["stage"] == name]
+        t = k["duration_us"].sum()
+
+        def weighted(col):
+            return float((k[col] * k["duration_us"]).sum() / t) if t > 0 and k[col].notna().any() else float("nan")
+
+        rows.append({"stage": name, "kernels": len(k), "duration_us": t, "dram_bytes": k["dram_bytes"].sum(),
+                     "fp64_flops": k["fp64_flops"].sum(), "sm_pct": weighted("sm_pct"),
+                     "dram_pct": weighted("dram_pct"), "achieved_occupancy_pct": weighted("achieved_occupancy_pct"),
+                     "l2_hit_pct": weighted("l2_hit_pct"), "local_spill_bytes": k["local_spill_bytes"].sum(),
+                     "waves_per_sm": k["waves_per_sm"].max() if len(k) else float("nan")})
+    st = pd.DataFrame(rows)
+    secs = st["duration_us"] / 1e6
+    st["achieved_gbps"] = st["dram_bytes"] / secs.where(secs > 0) / 1e9
+    st["achieved_tflops_fp64"] = st["fp64_flops"] / secs.where(secs > 0) / 1e12
+    st["bottleneck"] = [classify(r) if r.kernels else "no kernels" for r in st.itertuples()]
+    return st
+
+
+def opportunities(stages: pd.DataFrame, total_us: float) -> list[dict]:
+    """Seed 004's Metric Interpretation table as rules; gain = share of time the stage could save."""
+    ops = []
+    for r in stages.itertuples():
+        if not r.kernels or total_us <= 0:
+            continue
+        share = 100 * r.duration_us / total_us
+        if r.local_spill_bytes > 0:
+            ops.append((share * 0.3, f"Stop register spills in {r.stage} (smaller tiles, fewer live values)",
+                        f"local_spill_bytes={r.local_spill_bytes:,.0f}"))
+        if not math.isnan(r.achieved_occupancy_pct) and r.achieved_occupancy_pct < 25:
+            ops.append((share * 0.5, f"Raise occupancy in {r.stage} (fewer registers, larger grids)",
+                        f"achieved_occupancy={r.achieved_occupancy_pct:.1f}%"))
+        if not math.isnan(r.waves_per_sm) and r.waves_per_sm < 1:
+            ops.append((share * (1 - r.waves_per_sm), f"Fill the GPU in {r.stage} (more blocks per launch)",
+                        f"waves_per_sm={r.waves_per_sm:.2f}"))
+        if not math.isnan(r.l2_hit_pct) and r.l2_hit_pct < 80:
+            ops.append((share * 0.3, f"Improve locality in {r.stage} (Morton order, tile by cell)",
+                        f"l2_hit={r.l2_hit_pct:.1f}%"))
+        if r.bottleneck.startswith("latency-bound"):
+            ops.append((share * (1 - max(r.dram_pct, r.sm_pct) / 100 if not math.isnan(r.dram_pct) else 0.5),
+                        f"Hide latency in {r.stage} (more independent work per thread, fewer dependent loads)",
+                        f"sm_pct={r.sm_pct:.1f}, dram_pct={r.dram_pct:.1f}"))
+    ops.sort(key=lambda o: -o[0])
+    return [{"name": n, "gain_pct": g, "trigger": t} for g, n, t in ops]

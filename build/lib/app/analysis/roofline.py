@@ -1,0 +1,53 @@
+"""Roofline from the plan's cost model: achieved rates against conf/devices.json peaks."""
+from __future__ import annotations
+
+from app.analysis.devices import match_device, ridge_points
+
+
+def roofline_point(bytes_: float, flops: float, seconds: float, spec: dict, precision: str = "fp64") -> dict:
+    """One stage (or the whole plan) on the device's roofline.
+
+    ``pct_of_roofline`` = the fastest time the roofline allows / the measured time:
+    max(bytes / peak GB/s, flops / peak FLOP/s) / seconds.
+    """
+    peak_bw = spec["memory_gbps"] * 1e9
+    peak_fl = spec["peak_tflops"].get(precision, 0.0) * 1e12
+    t_mem = bytes_ / peak_bw
+    t_cmp = flops / peak_fl if peak_fl else 0.0
+    out = {
+        "bytes": bytes_, "flops": flops, "seconds": seconds, "precision": precision,
+        "arithmetic_intensity": flops / bytes_ if bytes_ else None,
+        "achieved_gbps": bytes_ / seconds / 1e9 if seconds > 0 else None,
+        "achieved_tflops": flops / seconds / 1e12 if seconds > 0 else None,
+        "roofline_seconds": max(t_mem, t_cmp),
+        "bound_by": "memory" if t_mem >= t_cmp else "compute",
+    }
+    out["dram_pct"] = 100 * out["achieved_gbps"] * 1e9 / peak_bw if seconds > 0 else None
+    out["flop_pct"] = 100 * flops / seconds / peak_fl if seconds > 0 and peak_fl else None
+    out["pct_of_roofline"] = 100 * out["roofline_seconds"] / seconds if seconds > 0 else None
+    return out
+
+
+def plan_roofline(device_name: str, selected: str, stages: list[dict], precision: str = "fp64") -> dict:
+    """Per stage and end to end; says why when there is no roofline for this device."""
+    if selected != "gpu":
+        return {"available": False, "why": "ran on the CPU: conf/devices.json holds GPU peaks only"}
+    key, spec = match_device(device_name)
+    if spec is None:
+        return {"available": False,
+                "why": f"device {device_name!r} is not in conf/devices.json; add its peaks there"}
+    per_stage, tot_b, tot_f, tot_t = {}, 0.0, 0.0, 0.0
+    for s in stages:
+        cost = s["cost"]
+        if cost["kind"] != "dram":   # host<->device copies run at link speed, not on this roofline
+            continue
+        per_stage[s["name"]] = roofline_point(cost["bytes"], cost["flops"], s["elapsed_seconds"], spec, precision)
+        tot_b, tot_f, tot_t = tot_b + cost["bytes"], tot_f + cost["flops"], tot_t + s["elapsed_seconds"]
+    return {
+        "available": True, "device_model": key, "precision": precision,
+        "peak_gbps": spec["memory_gbps"], "peak_tflops": spec["peak_tflops"].get(precision),
+        "ridge_flop_per_byte": ridge_points(spec).get(precision), "ridge_points": ridge_points(spec),
+        "sources": spec["sources"], "stages": per_stage,
+        "end_to_end": roofline_point(tot_b, tot_f, tot_t, spec, precision) if tot_t > 0 else None,
+        "scope": "stages after the host->device copy",
+    }

@@ -1,0 +1,308 @@
+"""Wall-time accounting of NVTX ranges from a CUDA trace (nsys export or CUPTI records).
+
+For every instance of a range (one stage of one iteration) the window
+[start, end) of the range on its host thread is cut into pieces that add up to
+the span exactly:
+
+* GPU busy -- the union of every kernel, memcpy and memset interval on any
+  stream inside the window (never their sum); split into the range's own ops
+  and work launched earlier that was still running;
+* idle time, by cause:
+  - ``before_first_op``: the host had not yet issued the range's first GPU op
+    (host preparation, e.g. staging pageable memory before a copy);
+  - ``launch_gap``: between two ops, the GPU waited for the host to issue the
+    next one (Python/driver overhead);
+  - ``sync_wait``: the GPU drained while the host was blocked in a
+    synchronising call, and stayed idle until the host issued the next op or
+    closed the range (the round trip of a host read or an explicit synchronize);
+  - ``launch_latency``: the next op was already issued but had not started;
+  - ``after_last_op``: the range's last op had finished, the host (not blocked
+    in a sync) had not yet closed the range;
+  - ``no_gpu_work``: the range issued no GPU op at all.
+
+A GPU op belongs to the range that was open on the launching thread when its
+API call **started** (runtime/driver record -> correlation id -> GPU op), not
+to whatever range its execution happens to overlap.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from app.analysis.intervals import clip, covered_at_least, gaps, measure, union
+
+CAUSES = ("before_first_op", "launch_gap", "sync_wait", "launch_latency", "after_last_op", "no_gpu_work")
+CAUSE_TEXT = {
+    "before_first_op": "before the first GPU op (host preparation)",
+    "launch_gap": "host launch gaps (GPU waited for the CPU)",
+    "sync_wait": "synchronization round trips",
+    "launch_latency": "launch latency (issued, not yet started)",
+    "after_last_op": "after the last GPU op",
+    "no_gpu_work": "no GPU work in the range",
+}
+SHORT_KERNEL_NS = 10_000
+MARK_WINDOW_NS = 50_000       # how far outside a range a bracketing cudaEventRecord may sit
+# Calls that block the host until the GPU catches up. Blocking copies to pageable memory are
+# added from the trace itself (their DtoH op), and so are calls named in synchronisation records.
+SYNC_NAME = re.compile(r"Synchronize|^cudaMemcpy$|^cudaMemcpy2D$|^cuMemcpyDtoH|^cuMemcpyHtoD$")
+RANGE_COLUMNS = ("name", "domain", "start", "end", "tid")
+API_COLUMNS = ("start", "end", "name", "corr", "tid")
+OP_COLUMNS = ("start", "end", "kind", "name", "corr", "stream", "device", "bytes", "copy", "host_mem")
+
+
+def api_name(raw: str) -> str:
+    """cudaStreamSynchronize_v3020 -> cudaStreamSynchronize."""
+    return re.sub(r"_v\d+$", "", raw or "")
+
+
+@dataclass
+class Timeline:
+    """A trace in one shape, whatever produced it. Times are integer nanoseconds on one clock.
+
+    ranges: name, domain, start, end, tid    (NVTX push/pop or start/end ranges)
+    api:    start, end, name, corr, tid      (CUDA runtime and driver calls)
+    ops:    start, end, kind (kernel|memcpy|memset), name, corr, stream, device, bytes,
+            copy (HtoD|DtoH|DtoD|...), host_mem (pageable|pinned|'')
+    """
+    ranges: pd.DataFrame
+    api: pd.DataFrame
+    ops: pd.DataFrame
+    sync_corr: frozenset = frozenset()
+    source: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.ranges = _frame(self.ranges, RANGE_COLUMNS).sort_values("start", kind="stable").reset_index(drop=True)
+        self.api = _frame(self.api, API_COLUMNS).sort_values("start", kind="stable").reset_index(drop=True)
+        self.ops = _frame(self.ops, OP_COLUMNS).sort_values("start", kind="stable").reset_index(drop=True)
+        self.api["name"] = self.api["name"].map(api_name)
+
+
+def _frame(data, columns) -> pd.DataFrame:
+    df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(list(data), columns=list(columns))
+    for c in columns:
+        if c not in df:
+            df[c] = "" if c in ("name", "domain", "kind", "copy", "host_mem") else 0
+    return df
+
+
+class Accountant:
+    """Indexes a Timeline once, then accounts for any number of range instances."""
+
+    def __init__(self, tl: Timeline):
+        self.tl = tl
+        api, ops = tl.api, tl.ops
+        self.api_start = api["start"].to_numpy(np.int64)
+        self.api_end = api["end"].to_numpy(np.int64)
+        self.api_tid = api["tid"].to_numpy(np.int64)
+        self.api_corr = api["corr"].to_numpy(np.int64)
+        launch = dict(zip(self.api_corr.tolist(), self.api_start.tolist()))
+        self.op_start = ops["start"].to_numpy(np.int64)
+        self.op_end = ops["end"].to_numpy(np.int64)
+        self.op_launch = np.array([launch.get(c, s) for c, s in zip(ops["corr"].tolist(), self.op_start.tolist())],
+                                  dtype=np.int64)
+        self.op_attributed = ops["corr"].isin(launch.keys()).to_numpy()
+        self.ops_by_corr: dict[int, list[int]] = {}
+        for i, c in enumerate(ops["corr"].tolist()):
+            self.ops_by_corr.setdefault(int(c), []).append(i)
+        blocking_copies = set(ops.loc[(ops["copy"] == "DtoH") & (ops["host_mem"] == "pageable"), "corr"].tolist())
+        names = api["name"].tolist()
+        # Event queries land in the synchronisation records too, but never block: not a sync.
+        self.is_mark = np.array([n in ("cudaEventRecord", "cuEventRecord") for n in names], dtype=bool)
+        self.is_sync = np.array([(bool(SYNC_NAME.search(n)) or c in tl.sync_corr or c in blocking_copies)
+                                 and "Query" not in n for n, c in zip(names, self.api_corr.tolist())], dtype=bool)
+
+    def _api_in(self, tid: int, s: int, e: int) -> np.ndarray:
+        lo, hi = np.searchsorted(self.api_start, [s, e], side="left")
+        idx = np.arange(lo, hi)
+        return idx[self.api_tid[lo:hi] == tid]
+
+    def _event_marks(self, tid: int, s: int, e: int) -> tuple[int, int]:
+        """Where CUDA events recorded just outside [s, e) on the thread were issued (their calls' ends), or
+        the range's own edges when there are none within MARK_WINDOW_NS."""
+        lo = int(np.searchsorted(self.api_start, s - MARK_WINDOW_NS, side="left"))
+        hi = int(np.searchsorted(self.api_start, e + MARK_WINDOW_NS, side="right"))
+        before = [i for i in range(lo, hi) if self.is_mark[i] and self.api_tid[i] == tid and self.api_end[i] <= s]
+        after = [i for i in range(lo, hi) if self.is_mark[i] and self.api_tid[i] == tid and self.api_start[i] >= e]
+        return (int(self.api_end[before[-1]]) if before else s), (int(self.api_end[after[0]]) if after else e)
+
+    def account(self, name: str, domain: str, s: int, e: int, tid: int, event_marks: bool = False) -> dict:
+        s, e, tid = int(s), int(e), int(tid)
+        api_idx = self._api_in(tid, s, e)
+        own = sorted((i for c in self.api_corr[api_idx].tolist() for i in self.ops_by_corr.get(int(c), ())),
+                     key=lambda i: (self.op_start[i], i))
+        window = np.nonzero((self.op_start < e) & (self.op_end > s))[0]
+        win_iv = [(int(self.op_start[i]), int(self.op_end[i])) for i in window]
+        own_iv = [(int(self.op_start[i]), int(self.op_end[i])) for i in own]
+        busy_union = union(clip(win_iv, s, e))
+        busy = measure(busy_union)
+        busy_own = measure(union(clip(own_iv, s, e)))
+        idle = dict.fromkeys(CAUSES, 0)
+        syncs = api_idx[self.is_sync[api_idx]]
+        if own:
+            self._classify_idle(idle, s, e, busy_union, own, syncs)
+        else:
+            idle["no_gpu_work"] = (e - s) - busy
+        ops = self.tl.ops
+        kinds = ops["kind"].to_numpy()[own] if own else np.array([])
+        dur = (self.op_end[own] - self.op_start[own]) if own else np.array([], dtype=np.int64)
+        last_end = int(self.op_end[own].max()) if own else e
+        ms, me = self._event_marks(tid, s, e) if event_marks else (s, e)
+        earlier = np.nonzero((self.op_launch < ms) & (self.op_end > ms) & self.op_attributed)[0]
+        gpu_free_at = max(ms, int(self.op_end[earlier].max())) if len(earlier) else ms
+        rec = {
+            "name": name, "domain": domain, "start_ns": s, "end_ns": e, "tid": tid, "span_ns": e - s,
+            "busy_ns": busy, "busy_own_ns": busy_own, "busy_earlier_ns": busy - busy_own,
+            "kernel_ns": int(dur[kinds == "kernel"].sum()) if own else 0,
+            "memcpy_ns": int(dur[kinds == "memcpy"].sum()) if own else 0,
+            "memset_ns": int(dur[kinds == "memset"].sum()) if own else 0,
+            "gpu_after_end_ns": max(0, last_end - e),
+            "concurrent_ns": covered_at_least(win_iv, 2, s, e),
+            "idle_ns": idle,
+            "ops": len(own), "kernels": int((kinds == "kernel").sum()) if own else 0,
+            "short_kernels": int(((kinds == "kernel") & (dur < SHORT_KERNEL_NS)).sum()) if own else 0,
+            "launch_latency_med_ns": float(np.median(self.op_start[own] - self.op_launch[own])) if own else None,
+            # What CUDA events recorded at the range's edges would measure: from the moment the GPU is
+            # free of earlier work to the end of the later of the host leaving and the own ops finishing.
+            "event_estimate_ns": max(me, last_end) - gpu_free_at,
+            "queued_behind_earlier_ns": gpu_free_at - ms,
+            "event_marks_outside_ns": (s - ms) + (me - e),
+            "syncs": [self._sync_doc(i) for i in syncs.tolist()],
+            "copies": self._copies(own),
+            "d2h_launches_ns": [int(self.op_launch[i]) for i in own if ops["copy"].iat[i] == "DtoH"],
+        }
+        rec["accounted_ns"] = rec["busy_ns"] + sum(idle.values())
+        return rec
+
+    def _classify_idle(self, idle, s, e, busy_union, own, syncs) -> None:
+        first = own[0]
+        first_start, first_launch = int(self.op_start[first]), int(self.op_launch[first])
+        last_end = int(self.op_end[own].max())
+        own_starts = self.op_start[own]
+        sync_iv = [(int(self.api_start[i]), int(self.api_end[i])) for i in syncs.tolist()]
+        for a, b in gaps(s, e, busy_union):
+            if a < first_start:                       # before the range's first op started
+                hb = min(b, first_start)
+                idle["before_first_op"] += max(0, min(hb, first_launch) - a)
+                idle["launch_latency"] += max(0, hb - max(a, first_launch))
+                a = hb
+            if a >= b:
+                continue
+            blocked = any(sa <= a <= sb for sa, sb in sync_iv)
+            if b > last_end:                          # after the range's last op finished
+                ta = max(a, last_end)
+                idle["sync_wait" if blocked and ta == a else "after_last_op"] += b - ta
+                b = ta
+                if a >= b:
+                    continue
+            k = int(np.searchsorted(own_starts, a, side="left"))
+            launch = int(self.op_launch[own[k]]) if k < len(own) else b
+            idle["sync_wait" if blocked else "launch_gap"] += max(0, min(b, launch) - a)
+            idle["launch_latency"] += max(0, b - max(a, launch))
+
+    def _sync_doc(self, i: int) -> dict:
+        return {"name": self.tl.api["name"].iat[i], "start_ns": int(self.api_start[i]),
+                "dur_ns": int(self.api_end[i] - self.api_start[i]), "corr": int(self.api_corr[i])}
+
+    def _copies(self, own: list[int]) -> dict:
+        out = {}
+        if not own:
+            return out
+        ops = self.tl.ops.iloc[own]
+        for r in ops[ops["kind"] == "memcpy"].itertuples():
+            d = out.setdefault(r.copy or "other", {"count": 0, "bytes": 0, "ns": 0, "pageable": 0,
+                                                   "pageable_bytes": 0})
+            d["count"] += 1
+            d["bytes"] += int(r.bytes)
+            d["ns"] += int(r.end - r.start)
+            if r.host_mem == "pageable":
+                d["pageable"] += 1
+                d["pageable_bytes"] += int(r.bytes)
+        return out
+
+
+def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_marks: bool = False) -> list[dict]:
+    """Every range instance (optionally of one domain / some names), in start order, numbered per name.
+
+    ``event_marks``: the leaf ranges are bracketed by CUDA event records (as this project's recorder
+    does), so their event-time estimate starts and ends at those records rather than at the range's edges."""
+    acc = Accountant(tl)
+    rows = tl.ranges
+    if domain is not None:
+        rows = rows[rows["domain"] == domain]
+    if names is not None:
+        rows = rows[rows["name"].isin(list(names))]
+    rows = rows[rows["end"].notna() & (rows["end"] > rows["start"])]
+    starts, ends, tids = (rows[c].to_numpy(np.int64) for c in ("start", "end", "tid"))
+    seen: dict[tuple, int] = {}
+    out = []
+    for j, r in enumerate(rows.itertuples()):
+        key = (r.domain, r.name)
+        # A leaf range holds no other analysed range: audit rules look at leaves, so a parent
+        # range does not repeat its children's findings (and only leaves are bracketed by marks).
+        inner = (tids == r.tid) & (starts >= r.start) & (ends <= r.end)
+        inner[j] = False
+        leaf = not inner.any()
+        rec = acc.account(r.name, r.domain, r.start, r.end, r.tid, event_marks and leaf)
+        rec["leaf"] = leaf
+        rec["instance"] = seen.get(key, 0)
+        seen[key] = rec["instance"] + 1
+        out.append(rec)
+    return out
+
+
+def _med(values) -> float:
+    values = [v for v in values if v is not None]
+    return float(statistics.median(values)) if values else 0.0
+
+
+def summarise(instances: list[dict]) -> list[dict]:
+    """Per range name: instance count and medians over instances (microseconds)."""
+    groups: dict[tuple, list[dict]] = {}
+    for rec in instances:
+        groups.setdefault((rec["domain"], rec["name"]), []).append(rec)
+    out = []
+    for (domain, name), recs in groups.items():
+        spans = [r["span_ns"] / 1e3 for r in recs]
+        med = statistics.median(spans)
+        errs = [abs(r["accounted_ns"] - r["span_ns"]) / r["span_ns"] for r in recs if r["span_ns"]]
+        out.append({
+            "name": name, "domain": domain, "instances": len(recs),
+            "span_us": med,
+            "busy_us": _med(r["busy_ns"] / 1e3 for r in recs),
+            "kernel_us": _med(r["kernel_ns"] / 1e3 for r in recs),
+            "memcpy_us": _med(r["memcpy_ns"] / 1e3 for r in recs),
+            "memset_us": _med(r["memset_ns"] / 1e3 for r in recs),
+            "ops": _med(r["ops"] for r in recs),
+            "idle_us": {c: _med(r["idle_ns"][c] / 1e3 for r in recs) for c in CAUSES},
+            "busy_earlier_us": _med(r["busy_earlier_ns"] / 1e3 for r in recs),
+            "gpu_after_end_us": _med(r["gpu_after_end_ns"] / 1e3 for r in recs),
+            "concurrent_us": _med(r["concurrent_ns"] / 1e3 for r in recs),
+            "kernels": _med(r["kernels"] for r in recs),
+            "short_kernels": _med(r["short_kernels"] for r in recs),
+            "launch_latency_us": _med(r["launch_latency_med_ns"] / 1e3 if r["launch_latency_med_ns"] is not None
+                                      else None for r in recs),
+            "event_estimate_us": _med(r["event_estimate_ns"] / 1e3 for r in recs),
+            "queued_behind_earlier_us": _med(r["queued_behind_earlier_ns"] / 1e3 for r in recs),
+            "event_marks_outside_us": _med(r["event_marks_outside_ns"] / 1e3 for r in recs),
+            "syncs": _med(len(r["syncs"]) for r in recs),
+            "span_spread": {"min_us": min(spans), "max_us": max(spans),
+                            "stdev_us": statistics.stdev(spans) if len(spans) > 1 else 0.0,
+                            "rel_stdev": (statistics.stdev(spans) / med) if len(spans) > 1 and med else 0.0},
+            "accounting_max_error_pct": 100 * max(errs) if errs else 0.0,
+        })
+    return out
+
+
+def capture_summary(tl: Timeline) -> dict:
+    """Whole-capture facts: op counts and how many ops no API record claims."""
+    ops = tl.ops
+    launched = set(tl.api["corr"].tolist())
+    return {"source": tl.source, "ranges": int(len(tl.ranges)), "api_calls": int(len(tl.api)),
+            "ops": int(len(ops)), "kernels": int((ops["kind"] == "kernel").sum()),
+            "memcpys": int((ops["kind"] == "memcpy").sum()), "memsets": int((ops["kind"] == "memset").sum()),
+            "ops_without_api_record": int((~ops["corr"].isin(launched)).sum())} | tl.meta

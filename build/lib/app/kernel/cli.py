@@ -1,0 +1,236 @@
+"""The command line: parse, pick plan and mode, profile under the device lock, write atomically.
+
+Every failure a user can cause ends in one line on stderr naming the fix and a
+non-zero exit (app.errors); Ctrl-C leaves nothing behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+
+from app.analysis.baseline import latest_profile, load_baseline
+from app.errors import AppError, BadParameter, DeviceUnavailable, OneLineParser, Terminated
+from app.kernel.plan import get_plan_class, kernels, latest_version
+from app.report.writer import check_writable, profile_parent, write_profile
+from app.runtime import device as devmod
+from app.runtime.profiling import ProfileOptions, get_mode
+
+USAGE = "python -m app.kernel {list | <kernel> [<version>]} [--prof_type MODE] [options] [kernel parameters]"
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--prof_type", "--prof-type", default="event", metavar="{event,annotation,ncu,nsys}",
+        help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
+             "nsys: timeline and wall-time accounting")
+    add("--device", default="auto", choices=devmod.DEVICES, help="auto: GPU if usable; gpu: fail if not")
+    add("--bench_runs", "--bench-runs", type=int, default=10, help="timed runs (default 10)")
+    add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
+    add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
+    add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
+    add("--json", action="store_true", help="print trace.json to stdout")
+    add("--baseline", metavar="PROFILE", help="a previous profile folder (or its trace.json) to compare against, or "
+        "'latest' (the newest profile of this kernel, version, mode, parameters and device under --out); it must be "
+        "of the same kernel, version, parameters and device")
+    add("--devlog", nargs="?", const="", metavar="FILE", help="append this profile's Performance block to a devlog "
+        "(default docs/kernels/<kernel>.md under the current folder)")
+    add("--force", action="store_true", help="compare with a --baseline of another kernel, version, parameters or "
+        "device anyway (the report warns at the top)")
+    add("--no-verify", dest="verify", action="store_false", help="skip the shapely check of the output")
+    add("--ncu", help="Nsight Compute executable (default: $NCU, PATH, CUDA folders)")
+    add("--ncu-timeout", type=float, default=600.0, help="seconds before ncu is stopped (default 600)")
+    add("--ncu-clock-control", choices=("none", "base"), default="none",
+        help="ncu's clock control: none (default; lock clocks with scripts/) or base")
+    add("--nsys", metavar="PATH", help="Nsight Systems executable (default: $NSYS, PATH, Nsight install folders)")
+    add("--nsys-timeout", type=float, default=600.0, metavar="SECONDS",
+        help="seconds before nsys (or the cupti worker) is stopped (default 600)")
+    add("--backend", choices=("nsys", "cupti"), default="nsys",
+        help="nsys mode's trace source: nsys (default) or cupti (in process with cupti-python, no nsys needed)")
+    # internal: the profiled subprocess of the annotation/ncu/nsys modes
+    add("--worker", help=argparse.SUPPRESS)
+    add("--worker-iterations", type=int, default=1, help=argparse.SUPPRESS)
+    add("--worker-collect", choices=("none", "cupti"), default="none", help=argparse.SUPPRESS)
+
+
+def list_kernels() -> str:
+    lines = []
+    for kernel, versions in sorted(kernels().items()):
+        default = latest_version(versions)
+        lines.append(f"{kernel}  (default version {default})")
+        for v, cls in sorted(versions.items()):
+            lines.append(f"  {v}: {cls.summary}")
+        cls = versions[default]
+        lines.append("  parameters:")
+        for p in cls.params_spec:
+            choices = f" {{{','.join(p.choices)}}}" if p.choices else ""
+            lines.append(f"    --{p.name}{choices} (default {p.default}): {p.help}")
+        lines.append("  stages: " + " -> ".join(f"{s.name}[{s.category}]" for s in cls.stages))
+    return "\n".join(lines)
+
+
+def parse(argv: list[str]):
+    if not argv or argv[0] in ("-h", "--help"):
+        return None
+    kernel, rest = argv[0], argv[1:]
+    version = None
+    if rest and not rest[0].startswith("-"):
+        version, rest = rest[0], rest[1:]
+    cls = get_plan_class(kernel, version)
+    parser = OneLineParser(help_command="python -m app.kernel", prog=f"python -m app.kernel {kernel}",
+                           allow_abbrev=False)
+    _common(parser)
+    for p in cls.params_spec:
+        parser.add_argument(f"--{p.name}", dest=f"param_{p.name}", default=None, help=p.help)
+    args = parser.parse_args(rest)
+    given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
+    if args.bench_runs < 1:
+        raise BadParameter("--bench_runs must be >= 1")
+    if args.warmup < 0:
+        raise BadParameter("--warmup must be >= 0")
+    for flag in ("ncu_timeout", "nsys_timeout"):
+        if not (math.isfinite(getattr(args, flag)) and getattr(args, flag) > 0):
+            raise BadParameter(f"--{flag.replace('_', '-')} must be a finite number of seconds > 0")
+    return cls(given), args
+
+
+def _baseline(args, plan) -> dict | None:
+    """Read and check --baseline before any profiling starts (against the device this run will use)."""
+    if not args.baseline:
+        return None
+    wanted = args.device if args.prof_type == "event" or args.device != "auto" else "gpu"
+    try:
+        device_name = devmod.select(wanted).device_name
+    except DeviceUnavailable:
+        device_name = None          # the mode itself says why it cannot run
+    path = args.baseline
+    if path == "latest":
+        path = latest_profile(profile_parent(args.out, args.prof_type, plan.kernel, plan.slug()), device_name)
+        print(f"baseline: {path}", file=sys.stderr)
+    return load_baseline(path, plan, device_name, args.force)
+
+
+def _devlog_command(argv: list[str]) -> int:
+    from app.report.devlog import append_devlog
+
+    p = OneLineParser(help_command="python -m app.kernel", prog="python -m app.kernel devlog", allow_abbrev=False,
+                description="Append a profile's Performance block (duration, rates, occupancy, bottleneck, issues, "
+                            "insights, each with its change against the previous entry) to a devlog; the same "
+                            "profile is never added twice.")
+    p.add_argument("profile", metavar="PROFILE", help="a profile folder (or its trace.json)")
+    p.add_argument("--file", metavar="F", help="the devlog (default: docs/kernels/<kernel>.md under the current folder)")
+    args = p.parse_args(argv)
+    path, added = append_devlog(args.profile, args.file)
+    print(f"devlog: {'appended to' if added else 'already in'} {path}")
+    return 0
+
+
+def _devices_command(argv: list[str]) -> int:
+    from app.analysis.devices import describe, devices_path
+
+    p = OneLineParser(help_command="python -m app.kernel", prog="python -m app.kernel devices", allow_abbrev=False,
+                      description="The peak specs of conf/devices.json (the roofline's source), the GPU here marked.")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    args = p.parse_args(argv)
+    usable, _, info = devmod.probe_gpu()
+    rows, line = describe(info.get("name") if usable else None)
+    if args.json:
+        print(json.dumps({"file": str(devices_path()), "present": info.get("name") if usable else None,
+                          "note": line, "devices": rows}, indent=2))
+        return 0
+    print(f"{devices_path()}\n")
+    print(f"  {'model':<22} {'fp64 TFLOP/s':>12} {'fp32 TFLOP/s':>12} {'GB/s':>8} {'SMs':>5} {'L2 MiB':>7} "
+          f"{'boost MHz':>9}  peaks")
+    for r in rows:
+        cells = [r["fp64_tflops"], r["fp32_tflops"], r["memory_gbps"], r["sm_count"], r["l2_mib"], r["boost_clock_mhz"]]
+        fmt = [f"{c:,.1f}" if isinstance(c, float) else (str(c) if c is not None else "missing") for c in cells]
+        print(f"{'*' if r['present'] else ' '} {r['model']:<22} {fmt[0]:>12} {fmt[1]:>12} {fmt[2]:>8} {fmt[3]:>5} "
+              f"{fmt[4]:>7} {fmt[5]:>9}  {r['peaks']}")
+    print(f"\n{line}")
+    return 0
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _main(argv)
+    except AppError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:          # Ctrl-C, or SIGTERM (Terminated)
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        written = getattr(exc, "profile_dir", None)
+        print(f"{what}: " + (f"the profile was complete and is kept at {written}" if written
+                             else "no profile was written"), file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] == "list":
+        print(list_kernels())
+        return 0
+    if argv and argv[0] == "timeline":
+        from app.runtime.profiling.timeline_command import run_timeline
+
+        return run_timeline(argv[1:])
+    if argv and argv[0] == "compare":
+        from app.report.compare_command import run_compare
+
+        return run_compare(argv[1:])
+    if argv and argv[0] == "devlog":
+        return _devlog_command(argv[1:])
+    if argv and argv[0] == "devices":
+        return _devices_command(argv[1:])
+    parsed = parse(argv)
+    if parsed is None:
+        print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "
+              "--warmup --nvtx --out --json --baseline --no-verify")
+        return 0
+    plan, args = parsed
+    if args.worker:
+        from app.runtime.profiling.worker import run_worker
+
+        return run_worker(plan, args.device, args.warmup, args.worker, args.worker_iterations, args.worker_collect,
+                          args.verify)
+    mode = get_mode(args.prof_type)
+    parent = profile_parent(args.out, mode.name, plan.kernel, plan.slug())
+    check_writable(parent)
+    options = ProfileOptions(device=args.device, bench_runs=args.bench_runs, warmup=args.warmup,
+                             nvtx=args.nvtx, verify=args.verify, baseline=_baseline(args, plan),
+                             argv=["python -m app.kernel", *argv], ncu=args.ncu, ncu_timeout=args.ncu_timeout,
+                             clock_control=args.ncu_clock_control, nsys=args.nsys,
+                             nsys_timeout=args.nsys_timeout, backend=args.backend)
+    profile = mode.profile(plan, options)
+    out_dir = write_profile(parent, profile.files)
+    try:
+        return _report_written(profile, out_dir, args)
+    except KeyboardInterrupt as exc:    # the profile is on disk: never claim otherwise
+        exc.profile_dir = out_dir
+        raise
+
+
+def _report_written(profile, out_dir, args) -> int:
+    print(profile.summary, file=sys.stderr if args.json else sys.stdout)
+    print(f"profile: {out_dir}", file=sys.stderr if args.json else sys.stdout)
+    if args.devlog is not None:
+        from app.report.devlog import append_devlog
+
+        path, added = append_devlog(str(out_dir), args.devlog or None)
+        print(f"devlog: {'appended to' if added else 'already in'} {path}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(profile.trace, indent=2, default=str))
+    if not profile.ok:
+        v = profile.trace["metadata"]["verification"]
+        print(f"error: output does not match {v['oracle']} ({v['pairs']} rows vs {v['expected_pairs']} "
+              f"expected); the profile is kept at {out_dir} for inspection", file=sys.stderr)
+        return 9
+    return 0

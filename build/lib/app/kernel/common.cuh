@@ -1,0 +1,228 @@
+// Device code shared by join.cu and overlay.cu (gpu_build.py puts it in front of each).
+// Compiled with NVRTC, --fmad=false: the orientation filter's error bound assumes
+// separately rounded multiply and subtract, and CPU/GPU must compute identical
+// Morton codes. Coordinates are interleaved fp64 (x, y); offsets are int32, CSR style.
+
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ unsigned int quantise(double x, double origin, double scale) {
+    double q = floor((x - origin) * scale);
+    q = fmin(fmax(q, 0.0), 65535.0);
+    return (unsigned int)q;
+}
+
+__device__ __forceinline__ unsigned int spread_bits(unsigned int v) {
+    v &= 0x0000FFFFu;
+    v = (v | (v << 8)) & 0x00FF00FFu;
+    v = (v | (v << 4)) & 0x0F0F0F0Fu;
+    v = (v | (v << 2)) & 0x33333333u;
+    v = (v | (v << 1)) & 0x55555555u;
+    return v;
+}
+
+__device__ __forceinline__ unsigned int morton(unsigned int qx, unsigned int qy) {
+    return spread_bits(qx) | (spread_bits(qy) << 1);
+}
+
+__device__ __forceinline__ void atomic_min_double(double* addr, double v) {
+    unsigned long long* a = (unsigned long long*)addr;
+    unsigned long long old = *a;
+    while (v < __longlong_as_double(old)) {
+        unsigned long long prev = atomicCAS(a, old, __double_as_longlong(v));
+        if (prev == old) break;
+        old = prev;
+    }
+}
+
+__device__ __forceinline__ void atomic_max_double(double* addr, double v) {
+    unsigned long long* a = (unsigned long long*)addr;
+    unsigned long long old = *a;
+    while (v > __longlong_as_double(old)) {
+        unsigned long long prev = atomicCAS(a, old, __double_as_longlong(v));
+        if (prev == old) break;
+        old = prev;
+    }
+}
+
+// Block-wide aggregation: one atomic per block and counter instead of one per thread
+// (same-address atomics serialise in L2). Every thread of the block must call these.
+template <int K>
+__device__ __forceinline__ void block_add(unsigned long long* target, const unsigned long long (&v)[K]) {
+    __shared__ unsigned long long part[K][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    for (int k = 0; k < K; ++k) {
+        unsigned long long x = v[k];
+        for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(FULL_MASK, x, off);
+        if (lane == 0) part[k][warp] = x;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        for (int k = 0; k < K; ++k) {
+            unsigned long long x = lane < warps ? part[k][lane] : 0ull;
+            for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(FULL_MASK, x, off);
+            if (lane == 0 && x) atomicAdd(target + k, x);
+        }
+    }
+}
+
+// Slot of this thread's item in an append-only buffer: one atomic per block; order
+// inside the block is deterministic, across blocks it is not (output_sort orders).
+__device__ __forceinline__ unsigned long long block_append(bool keep, unsigned long long* counter) {
+    __shared__ unsigned int warp_base[32];
+    __shared__ unsigned long long block_base;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    unsigned int ballot = __ballot_sync(FULL_MASK, keep);
+    if (lane == 0) warp_base[warp] = __popc(ballot);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int total = 0;
+        for (int w = 0; w < warps; ++w) { unsigned int c = warp_base[w]; warp_base[w] = total; total += c; }
+        block_base = total ? atomicAdd(counter, (unsigned long long)total) : 0ull;
+    }
+    __syncthreads();
+    return block_base + warp_base[warp] + __popc(ballot & ((1u << lane) - 1));
+}
+
+__device__ __forceinline__ void block_extent(double* summary, double x0, double y0, double x1, double y1) {
+    __shared__ double part[4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    for (int off = 16; off > 0; off >>= 1) {
+        x0 = fmin(x0, __shfl_down_sync(FULL_MASK, x0, off));
+        y0 = fmin(y0, __shfl_down_sync(FULL_MASK, y0, off));
+        x1 = fmax(x1, __shfl_down_sync(FULL_MASK, x1, off));
+        y1 = fmax(y1, __shfl_down_sync(FULL_MASK, y1, off));
+    }
+    if (lane == 0) { part[0][warp] = x0; part[1][warp] = y0; part[2][warp] = x1; part[3][warp] = y1; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < warps; ++w) {
+            x0 = fmin(x0, part[0][w]); y0 = fmin(y0, part[1][w]);
+            x1 = fmax(x1, part[2][w]); y1 = fmax(y1, part[3][w]);
+        }
+        atomic_min_double(summary, x0); atomic_min_double(summary + 1, y0);
+        atomic_max_double(summary + 2, x1); atomic_max_double(summary + 3, y1);
+    }
+}
+
+// ---- robust orientation: Shewchuk's filter, exact expansion fallback ----------
+__device__ __forceinline__ void two_sum(double a, double b, double& s, double& e) {
+    s = a + b; double bv = s - a; double av = s - bv; e = (a - av) + (b - bv);
+}
+__device__ __forceinline__ void two_diff(double a, double b, double& d, double& e) {
+    d = a - b; double bv = a - d; double av = d + bv; e = (a - av) + (bv - b);
+}
+__device__ __forceinline__ void two_prod(double a, double b, double& p, double& e) {
+    p = a * b; e = fma(a, b, -p);
+}
+
+// Exact sign of (a - c) x (b - c); rare, so kept out of line to spare registers.
+__device__ __noinline__ int orient2d_exact(double ax, double ay, double bx, double by, double cx, double cy) {
+    double acx, acxt, bcy, bcyt, acy, acyt, bcx, bcxt;
+    two_diff(ax, cx, acx, acxt); two_diff(by, cy, bcy, bcyt);
+    two_diff(ay, cy, acy, acyt); two_diff(bx, cx, bcx, bcxt);
+    double t[16];
+    two_prod(acx, bcy, t[0], t[1]);    two_prod(acx, bcyt, t[2], t[3]);
+    two_prod(acxt, bcy, t[4], t[5]);   two_prod(acxt, bcyt, t[6], t[7]);
+    two_prod(-acy, bcx, t[8], t[9]);   two_prod(-acy, bcxt, t[10], t[11]);
+    two_prod(-acyt, bcx, t[12], t[13]); two_prod(-acyt, bcxt, t[14], t[15]);
+    double e[16];
+    int n = 1;
+    e[0] = t[0];
+    for (int i = 1; i < 16; ++i) {          // grow_expansion: nonoverlapping, increasing
+        double q = t[i];
+        for (int j = 0; j < n; ++j) { double s, h; two_sum(q, e[j], s, h); e[j] = h; q = s; }
+        e[n++] = q;
+    }
+    for (int j = 15; j >= 0; --j)
+        if (e[j] != 0.0) return e[j] > 0.0 ? 1 : -1;
+    return 0;
+}
+
+__device__ __forceinline__ int orient2d(double ax, double ay, double bx, double by, double cx, double cy,
+                                        double errA, unsigned long long& n_exact) {
+    double detleft = (ax - cx) * (by - cy);
+    double detright = (ay - cy) * (bx - cx);
+    double det = detleft - detright;
+    double errbound = errA * (fabs(detleft) + fabs(detright));
+    if (fabs(det) < errbound && detleft * detright > 0.0) {
+        ++n_exact;
+        return orient2d_exact(ax, ay, bx, by, cx, cy);
+    }
+    return (det > 0.0) - (det < 0.0);
+}
+
+// ---- bounds: per-polygon bbox, world box and summed bbox sizes in one pass ------
+// summary = [minx, miny, maxx, maxy, sum_w, sum_h, max_w, max_h], initialised by init_summary.
+extern "C" __global__ void init_summary(double* summary) {
+    if (threadIdx.x < 8) summary[threadIdx.x] = threadIdx.x < 2 ? 1.0 / 0.0 : (threadIdx.x < 4 ? -1.0 / 0.0 : 0.0);
+}
+
+extern "C" __global__ void polygon_bounds(const double* coords, const int* geom_coord_off, long long G,
+                                          double* bbox, double* summary) {
+    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0, w = 0.0, h = 0.0;
+    if (g < G) {
+        for (int k = geom_coord_off[g]; k < geom_coord_off[g + 1]; ++k) {
+            double x = coords[2 * (long long)k], y = coords[2 * (long long)k + 1];
+            x0 = fmin(x0, x); y0 = fmin(y0, y); x1 = fmax(x1, x); y1 = fmax(y1, y);
+        }
+        bbox[4 * g] = x0; bbox[4 * g + 1] = y0; bbox[4 * g + 2] = x1; bbox[4 * g + 3] = y1;
+        w = x1 - x0; h = y1 - y0;
+    }
+    __shared__ double wh[4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double mw = w, mh = h;
+    for (int off = 16; off > 0; off >>= 1) {
+        w += __shfl_down_sync(FULL_MASK, w, off);
+        h += __shfl_down_sync(FULL_MASK, h, off);
+        mw = fmax(mw, __shfl_down_sync(FULL_MASK, mw, off));
+        mh = fmax(mh, __shfl_down_sync(FULL_MASK, mh, off));
+    }
+    if (lane == 0) { wh[0][warp] = w; wh[1][warp] = h; wh[2][warp] = mw; wh[3][warp] = mh; }
+    block_extent(summary, x0, y0, x1, y1);   // its __syncthreads also publishes wh
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < (int)((blockDim.x + 31) >> 5); ++k) {
+            w += wh[0][k]; h += wh[1][k]; mw = fmax(mw, wh[2][k]); mh = fmax(mh, wh[3][k]);
+        }
+        atomicAdd(summary + 4, w); atomicAdd(summary + 5, h);
+        atomic_max_double(summary + 6, mw); atomic_max_double(summary + 7, mh);   // widths are >= 0
+    }
+}
+
+
+__device__ __forceinline__ void cell_range(const double* b, double ox, double oy, double sx, double sy, int shift,
+                                           unsigned int& x0, unsigned int& y0, unsigned int& x1, unsigned int& y1) {
+    x0 = quantise(b[0], ox, sx) >> shift; x1 = quantise(b[2], ox, sx) >> shift;
+    y0 = quantise(b[1], oy, sy) >> shift; y1 = quantise(b[3], oy, sy) >> shift;
+}
+
+// Crossing-number classification of q against every ring of geometry g (as pip.py):
+// returns the crossing parity; boundary is set when q lies on an edge.
+__device__ __forceinline__ int classify_point(const double2* coords, const int* ring_off, const int* geom_ring_off,
+                                              int g, double2 q, double errA, unsigned long long& n_exact,
+                                              unsigned long long& n_edges, bool& boundary) {
+    int crossings = 0;
+    for (int r = geom_ring_off[g], r1 = geom_ring_off[g + 1]; r < r1; ++r) {
+        int k0 = ring_off[r], k1 = ring_off[r + 1] - 1;
+        double2 a = coords[k0];
+        n_edges += k1 - k0;
+        for (int k = k0; k < k1; ++k) {
+            const double2 b = coords[k + 1];
+            bool above_a = a.y > q.y, above_b = b.y > q.y;
+            bool straddle = above_a != above_b;
+            // Most edges lie wholly above or below the point: without a straddle the
+            // point can only touch the edge at the height of one of its ends.
+            if (!straddle && a.y != q.y && b.y != q.y) { a = b; continue; }
+            bool in_box = fmin(a.x, b.x) <= q.x && q.x <= fmax(a.x, b.x) && fmin(a.y, b.y) <= q.y &&
+                          q.y <= fmax(a.y, b.y);
+            if (straddle || in_box) {
+                int o = orient2d(a.x, a.y, b.x, b.y, q.x, q.y, errA, n_exact);
+                boundary |= (o == 0) && in_box;
+                // Upward edge (b above): the crossing is right of q iff q is left of a->b.
+                crossings ^= straddle && (above_b ? o > 0 : o < 0);
+            }
+            a = b;
+        }
+    }
+    return crossings;
+}

@@ -1,0 +1,208 @@
+"""Compile a stage's .cu with NVRTC through CuPy, and describe what was built.
+
+``compile`` is timed apart from every run (truth rule 3). ``artifacts`` gives,
+per stage, the CUDA source, the PTX NVRTC makes from it with the same options,
+and each kernel's resource usage (registers, shared/local/const bytes) with the
+theoretical occupancy at the chosen block size.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+OPTIONS = ("--std=c++17", "--fmad=false")
+SCAN_SOURCE = Path(__file__).with_name("scan.cu")
+COMMON_SOURCE = Path(__file__).with_name("common.cuh")
+SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64", "scan_sums_i32",
+                "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
+SCAN_TILE = 2048
+SMALL_SCAN_TILES = 4096   # up to here each tile sums its predecessors itself: two launches, not three
+_SCAN_SUFFIX = {("int32", "int32"): ("i32_i32", "i32"), ("int32", "int64"): ("i32_i64", "i64"),
+                ("int64", "int64"): ("i64_i64", "i64")}
+
+
+class Workspace:
+    """Scratch buffers reused from one run to the next, keyed by a tag.
+
+    Each CuPy allocation costs ~3.5 us of host time and each cupy.zeros ~9 us;
+    after a size read the GPU idles until the host launches again, so that time
+    is on the critical path. Only scratch lives here: arrays handed to callers
+    are always fresh.
+    """
+
+    def __init__(self, cupy):
+        self.cp = cupy
+        self._bufs: dict = {}
+
+    def empty(self, tag: str, shape, dtype):
+        arr = self._bufs.get(tag)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if arr is None or arr.shape != shape or arr.dtype != self.cp.dtype(dtype):
+            arr = self._bufs[tag] = self.cp.empty(shape, dtype=dtype)
+        return arr
+
+    def zeros(self, tag: str, shape, dtype):
+        arr = self.empty(tag, shape, dtype)
+        if arr.nbytes:
+            self.cp.cuda.runtime.memsetAsync(arr.data.ptr, 0, arr.nbytes, self.cp.cuda.get_current_stream().ptr)
+        return arr
+
+
+class CudaModule:
+    """One NVRTC module: scan.cu (prefix sums) + common.cuh (shared device code) + the kernel's .cu."""
+
+    def __init__(self, source: Path, stage_kernels: dict, library_calls: dict, scan_stages=()):
+        import cupy
+
+        self.cp = cupy
+        self.source_path = source
+        self.scan_stages = set(scan_stages)
+        self.source = "\n".join(p.read_text() for p in (SCAN_SOURCE, COMMON_SOURCE, source))
+        self.stage_kernels = {s: tuple(k) + (SCAN_KERNELS if s in self.scan_stages else ())
+                              for s, k in stage_kernels.items()}
+        self.library_calls = library_calls
+        self.module = cupy.RawModule(code=self.source, options=OPTIONS)
+        self.fn: dict = {}
+        self.ws = Workspace(cupy)
+        self._ptx: str | None = None
+
+    def compile(self, blocks: dict) -> dict:
+        t0 = time.perf_counter()
+        for names in self.stage_kernels.values():
+            for name in names:
+                self.fn[name] = self.module.get_function(name)   # NVRTC + module load on first call
+        seconds = time.perf_counter() - t0
+        occupancy = {stage: min(self.occupancy(self.fn[n], blocks.get(stage, 256)) or 0 for n in names) or None
+                     for stage, names in self.stage_kernels.items()}
+        return {"total_seconds": seconds, "compiler": "NVRTC via cupy.RawModule", "options": list(OPTIONS),
+                "kernels": sorted(self.fn), "occupancy": occupancy,
+                "note": "includes CuPy's on-disk kernel cache: a warm cache makes this a module load"}
+
+    def inclusive_scan(self, x, out_dtype, tag: str):
+        """Inclusive prefix sum of a 1-D int array on the current stream (no host sync).
+
+        The result lives in the workspace under ``tag``: valid until the next scan with that tag.
+        """
+        cp = self.cp
+        n = len(x)
+        out = self.ws.empty(tag, n, out_dtype)
+        if n == 0:
+            return out
+        tiles_kernel, sums_kind = _SCAN_SUFFIX[(str(x.dtype), str(cp.dtype(out_dtype)))]
+        tiles = (n + SCAN_TILE - 1) // SCAN_TILE
+        sums = self.ws.empty(tag + ".tile_sums", tiles, out_dtype)
+        self.fn[f"scan_tiles_{tiles_kernel}"]((tiles,), (1024,), (x, _i64(n), out, sums))
+        if tiles > 1:
+            scanned = tiles > SMALL_SCAN_TILES
+            if scanned:
+                self.fn[f"scan_sums_{sums_kind}"]((1,), (1024,), (sums, _i64(tiles)))
+            self.fn[f"add_offsets_{sums_kind}"]((tiles,), (1024,), (out, _i64(n), sums, np.int32(scanned)))
+        return out
+
+    def resources(self, fn) -> dict:
+        out = {}
+        for attr in ("num_regs", "shared_size_bytes", "local_size_bytes", "const_size_bytes",
+                     "max_threads_per_block", "ptx_version", "binary_version"):
+            try:
+                out[attr] = int(getattr(fn, attr))
+            except Exception:  # attribute missing in this CuPy: leave it out, don't guess
+                pass
+        return out
+
+    def occupancy(self, fn, block: int) -> float | None:
+        """Theoretical occupancy (%) at ``block`` threads: resident warps / max warps per SM."""
+        try:
+            from cupy.cuda import driver, runtime
+
+            # RawModule.get_function gives a RawKernel; the driver handle is its .kernel.ptr.
+            handle = getattr(getattr(fn, "kernel", fn), "ptr")
+            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, block, 0)
+            max_threads = runtime.getDeviceProperties(runtime.getDevice())["maxThreadsPerMultiProcessor"]
+            return 100.0 * blocks * block / max_threads
+        except Exception:
+            return None
+
+    def ptx(self) -> str:
+        """The PTX NVRTC makes from the same source and options, for a virtual arch of this GPU."""
+        if self._ptx is None:
+            try:
+                from cupy.cuda import device
+                from cupy_backends.cuda.libs import nvrtc
+
+                arch = f"--gpu-architecture=compute_{device.Device().compute_capability}"
+                prog = nvrtc.createProgram(self.source, self.source_path.name, [], [])
+                try:
+                    nvrtc.compileProgram(prog, [*OPTIONS, arch])
+                    ptx = nvrtc.getPTX(prog)
+                finally:
+                    nvrtc.destroyProgram(prog)
+                self._ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+            except Exception as exc:
+                self._ptx = f"// PTX unavailable: {type(exc).__name__}: {exc}\n"
+        return self._ptx
+
+    def artifacts(self, blocks: dict) -> dict:
+        out = {}
+        for stage, names in self.stage_kernels.items():
+            res = {n: self.resources(self.fn[n]) | {"block": blocks.get(stage, 256),
+                                                    "theoretical_occupancy_pct": self.occupancy(self.fn[n],
+                                                                                                blocks.get(stage, 256))}
+                   for n in names}
+            out[stage] = {
+                self.source_path.name: self.source_path.read_text(),
+                self.source_path.stem + ".ptx": self.ptx(),
+                "resources.json": json.dumps({"kernels": res, "compile_options": list(OPTIONS),
+                                              "library_calls": self.library_calls.get(stage, "")}, indent=2),
+            }
+            out[stage][COMMON_SOURCE.name] = COMMON_SOURCE.read_text()
+            if stage in self.scan_stages:
+                out[stage][SCAN_SOURCE.name] = SCAN_SOURCE.read_text()
+        for stage, calls in self.library_calls.items():
+            if stage not in out:
+                out[stage] = {"resources.json": json.dumps({"kernels": {}, "library_calls": calls}, indent=2)}
+        return out
+
+
+class GpuBackend:
+    """What every kernel's GPU backend shares: its module, compile, artifacts, launches.
+
+    Subclasses set SOURCE, STAGE_KERNELS, LIBRARY_CALLS and SCAN_STAGES, and add one
+    method per plan stage.
+    """
+
+    device = "gpu"
+    SOURCE: Path
+    STAGE_KERNELS: dict
+    LIBRARY_CALLS: dict
+    SCAN_STAGES: tuple = ()
+
+    def __init__(self, tiling: dict, version: str = "v1"):
+        import cupy
+
+        self.cp = cupy
+        self.tiling = tiling
+        self.version = version
+        self.mod = CudaModule(self.SOURCE, self.STAGE_KERNELS, self.LIBRARY_CALLS, scan_stages=self.SCAN_STAGES)
+
+    def _blocks(self) -> dict:
+        return {s: t.get("block", 256) for s, t in self.tiling.items()}
+
+    def compile(self) -> dict:
+        return self.mod.compile(self._blocks())
+
+    def artifacts(self) -> dict:
+        return self.mod.artifacts(self._blocks())
+
+    def to_host(self, array):
+        return self.cp.asnumpy(array)
+
+    def _launch(self, name, n, block, args):
+        if n > 0:
+            self.mod.fn[name](((n + block - 1) // block,), (block,), args)
+
+
+def _i64(v):
+    return np.int64(v)

@@ -1,0 +1,214 @@
+// Join kernels (points x polygons); common.cuh and scan.cu are compiled in front.
+// ---- bounds: init_summary and polygon_bounds live in common.cuh ----------------
+// Grid-stride over points with a fixed grid, so only a few hundred blocks do atomics.
+extern "C" __global__ void point_extent(const double* pts, long long N, double* summary) {
+    double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < N; i += (long long)gridDim.x * blockDim.x) {
+        double x = pts[2 * i], y = pts[2 * i + 1];
+        x0 = fmin(x0, x); y0 = fmin(y0, y); x1 = fmax(x1, x); y1 = fmax(y1, y);
+    }
+    block_extent(summary, x0, y0, x1, y1);
+}
+
+// ---- Morton bucket sort: points grouped by their level-k Morton cell -------------
+// counts has cells + 1 entries: counting into cell + 1 makes its inclusive scan the
+// exclusive cell starts. The slot from the atomic places the point inside its cell.
+extern "C" __global__ void point_cells(const double* pts, long long N, double ox, double oy, double sx, double sy,
+                                       int shift, unsigned int* pcell, int* slot, int* counts) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    unsigned int cell = morton(quantise(pts[2 * i], ox, sx) >> shift, quantise(pts[2 * i + 1], oy, sy) >> shift);
+    pcell[i] = cell;
+    slot[i] = atomicAdd(counts + cell + 1, 1);
+}
+
+extern "C" __global__ void point_scatter(const unsigned int* pcell, const int* slot, long long N,
+                                         const int* cell_start, int* sorted_pt) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    sorted_pt[cell_start[pcell[i]] + slot[i]] = (int)i;
+}
+
+// ---- candidate filter: each polygon scans the point buckets its bbox covers -------
+// Two passes over the same loops: count (and sum into stats), then emit at offsets.
+// stats[0] += point-bbox tests (pairs examined), stats[1] += candidates.
+
+// A warp per polygon: its lanes stride over the points of each covered cell, so
+// 32x more threads are in flight than with a thread per polygon.
+extern "C" __global__ void candidate_count(const double2* pts, const double* bbox, long long G, double ox, double oy,
+                                           double sx, double sy, int shift, const int* cell_start,
+                                           const int* sorted_pt, long long* counts, unsigned long long* stats) {
+    long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
+    int lane = threadIdx.x & 31;
+    unsigned long long examined = 0, found = 0;
+    if (g < G) {
+        const double* b = bbox + 4 * g;
+        double bx0 = b[0], by0 = b[1], bx1 = b[2], by1 = b[3];
+        unsigned int x0, y0, x1, y1;
+        cell_range(b, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+        for (unsigned int y = y0; y <= y1; ++y)
+            for (unsigned int x = x0; x <= x1; ++x) {
+                unsigned int cell = morton(x, y);
+                int j0 = cell_start[cell], j1 = cell_start[cell + 1];
+                for (int j = j0 + lane; j < j1; j += 32) {
+                    const double2 q = pts[sorted_pt[j]];
+                    ++examined;
+                    found += (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
+                }
+            }
+        unsigned long long total = found;
+        for (int off = 16; off > 0; off >>= 1) total += __shfl_down_sync(FULL_MASK, total, off);
+        if (lane == 0) counts[g] = (long long)total;
+    }
+    unsigned long long v[2] = {examined, found};
+    block_add<2>(stats, v);
+}
+
+extern "C" __global__ void candidate_emit(const double2* pts, const double* bbox, long long G, double ox, double oy,
+                                          double sx, double sy, int shift, const int* cell_start,
+                                          const int* sorted_pt, const long long* incl_offsets, int* cand_pt,
+                                          int* cand_poly) {
+    long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
+    int lane = threadIdx.x & 31;
+    if (g >= G) return;
+    const double* b = bbox + 4 * g;
+    double bx0 = b[0], by0 = b[1], bx1 = b[2], by1 = b[3];
+    unsigned int x0, y0, x1, y1;
+    cell_range(b, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+    long long out = g == 0 ? 0 : incl_offsets[g - 1];
+    for (unsigned int y = y0; y <= y1; ++y)
+        for (unsigned int x = x0; x <= x1; ++x) {
+            unsigned int cell = morton(x, y);
+            int j0 = cell_start[cell], j1 = cell_start[cell + 1];
+            for (int base = j0; base < j1; base += 32) {     // same trip count on every lane
+                int j = base + lane, p = 0;
+                bool hit = false;
+                if (j < j1) {
+                    p = sorted_pt[j];
+                    const double2 q = pts[p];
+                    hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
+                }
+                unsigned int ballot = __ballot_sync(FULL_MASK, hit);
+                if (hit) {
+                    long long pos = out + __popc(ballot & ((1u << lane) - 1));
+                    cand_pt[pos] = p; cand_poly[pos] = (int)g;
+                }
+                out += __popc(ballot);
+            }
+        }
+}
+
+// ---- predicate refine: crossing number over every ring edge, exact orientation ---
+// Hits are appended as (point << 32 | polygon) keys, one atomic per block.
+// stats[0] += hits, [1] += orientations that needed the exact path, [2] += edge
+// tests, [3] += candidate pairs with the point on the polygon's boundary.
+extern "C" __global__ void __launch_bounds__(256, 4)
+refine(const double2* pts, const double2* coords, const int* ring_off, const int* geom_ring_off,
+       const int* cand_pt, const int* cand_poly, int C, int within, double errA, unsigned long long* hits,
+       unsigned long long* stats) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long n_exact = 0, n_edges = 0, n_boundary = 0;
+    bool keep = false;
+    int p = 0, g = 0;
+    if (c < C) {
+        p = cand_pt[c]; g = cand_poly[c];
+        bool boundary = false;
+        int crossings = classify_point(coords, ring_off, geom_ring_off, g, pts[p], errA, n_exact, n_edges, boundary);
+        keep = within ? (crossings && !boundary) : (crossings || boundary);
+        n_boundary = boundary;
+    }
+    unsigned long long slot = block_append(keep, stats);
+    if (keep) hits[slot] = ((unsigned long long)p << 32) | (unsigned int)g;
+    unsigned long long v[3] = {n_exact, n_edges, n_boundary};
+    block_add<3>(stats + 1, v);
+}
+
+// ---- output sort: counting sort by point, then each point's polygons in order ----
+// Launched before the hit count is known on the host (grids sized by the candidate
+// count): the kernels read the count from device memory, so the host can queue
+// this stage while refine still runs, and one read at the end sizes the result.
+extern "C" __global__ void pair_count(const unsigned long long* hits, const unsigned long long* n_hits, int* slot,
+                                      int* counts) {
+    long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (h >= (long long)*n_hits) return;
+    slot[h] = atomicAdd(counts + (hits[h] >> 32) + 1, 1);
+}
+
+extern "C" __global__ void pair_scatter(const unsigned long long* hits, const unsigned long long* n_hits,
+                                        const int* slot, const long long* start, long long* out_pt,
+                                        long long* out_poly) {
+    long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (h >= (long long)*n_hits) return;
+    long long p = (long long)(hits[h] >> 32);
+    long long pos = start[p] + slot[h];
+    out_pt[pos] = p;
+    out_poly[pos] = (long long)(hits[h] & 0xffffffffull);
+}
+
+// A point lies in few polygons: insertion sort of its short segment is cheapest.
+extern "C" __global__ void segment_sort(const long long* start, long long N, long long* out_poly) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    long long s = start[i], e = start[i + 1];
+    for (long long a = s + 1; a < e; ++a) {
+        long long v = out_poly[a], b = a - 1;
+        while (b >= s && out_poly[b] > v) { out_poly[b + 1] = out_poly[b]; --b; }
+        out_poly[b + 1] = v;
+    }
+}
+
+// ---- v2 candidate filter: polygons listed per grid cell, each point probes its cell ---
+// Counting sort of (cell, polygon) entries: count per cell, scan, fill with an atomic
+// cursor per cell. Then a thread per point (Morton-bucketed order) tests the bboxes
+// of its own cell's list: point-major, one short loop per thread.
+extern "C" __global__ void poly_cell_count(const double* bbox, long long G, double ox, double oy, double sx,
+                                           double sy, int shift, int* cell_counts) {
+    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    unsigned int x0, y0, x1, y1;
+    cell_range(bbox + 4 * g, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+    for (unsigned int y = y0; y <= y1; ++y)
+        for (unsigned int x = x0; x <= x1; ++x) atomicAdd(cell_counts + morton(x, y) + 1, 1);
+}
+
+extern "C" __global__ void poly_cell_fill(const double* bbox, long long G, double ox, double oy, double sx,
+                                          double sy, int shift, const int* cell_start, int* cell_fill, int* entries) {
+    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    unsigned int x0, y0, x1, y1;
+    cell_range(bbox + 4 * g, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+    for (unsigned int y = y0; y <= y1; ++y)
+        for (unsigned int x = x0; x <= x1; ++x) {
+            unsigned int c = morton(x, y);
+            entries[cell_start[c] + atomicAdd(cell_fill + c, 1)] = (int)g;
+        }
+}
+
+// Count pass (incl_offsets == 0): counts[i] and stats [examined, candidates];
+// emit pass: (point, polygon) at the point's offset.
+extern "C" __global__ void point_candidates(const double2* pts, const int* sorted_pt, long long N, double ox,
+                                            double oy, double sx, double sy, int shift, const int* cell_start,
+                                            const int* entries, const double* bbox, long long* counts,
+                                            const long long* incl_offsets, int* cand_pt, int* cand_poly,
+                                            unsigned long long* stats) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    unsigned long long examined = 0, found = 0;
+    if (i < N) {
+        int p = sorted_pt[i];
+        double2 q = pts[p];
+        unsigned int c = morton(quantise(q.x, ox, sx) >> shift, quantise(q.y, oy, sy) >> shift);
+        long long out = incl_offsets ? (i == 0 ? 0 : incl_offsets[i - 1]) : 0;
+        for (int j = cell_start[c], j1 = cell_start[c + 1]; j < j1; ++j) {
+            int g = entries[j];
+            const double* b = bbox + 4 * (long long)g;
+            ++examined;
+            if ((b[0] <= q.x) & (q.x <= b[2]) & (b[1] <= q.y) & (q.y <= b[3])) {
+                if (incl_offsets) { cand_pt[out] = p; cand_poly[out] = g; ++out; }
+                ++found;
+            }
+        }
+        if (!incl_offsets) counts[i] = (long long)found;
+    }
+    unsigned long long v[2] = {examined, found};
+    if (!incl_offsets) block_add<2>(stats, v);
+}

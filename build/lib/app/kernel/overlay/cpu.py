@@ -1,0 +1,314 @@
+"""The overlay's stages in vectorised numpy: the CPU path, same stages as gpu.py.
+
+Area of A ∩ B by Green's theorem: the boundary of the intersection is made of
+the pieces of A's rings inside B and of B's rings inside A, each keeping its
+ring's orientation (shells CCW, holes CW). Every edge of each candidate pair is
+split at the points where the other polygon's boundary meets it; each piece is
+kept when its midpoint lies strictly inside the other polygon, and pieces on a
+shared (collinear) boundary are kept once, from A, when both run the same way.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from app.kernel import grid
+from app.kernel.pip import classify, edge_table
+from app.kernel.ranges import expand
+from app.kernel.segments import OVERLAP, PROPER, TOUCH, classify_pairs
+
+
+def layer_bboxes(coords, geom_coord_offsets):
+    starts = geom_coord_offsets[:-1]
+    x, y = coords[:, 0].copy(), coords[:, 1].copy()
+    return np.stack([np.minimum.reduceat(x, starts), np.minimum.reduceat(y, starts),
+                     np.maximum.reduceat(x, starts), np.maximum.reduceat(y, starts)], axis=1)
+
+
+def bbox_pairs(ba: np.ndarray, bb: np.ndarray, bias: int = 0):
+    """All (a, b) with overlapping bboxes, sorted by (a, b).
+
+    B is bucketed by the grid cell of its bbox's lower-left corner (one entry per
+    b); a's bbox meets b's only if that corner lies in a's bbox grown down and left
+    by the largest bbox width/height, so each a scans those cells and no pair is
+    found twice. overlay.cu's polygon_pairs does the same.
+    """
+    both = np.concatenate([ba, bb])
+    world = np.r_[both[:, :2].min(0), both[:, 2:].max(0)]
+    w, h = both[:, 2] - both[:, 0], both[:, 3] - both[:, 1]
+    level = grid.grid_level(world, float(w.sum() / len(both)), float(h.sum() / len(both)), bias)
+    sorted_b, cell_start = grid.bucket(grid.cell_of(bb[:, 0], bb[:, 1], world, level), level)
+    grown = np.column_stack([ba[:, 0] - w.max(), ba[:, 1] - h.max(), ba[:, 2], ba[:, 3]])
+    a_owner, cell = grid.covered_cells(grown, world, level)
+    row, j = expand(cell_start[cell], cell_start[cell + 1] - cell_start[cell])
+    a, b = a_owner[row], sorted_b[j]
+    A, B = ba[a], bb[b]
+    hit = (A[:, 0] <= B[:, 2]) & (B[:, 0] <= A[:, 2]) & (A[:, 1] <= B[:, 3]) & (B[:, 1] <= A[:, 3])
+    a, b = a[hit], b[hit]
+    order = np.lexsort((b, a))
+    return a[order], b[order], {"grid_level": level, "bbox_tests": int(len(hit))}
+
+
+class OverlayCPU:
+    device = "cpu"
+
+    def __init__(self, version: str = "v1"):
+        self.version = version
+
+    def compile(self) -> dict:
+        return {}
+
+    @staticmethod
+    def to_host(array):
+        return np.asarray(array)
+
+    def artifacts(self) -> dict:
+        return {}
+
+    def owned_buffer_build(self, state, st, tiling):
+        inp = state["inputs"]
+        for side, layer in (("a", inp.left), ("b", inp.right)):
+            state[side] = {"coords": np.array(layer.coords, dtype=np.float64, order="C"),
+                           "ring_offsets": np.array(layer.ring_offsets, dtype=np.int64),
+                           "geom_ring_offsets": np.array(layer.geom_ring_offsets, dtype=np.int64)}
+        st.rows_in = st.rows_out = inp.left.n_geoms + inp.right.n_geoms
+        st.meta.update(left=inp.left.n_geoms, right=inp.right.n_geoms,
+                       vertices=inp.left.n_coords + inp.right.n_coords,
+                       owned_bytes=int(inp.left.nbytes() + inp.right.nbytes()))
+
+    def segment_extraction(self, state, st, tiling):
+        for side in ("a", "b"):
+            L = state[side]
+            L["edges"] = e = edge_table(L["coords"], L["ring_offsets"], L["geom_ring_offsets"])
+            L["bbox"] = layer_bboxes(L["coords"], L["ring_offsets"][L["geom_ring_offsets"]])
+            L["xlo"], L["xhi"] = np.minimum(e.ax, e.bx), np.maximum(e.ax, e.bx)
+            ring_edges = np.diff(L["ring_offsets"]) - 1
+            L["ring_edge_offsets"] = np.concatenate([[0], np.cumsum(ring_edges)])
+            L["edge_ring"] = np.repeat(np.arange(len(ring_edges)), ring_edges)
+            # Twice each ring's signed area, relative to its first vertex (little cancellation).
+            first = L["ring_edge_offsets"][:-1][L["edge_ring"]]
+            cross = (e.ax - e.ax[first]) * (e.by - e.ay[first]) - (e.bx - e.ax[first]) * (e.ay - e.ay[first])
+            L["ring_area2"] = np.bincount(L["edge_ring"], weights=cross, minlength=len(ring_edges))
+            L["ring_box"] = np.stack([np.minimum.reduceat(L["xlo"], L["ring_edge_offsets"][:-1]),
+                                      np.minimum.reduceat(e.ylo, L["ring_edge_offsets"][:-1]),
+                                      np.maximum.reduceat(L["xhi"], L["ring_edge_offsets"][:-1]),
+                                      np.maximum.reduceat(e.yhi, L["ring_edge_offsets"][:-1])], axis=1)
+        st.rows_in = state["a"]["bbox"].shape[0] + state["b"]["bbox"].shape[0]
+        st.rows_out = len(state["a"]["edges"].ax) + len(state["b"]["edges"].ax)
+        st.meta.update(segments_left=len(state["a"]["edges"].ax), segments_right=len(state["b"]["edges"].ax))
+
+    def segment_mbr_filter(self, state, st, tiling):
+        A, B = state["a"], state["b"]
+        pa, pb, info = bbox_pairs(A["bbox"], B["bbox"], tiling["level_bias"])
+        ea = np.diff(A["edges"].geom_offsets)[pa]
+        eb = np.diff(B["edges"].geom_offsets)[pb]
+        # Edges of a that reach b's bbox (and of b that reach a's): only they can meet.
+        pair_a, ia = expand(A["edges"].geom_offsets[pa], ea)
+        near_a = _mbr_hits(A, ia, B["bbox"][pb[pair_a]])
+        pair_a, ia = pair_a[near_a], ia[near_a]
+        pair_b, jb = expand(B["edges"].geom_offsets[pb], eb)
+        near_b = _mbr_hits(B, jb, A["bbox"][pa[pair_b]])
+        pair_b, jb = pair_b[near_b], jb[near_b]
+        Ea, Eb = A["edges"], B["edges"]
+        if self.version == "v2":
+            owner, i, j = _sweep_pairs(pair_a, ia, Ea.yhi[ia], pair_b, jb, Eb.ylo[jb], len(pa))
+        else:
+            # Brute force within each pair: every near edge of a x every near edge of b.
+            na = np.bincount(pair_a, minlength=len(pa))
+            nb = np.bincount(pair_b, minlength=len(pa))
+            a_start = np.cumsum(na) - na
+            b_start = np.cumsum(nb) - nb
+            owner, k = expand(np.zeros(len(pa), dtype=np.int64), na * nb)
+            i = ia[a_start[owner] + k // nb[owner]]
+            j = jb[b_start[owner] + k % nb[owner]]
+        hit = ((A["xlo"][i] <= B["xhi"][j]) & (B["xlo"][j] <= A["xhi"][i])
+               & (Ea.ylo[i] <= Eb.yhi[j]) & (Eb.ylo[j] <= Ea.yhi[i]))
+        state.update(pa=pa, pb=pb, ea=ea, eb=eb, seg_pair=owner[hit], seg_i=i[hit], seg_j=j[hit])
+        st.rows_in, st.rows_out = len(pa), int(hit.sum())
+        st.meta.update(polygon_pairs=len(pa), pairs_examined=int(len(hit)), candidates=int(hit.sum()),
+                       grid_level=info["grid_level"], bbox_tests=info["bbox_tests"])
+
+    def exact_intersection_refine(self, state, st, tiling):
+        Ea, Eb = state["a"]["edges"], state["b"]["edges"]
+        p, i, j = state["seg_pair"], state["seg_i"], state["seg_j"]
+        r = classify_pairs(Ea.ax[i], Ea.ay[i], Ea.bx[i], Ea.by[i], Eb.ax[j], Eb.ay[j], Eb.bx[j], Eb.by[j])
+        # Slots: per pair, a's edges then b's edges, each at its local index.
+        slot_base = np.cumsum(state["ea"] + state["eb"]) - (state["ea"] + state["eb"])
+        slot_e = slot_base[p] + (i - Ea.geom_offsets[state["pa"][p]])
+        slot_f = slot_base[p] + state["ea"][p] + (j - Eb.geom_offsets[state["pb"][p]])
+        ev_slot = np.concatenate([slot_e, slot_e, slot_f, slot_f])
+        ev_t = np.concatenate([r.e_t[:, 0], r.e_t[:, 1], r.f_t[:, 0], r.f_t[:, 1]])
+        ok = ~np.isnan(ev_t)
+        ov = np.flatnonzero(r.kind == OVERLAP)
+        state.update(ev_slot=ev_slot[ok], ev_t=ev_t[ok], slot_base=slot_base,
+                     ov_slot=np.concatenate([slot_e[ov], slot_f[ov]]),
+                     ov_lo=np.concatenate([r.e_ov[ov, 0], r.f_ov[ov, 0]]),
+                     ov_hi=np.concatenate([r.e_ov[ov, 1], r.f_ov[ov, 1]]),
+                     # A keeps a shared piece when both run the same way; B never does (no double count).
+                     ov_keep=np.concatenate([r.same_dir[ov], np.zeros(len(ov), dtype=bool)]))
+        st.rows_in, st.rows_out = len(p), int(ok.sum())
+        st.meta.update(proper=int((r.kind == PROPER).sum()), touch=int((r.kind == TOUCH).sum()),
+                       collinear_overlap=int(len(ov)), ambiguous_pairs=int(r.ambiguous.sum()),
+                       split_events=int(ok.sum()))
+
+    def reconstruction_event_sort(self, state, st, tiling):
+        order = np.lexsort((state["ev_t"], state["ev_slot"]))
+        state["ev_slot"], state["ev_t"] = state["ev_slot"][order], state["ev_t"][order]
+        st.rows_in = st.rows_out = len(order)
+
+    def area_reconstruction(self, state, st, tiling):
+        A, B = state["a"], state["b"]
+        pa, pb, ea = state["pa"], state["pb"], state["ea"]
+        # Which (pair, side, ring) carry split points or shared pieces: only their edges
+        # need cutting; every other ring lies wholly inside or wholly outside the other
+        # polygon, which one midpoint decides.
+        ev_pair, ev_is_a, ev_edge = _slot_edges(state, state["ev_slot"])
+        ov_pair, ov_is_a, ov_edge = _slot_edges(state, state["ov_slot"])
+        ring_a = [A["edge_ring"][ev_edge[ev_is_a]], A["edge_ring"][ov_edge[ov_is_a]]]
+        ring_b = [B["edge_ring"][ev_edge[~ev_is_a]], B["edge_ring"][ov_edge[~ov_is_a]]]
+        cut_a = np.unique(np.concatenate([_ring_key(ev_pair[ev_is_a], ring_a[0], A),
+                                          _ring_key(ov_pair[ov_is_a], ring_a[1], A)]))
+        cut_b = np.unique(np.concatenate([_ring_key(ev_pair[~ev_is_a], ring_b[0], B),
+                                          _ring_key(ov_pair[~ov_is_a], ring_b[1], B)]))
+        area2 = np.zeros(len(pa))
+        pip_tests = 0
+        fragments = kept = 0
+        for side, L, O, geoms, other_geoms, cut in ((True, A, B, pa, pb, cut_a), (False, B, A, pb, pa, cut_b)):
+            gro = L["geom_ring_offsets"]
+            pair, ring = expand(gro[geoms], gro[geoms + 1] - gro[geoms])
+            is_cut = np.isin(_ring_key(pair, ring, L), cut)
+            # Whole rings: one midpoint each, if the ring reaches the other polygon's bbox at all.
+            whole = np.flatnonzero(~is_cut & _boxes_meet(L["ring_box"][ring], O["bbox"][other_geoms[pair]]))
+            e0 = L["ring_edge_offsets"][ring[whole]]
+            E = L["edges"]
+            mids = np.stack([0.5 * (E.ax[e0] + E.bx[e0]), 0.5 * (E.ay[e0] + E.by[e0])], axis=1)
+            inside = _inside(mids, O, other_geoms[pair[whole]])
+            pip_tests += len(whole)
+            area2 += np.bincount(pair[whole[inside]], weights=L["ring_area2"][ring[whole[inside]]],
+                                 minlength=len(pa))
+            # Cut rings: every edge, split at its events, each piece decided on its own.
+            cut_idx = np.flatnonzero(is_cut)
+            epair, edge = expand(L["ring_edge_offsets"][ring[cut_idx]],
+                                 np.diff(L["ring_edge_offsets"])[ring[cut_idx]])
+            epair = pair[cut_idx][epair]
+            # An edge that misses the other polygon's bbox has no events and lies outside it.
+            reach = _mbr_hits(L, edge, O["bbox"][other_geoms[epair]])
+            epair, edge = epair[reach], edge[reach]
+            local = edge - L["edges"].geom_offsets[geoms[epair]]
+            slot = state["slot_base"][epair] + (local if side else ea[epair] + local)
+            c2, nfrag, nkept, ntests = self._cut_pieces(state, L, O, slot, epair, edge, other_geoms, side)
+            area2 += c2
+            fragments, kept, pip_tests = fragments + nfrag, kept + nkept, pip_tests + ntests
+        area = 0.5 * area2
+        pos = area > 0
+        state["output"] = (pa[pos].astype(np.int64), pb[pos].astype(np.int64), area[pos])
+        st.rows_in, st.rows_out = len(pa), int(pos.sum())
+        st.meta.update(cut_rings=int(len(cut_a) + len(cut_b)), fragments=fragments, fragments_kept=kept,
+                       pip_tests=pip_tests)
+
+    def _cut_pieces(self, state, L, O, slot, epair, edge, other_geoms, side):
+        """Twice the shoelace sum per pair of the kept pieces of these edges (pair origin)."""
+        A = state["a"]
+        pa = state["pa"]
+        E = L["edges"]
+        n = len(slot)
+        # Piece bounds: 0 and 1 of every edge, plus its sorted split events.
+        ev_sel = np.isin(state["ev_slot"], slot)
+        order_slot = np.argsort(slot)
+        ev_row = order_slot[np.searchsorted(slot[order_slot], state["ev_slot"][ev_sel])]
+        f_row = np.concatenate([np.arange(n), np.arange(n), ev_row])
+        f_t = np.concatenate([np.zeros(n), np.ones(n), state["ev_t"][ev_sel]])
+        order = np.lexsort((f_t, f_row))
+        f_row, f_t = f_row[order], f_t[order]
+        nxt = np.flatnonzero((f_row[1:] == f_row[:-1]) & (f_t[1:] > f_t[:-1]))
+        r, t0, t1 = f_row[nxt], f_t[nxt], f_t[nxt + 1]
+        keep = np.zeros(len(r), dtype=bool)
+        shared = np.zeros(len(r), dtype=bool)
+        ov = np.flatnonzero(np.isin(state["ov_slot"], slot))
+        if len(ov):
+            ov_row = order_slot[np.searchsorted(slot[order_slot], state["ov_slot"][ov])]
+            o_order = np.argsort(ov_row, kind="stable")
+            ov_row, ov = ov_row[o_order], ov[o_order]
+            lo = np.searchsorted(ov_row, r, side="left")
+            hi = np.searchsorted(ov_row, r, side="right")
+            frag, k = expand(lo, hi - lo)
+            k = ov[k]
+            tm = 0.5 * (t0[frag] + t1[frag])
+            on = (state["ov_lo"][k] <= tm) & (tm <= state["ov_hi"][k])
+            shared[frag[on]] = True
+            keep[frag[on & state["ov_keep"][k]]] = True
+        test = np.flatnonzero(~shared)
+        e = edge[r[test]]
+        tm = 0.5 * (t0[test] + t1[test])
+        mids = np.stack([E.ax[e] + tm * (E.bx[e] - E.ax[e]), E.ay[e] + tm * (E.by[e] - E.ay[e])], axis=1)
+        keep[test] = _inside(mids, O, other_geoms[epair[r[test]]])
+        k = np.flatnonzero(keep)
+        e, pair = edge[r[k]], epair[r[k]]
+        box = A["bbox"][pa[pair]]
+        ox, oy = 0.5 * (box[:, 0] + box[:, 2]), 0.5 * (box[:, 1] + box[:, 3])
+        px0, py0 = _point_at(E.ax[e], E.ay[e], E.bx[e], E.by[e], t0[k])
+        px1, py1 = _point_at(E.ax[e], E.ay[e], E.bx[e], E.by[e], t1[k])
+        cross = (px0 - ox) * (py1 - oy) - (px1 - ox) * (py0 - oy)
+        return np.bincount(pair, weights=cross, minlength=len(pa)), len(r), len(k), len(test)
+
+
+def _sweep_pairs(pair_a, ia, a_yhi, pair_b, jb, b_ylo, n_pairs):
+    """v2's sort-and-sweep: per pair, b's near edges sorted by lowest y; each near edge of a
+    gets the prefix whose lowest y is <= its highest y (ties included). Returns (pair, i, j)."""
+    # One merged order per pair by y, b before a on ties: an a-edge's prefix length is
+    # the number of b-edges of its pair that precede it.
+    pair = np.concatenate([pair_b, pair_a])
+    y = np.concatenate([b_ylo, a_yhi])
+    is_a = np.concatenate([np.zeros(len(pair_b), dtype=bool), np.ones(len(pair_a), dtype=bool)])
+    order = np.lexsort((is_a, y, pair))
+    pair_s, is_a_s = pair[order], is_a[order]
+    b_seen = np.cumsum(~is_a_s)
+    nb = np.bincount(pair_b, minlength=n_pairs)
+    b_start = np.cumsum(nb) - nb
+    before_group = np.concatenate([[0], np.cumsum(nb)])[pair_s]
+    a_rows = np.flatnonzero(is_a_s)
+    prefix = b_seen[a_rows] - before_group[a_rows]
+    a_idx = order[a_rows] - len(pair_b)                      # back to the a-edge arrays
+    b_sorted = jb[np.lexsort((b_ylo, pair_b))]
+    owner, k = expand(b_start[pair_a[a_idx]], prefix)
+    return pair_a[a_idx][owner], ia[a_idx][owner], b_sorted[k]
+
+
+def _inside(points, O, geoms):
+    """Strictly inside polygon geoms[i] of layer O; points outside its bbox skip the edge loop."""
+    box = O["bbox"][geoms]
+    near = np.flatnonzero((box[:, 0] <= points[:, 0]) & (points[:, 0] <= box[:, 2])
+                          & (box[:, 1] <= points[:, 1]) & (points[:, 1] <= box[:, 3]))
+    inside = np.zeros(len(points), dtype=bool)
+    parity, boundary, _ = classify(points, O["edges"], near, geoms[near])
+    inside[near] = parity & ~boundary
+    return inside
+
+
+def _slot_edges(state, slots):
+    """(pair, is_a, global edge) of edge slots."""
+    starts = state["slot_base"]
+    pair = np.searchsorted(starts, slots, side="right") - 1
+    local = slots - starts[pair]
+    is_a = local < state["ea"][pair]
+    edge = np.where(is_a, state["a"]["edges"].geom_offsets[state["pa"][pair]] + local,
+                    state["b"]["edges"].geom_offsets[state["pb"][pair]] + local - state["ea"][pair])
+    return pair, is_a, edge
+
+
+def _ring_key(pair, ring, L):
+    return pair.astype(np.int64) * (len(L["ring_area2"]) + 1) + ring
+
+
+def _boxes_meet(p, q):
+    return (p[:, 0] <= q[:, 2]) & (q[:, 0] <= p[:, 2]) & (p[:, 1] <= q[:, 3]) & (q[:, 1] <= p[:, 3])
+
+
+def _mbr_hits(L, e, box):
+    E = L["edges"]
+    return ((L["xlo"][e] <= box[:, 2]) & (box[:, 0] <= L["xhi"][e])
+            & (E.ylo[e] <= box[:, 3]) & (box[:, 1] <= E.yhi[e]))
+
+
+def _point_at(x0, y0, x1, y1, t):
+    """The point at parameter t; t = 0 and t = 1 give the endpoints exactly."""
+    return (np.where(t == 1.0, x1, x0 + t * (x1 - x0)), np.where(t == 1.0, y1, y0 + t * (y1 - y0)))

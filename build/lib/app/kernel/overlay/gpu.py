@@ -1,0 +1,201 @@
+"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu.
+
+Device->host reads inside the pipeline are allocation-size reads only: the world
+box (grid level) after segment extraction, the polygon-pair and candidate-pair
+totals in the filter, and the output count at the end of area reconstruction
+(which also brings back the refine's counters, queued without a read).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from app.kernel import grid
+from app.kernel.gpu_build import GpuBackend
+from app.kernel.robust import CCW_ERRBOUND_A
+
+SOURCE = Path(__file__).with_name("overlay.cu")
+STAGE_KERNELS = {
+    "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
+    "segment_mbr_filter": ("corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs", "edge_pairs",
+                           "edge_pairs_sweep"),
+    "exact_intersection_refine": ("refine_pairs",),
+    "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
+    "area_reconstruction": ("area_rings", "pair_area", "emit_areas"),
+}
+LIBRARY_CALLS = {
+    "owned_buffer_build": "cupy.asarray (H2D copies), cupy.take",
+    "segment_mbr_filter": "cupy.zeros (bucket counts, stats)",
+    "exact_intersection_refine": "cupy.zeros (stats)",
+    "reconstruction_event_sort": "cupy.zeros (slot counts)",
+    "area_reconstruction": "cupy.zeros (stats), cupy.concatenate (one read)",
+}
+
+
+class OverlayGPU(GpuBackend):
+    SOURCE, STAGE_KERNELS, LIBRARY_CALLS = SOURCE, STAGE_KERNELS, LIBRARY_CALLS
+    SCAN_STAGES = ("segment_mbr_filter", "reconstruction_event_sort", "area_reconstruction")
+
+    def owned_buffer_build(self, state, st, tiling):
+        cp, inp = self.cp, state["inputs"]
+        for side, layer in (("a", inp.left), ("b", inp.right)):
+            if layer.n_coords >= 2**31:
+                raise ValueError("more than 2^31 vertices in a layer: the int32 offsets would overflow")
+            ro = st.to_device(layer.ring_offsets.astype(np.int32))
+            gro = st.to_device(layer.geom_ring_offsets.astype(np.int32))
+            state[side] = {"coords": st.to_device(np.ascontiguousarray(layer.coords, dtype=np.float64)),
+                           "ring_offsets": ro, "geom_ring_offsets": gro, "gco": cp.take(ro, gro),
+                           "n_geoms": layer.n_geoms, "n_rings": layer.n_rings,
+                           "max_rings": int(np.diff(layer.geom_ring_offsets).max())}
+        st.rows_in = st.rows_out = inp.left.n_geoms + inp.right.n_geoms
+        st.meta.update(left=inp.left.n_geoms, right=inp.right.n_geoms,
+                       vertices=inp.left.n_coords + inp.right.n_coords,
+                       owned_bytes=int(inp.left.nbytes() + inp.right.nbytes()))
+
+    def segment_extraction(self, state, st, tiling):
+        cp, ws, block = self.cp, self.mod.ws, tiling["block"]
+        summary = ws.empty("summary", 8, cp.float64)
+        self.mod.fn["init_summary"]((1,), (32,), (summary,))
+        for side in ("a", "b"):
+            L = state[side]
+            g, r = L["n_geoms"], L["n_rings"]
+            L["bbox"] = ws.empty(f"bbox_{side}", (g, 4), cp.float64)
+            self._launch("polygon_bounds", g, block, (L["coords"], L["gco"], np.int64(g), L["bbox"], summary))
+            L["ring_area2"] = ws.empty(f"ring_area2_{side}", r, cp.float64)
+            L["ring_box"] = ws.empty(f"ring_box_{side}", (r, 4), cp.float64)
+            self._launch("ring_tables", r, block, (L["coords"], L["ring_offsets"], np.int32(r), L["ring_area2"],
+                                                   L["ring_box"]))
+        host = st.read_size(summary, "world box, mean and max bbox size -> grid level")
+        g_all = state["a"]["n_geoms"] + state["b"]["n_geoms"]
+        state["world"], state["mean_wh"], state["max_wh"] = host[:4], (host[4] / g_all, host[5] / g_all), host[6:8]
+        n_edges = sum(int(state[s]["coords"].shape[0] - state[s]["n_rings"]) for s in ("a", "b"))
+        st.rows_in, st.rows_out = g_all, n_edges
+        st.meta.update(segments_left=int(state["a"]["coords"].shape[0] - state["a"]["n_rings"]),
+                       segments_right=int(state["b"]["coords"].shape[0] - state["b"]["n_rings"]))
+
+    def segment_mbr_filter(self, state, st, tiling):
+        cp, ws, block = self.cp, self.mod.ws, tiling["block"]
+        A, B = state["a"], state["b"]
+        ga, gb = A["n_geoms"], B["n_geoms"]
+        level = grid.grid_level(state["world"], *state["mean_wh"], bias=tiling["level_bias"])
+        shift = np.int32(grid.BITS - level)
+        minx, miny, sx, sy = grid.world_scale(state["world"])
+        # B bucketed by the cell of its bbox's lower-left corner.
+        cell = ws.empty("corner_cell", gb, cp.uint32)
+        slot = ws.empty("corner_slot", gb, cp.int32)
+        counts = ws.zeros("corner_counts", (1 << 2 * level) + 1, cp.int32)
+        self._launch("corner_cells", gb, block, (B["bbox"], np.int32(gb), minx, miny, sx, sy, shift, cell, slot,
+                                                 counts))
+        cell_start = self.mod.inclusive_scan(counts, cp.int32, "corner_start")
+        sorted_b = ws.empty("sorted_b", gb, cp.int32)
+        self._launch("corner_scatter", gb, block, (cell, slot, np.int32(gb), cell_start, sorted_b))
+        # Polygon pairs: count, scan, read, emit, order each a's b's.
+        pcounts = ws.empty("pair_counts", ga, cp.int64)
+        pstats = ws.zeros("pair_stats", 2, cp.uint64)
+        max_w, max_h = float(state["max_wh"][0]), float(state["max_wh"][1])
+        common = (A["bbox"], np.int32(ga), B["bbox"], max_w, max_h, minx, miny, sx, sy, shift, cell_start, sorted_b)
+        null = np.intp(0)
+        self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, null, null, pstats))
+        poffsets = self.mod.inclusive_scan(pcounts, cp.int64, "pair_offsets")
+        bbox_tests, npairs = (int(v) for v in st.read_size(pstats, "polygon pairs -> buffer size"))
+        pair_a = ws.empty("pair_a", npairs, cp.int32)
+        pair_b = ws.empty("pair_b", npairs, cp.int32)
+        self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, poffsets, pair_b, pstats))
+        self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), pair_a, pair_b))
+        # Edge pairs of each polygon pair: count (and slots), scan, read, emit.
+        ecounts = ws.empty("edge_counts", npairs, cp.int64)
+        slots = ws.empty("pair_slots", npairs, cp.int64)
+        estats = ws.zeros("edge_stats", 2, cp.uint64)
+        geo = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"],
+               B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], pair_a, pair_b, np.int32(npairs))
+        # v2's sweep keeps 8 warps' edge lists in shared memory: its block is fixed at 256.
+        kernel, eblock = ("edge_pairs_sweep", 256) if self.version == "v2" else ("edge_pairs", block)
+        self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, null, null, null, null, estats))
+        eoffsets = self.mod.inclusive_scan(ecounts, cp.int64, "edge_offsets")
+        slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl")
+        tail = slot_incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
+        tests, c, n_slots = (int(v) for v in st.read_size(cp.concatenate([estats.view(cp.int64), tail]),
+                                                           "candidate edge pairs -> buffer size"))
+        if c >= 2**31 or n_slots >= 2**31:
+            raise ValueError(f"{c} candidate edge pairs / {n_slots} edge slots exceed int32 indexing")
+        cand = [ws.empty(f"cand_{k}", c, cp.int32) for k in ("p", "ka", "kb")]
+        self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, eoffsets, *cand, estats))
+        state.update(level=level, pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
+        st.rows_in, st.rows_out = ga + gb, c
+        st.meta.update(polygon_pairs=npairs, pairs_examined=tests, candidates=c, grid_level=level,
+                       bbox_tests=bbox_tests)
+
+    def exact_intersection_refine(self, state, st, tiling):
+        cp, ws = self.cp, self.mod.ws
+        A, B = state["a"], state["b"]
+        c = len(state["cand"][0])
+        ev_slot, ev_t = ws.empty("ev_slot", 4 * c, cp.int32), ws.empty("ev_t", 4 * c, cp.float64)
+        ov_slot, ov_lo = ws.empty("ov_slot", 2 * c, cp.int32), ws.empty("ov_lo", 2 * c, cp.float64)
+        ov_hi, ov_keep = ws.empty("ov_hi", 2 * c, cp.float64), ws.empty("ov_keep", 2 * c, cp.int32)
+        stats = ws.zeros("refine_stats", 5, cp.uint64)
+        self._launch("refine_pairs", c, tiling["block"], (
+            A["coords"], A["geom_ring_offsets"], A["ring_offsets"], B["coords"], B["geom_ring_offsets"],
+            B["ring_offsets"], state["pair_a"], state["pair_b"], state["slot_incl"], *state["cand"], np.int32(c),
+            CCW_ERRBOUND_A, ev_slot, ev_t, ov_slot, ov_lo, ov_hi, ov_keep, stats))
+        # Counters come back with the final read (area_reconstruction fills rows_out and meta).
+        state.update(ev=(ev_slot, ev_t), ov=(ov_slot, ov_lo, ov_hi, ov_keep), refine_stats=stats, refine_st=st)
+        st.rows_in = c
+
+    def reconstruction_event_sort(self, state, st, tiling):
+        n_slots, block = state["n_slots"], tiling["block"]
+        ev_slot, ev_t = state["ev"]
+        ov_slot, ov_lo = state["ov"][0], state["ov"][1]
+        state["ev_start"], state["ev_order"] = self._by_slot("ev", ev_slot, ev_t, n_slots, block)
+        state["ov_start"], state["ov_order"] = self._by_slot("ov", ov_slot, ov_lo, n_slots, block)
+        state["sort_st"] = st   # rows (split events) arrive with the final read, like refine's counters
+
+    def _by_slot(self, tag, slot, key, n_slots, block):
+        """Counting sort of records by slot, then each slot's records by key."""
+        cp, ws = self.cp, self.mod.ws
+        n = len(slot)
+        rank = ws.empty(f"{tag}_rank", n, cp.int32)
+        counts = ws.zeros(f"{tag}_counts", n_slots + 1, cp.int32)
+        self._launch("slot_count", n, block, (slot, np.int64(n), rank, counts))
+        start = self.mod.inclusive_scan(counts, cp.int32, f"{tag}_start")
+        order = ws.empty(f"{tag}_order", n, cp.int32)
+        self._launch("slot_scatter", n, block, (slot, rank, np.int64(n), start, order))
+        self._launch("slot_sort", n_slots, block, (start, np.int64(n_slots), key, order))
+        return start, order
+
+    def area_reconstruction(self, state, st, tiling):
+        cp, ws, block = self.cp, self.mod.ws, tiling["block"]
+        A, B = state["a"], state["b"]
+        npairs = len(state["pair_a"])
+        max_rings = max(A["max_rings"], B["max_rings"])
+        contrib = ws.empty("contrib", npairs * 2 * max_rings, cp.float64)
+        stats = ws.zeros("area_stats", 4, cp.uint64)
+        self._launch("area_rings", npairs * 2 * max_rings, block, (
+            A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"], A["ring_area2"], A["ring_box"],
+            B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], B["ring_area2"], B["ring_box"],
+            state["pair_a"], state["pair_b"], np.int32(npairs), np.int32(max_rings), state["slot_incl"],
+            state["ev_start"], state["ev_order"], state["ev"][1], state["ov_start"], state["ov_order"],
+            state["ov"][1], state["ov"][2], state["ov"][3], CCW_ERRBOUND_A, contrib, stats))
+        area = ws.empty("pair_area", npairs, cp.float64)
+        keep = ws.empty("pair_keep", npairs, cp.int32)
+        self._launch("pair_area", npairs, block, (contrib, np.int32(npairs), np.int32(max_rings), area, keep))
+        incl = self.mod.inclusive_scan(keep, cp.int64, "keep_incl")
+        tail = incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
+        vals = st.read_size(cp.concatenate([tail, state["refine_stats"].view(cp.int64), stats.view(cp.int64)]),
+                            "output pairs -> output size")
+        h = int(vals[0])
+        out_a = cp.empty(h, dtype=cp.int64)      # handed to the caller: never workspace
+        out_b = cp.empty(h, dtype=cp.int64)
+        out_area = cp.empty(h, dtype=cp.float64)
+        self._launch("emit_areas", npairs, block, (keep, incl, np.int32(npairs), state["pair_a"], state["pair_b"],
+                                                   area, out_a, out_b, out_area))
+        state["output"] = (out_a, out_b, out_area)
+        proper, touch, overlap, amb, events = (int(v) for v in vals[1:6])
+        refine = state["refine_st"]
+        refine.rows_out = events
+        state["sort_st"].rows_in = state["sort_st"].rows_out = events
+        refine.meta.update(proper=proper, touch=touch, collinear_overlap=overlap, ambiguous_pairs=amb,
+                           split_events=events)
+        pip, pieces, kept, cut = (int(v) for v in vals[6:10])
+        st.rows_in, st.rows_out = npairs, h
+        st.meta.update(cut_rings=cut, fragments=pieces, fragments_kept=kept, pip_tests=pip)

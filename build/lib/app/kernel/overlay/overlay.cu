@@ -1,0 +1,552 @@
+// Overlay kernels (polygon layer A x layer B); common.cuh and scan.cu are compiled in front.
+// An edge is named by the index k of its first coordinate (coords[k] -> coords[k + 1]);
+// the last coordinate of a ring starts no edge. An "edge slot" of polygon pair p is
+// slot_base[p] + k - first coordinate of a (side A) or slot_base[p] + coords(a) + k -
+// first coordinate of b (side B).
+
+__device__ __forceinline__ bool boxes_meet(double ax0, double ay0, double ax1, double ay1, const double* b) {
+    return ax0 <= b[2] && b[0] <= ax1 && ay0 <= b[3] && b[1] <= ay1;
+}
+
+// ---- segment extraction: per ring, twice its signed area (relative to its first
+// vertex, little cancellation), its bbox, and its number of edges ----------------
+extern "C" __global__ void ring_tables(const double2* coords, const int* ring_off, int R, double* ring_area2,
+                                      double* ring_box) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= R) return;
+    int k0 = ring_off[r], k1 = ring_off[r + 1] - 1;
+    double2 o = coords[k0];
+    double s = 0.0, x0 = o.x, y0 = o.y, x1 = o.x, y1 = o.y;
+    for (int k = k0; k < k1; ++k) {
+        double2 a = coords[k], b = coords[k + 1];
+        s += (a.x - o.x) * (b.y - o.y) - (b.x - o.x) * (a.y - o.y);
+        x0 = fmin(x0, b.x); y0 = fmin(y0, b.y); x1 = fmax(x1, b.x); y1 = fmax(y1, b.y);
+    }
+    ring_area2[r] = s;
+    ring_box[4 * r] = x0; ring_box[4 * r + 1] = y0; ring_box[4 * r + 2] = x1; ring_box[4 * r + 3] = y1;
+}
+
+// ---- filter, part 1: polygon pairs with overlapping bboxes ------------------------
+// B is bucketed by the grid cell of its bbox's lower-left corner (one entry per b, a
+// counting sort); a's bbox meets b's only if b's corner lies in a's bbox grown down
+// and left by B's largest width/height, so each a scans those cells: no duplicates.
+extern "C" __global__ void corner_cells(const double* bbox, int G, double ox, double oy, double sx, double sy,
+                                        int shift, unsigned int* cell, int* slot, int* counts) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    unsigned int c = morton(quantise(bbox[4 * g], ox, sx) >> shift, quantise(bbox[4 * g + 1], oy, sy) >> shift);
+    cell[g] = c;
+    slot[g] = atomicAdd(counts + c + 1, 1);
+}
+
+extern "C" __global__ void corner_scatter(const unsigned int* cell, const int* slot, int G, const int* cell_start,
+                                          int* sorted) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    sorted[cell_start[cell[g]] + slot[g]] = g;
+}
+
+// A warp per polygon a. stats[0] += bbox tests, stats[1] += pairs.
+// Emit pass (offsets != 0): writes b of each pair at its a-major position.
+extern "C" __global__ void polygon_pairs(const double* box_a, int GA, const double* box_b, double max_w, double max_h,
+                                         double ox, double oy, double sx, double sy, int shift, const int* cell_start,
+                                         const int* sorted_b, long long* counts, const long long* incl_offsets,
+                                         int* pair_b, unsigned long long* stats) {
+    int a = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
+    int lane = threadIdx.x & 31;
+    unsigned long long tests = 0, found = 0;
+    if (a < GA) {
+        const double* A = box_a + 4 * (long long)a;
+        double grown[4] = {A[0] - max_w, A[1] - max_h, A[2], A[3]};
+        unsigned int x0, y0, x1, y1;
+        cell_range(grown, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+        long long out = incl_offsets ? (a == 0 ? 0 : incl_offsets[a - 1]) : 0;
+        for (unsigned int y = y0; y <= y1; ++y)
+            for (unsigned int x = x0; x <= x1; ++x) {
+                unsigned int c = morton(x, y);
+                int j0 = cell_start[c], j1 = cell_start[c + 1];
+                for (int base = j0; base < j1; base += 32) {
+                    int j = base + lane, b = 0;
+                    bool hit = false;
+                    if (j < j1) {
+                        b = sorted_b[j];
+                        hit = boxes_meet(A[0], A[1], A[2], A[3], box_b + 4 * (long long)b);
+                        ++tests;
+                    }
+                    unsigned int ballot = __ballot_sync(FULL_MASK, hit);
+                    if (incl_offsets && hit) pair_b[out + __popc(ballot & ((1u << lane) - 1))] = b;
+                    out += __popc(ballot);
+                    found += hit;
+                }
+            }
+        if (!incl_offsets) {
+            unsigned long long t = found;
+            for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(FULL_MASK, t, off);
+            if (lane == 0) counts[a] = (long long)t;
+        }
+    }
+    unsigned long long v[2] = {tests, found};
+    if (!incl_offsets) block_add<2>(stats, v);
+}
+
+// Pairs of one a in ascending b (insertion sort of a short segment), and each pair's a.
+extern "C" __global__ void sort_pairs(const long long* incl_offsets, int GA, int* pair_a, int* pair_b) {
+    int a = blockIdx.x * blockDim.x + threadIdx.x;
+    if (a >= GA) return;
+    long long s = a == 0 ? 0 : incl_offsets[a - 1], e = incl_offsets[a];
+    for (long long i = s; i < e; ++i) pair_a[i] = a;
+    for (long long i = s + 1; i < e; ++i) {
+        int v = pair_b[i];
+        long long j = i - 1;
+        while (j >= s && pair_b[j] > v) { pair_b[j + 1] = pair_b[j]; --j; }
+        pair_b[j + 1] = v;
+    }
+}
+
+// ---- filter, part 2: edge pairs of each polygon pair, brute force -----------------
+// A warp per pair; lanes take a's edges that reach b's bbox, and test each against
+// every edge of b that reaches a's bbox. Count pass: counts[p] and per-pair slots
+// (coords(a) + coords(b)); emit pass: (pair, ka, kb) at the pair's offset.
+// stats[0] += MBR tests, stats[1] += candidates.
+extern "C" __global__ void edge_pairs(const double2* ca, const int* ro_a, const int* gro_a, const double* box_a,
+                                      const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+                                      const int* pair_a, const int* pair_b, int P, long long* counts,
+                                      long long* slots, const long long* incl_offsets, int* out_p, int* out_ka,
+                                      int* out_kb, unsigned long long* stats) {
+    int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
+    int lane = threadIdx.x & 31;
+    unsigned long long tests = 0, found = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double* BA = box_a + 4 * (long long)a;
+        const double* BB = box_b + 4 * (long long)b;
+        int a0 = ro_a[gro_a[a]], a1 = ro_a[gro_a[a + 1]];
+        int b0 = ro_b[gro_b[b]], b1 = ro_b[gro_b[b + 1]];
+        long long out = incl_offsets ? (p == 0 ? 0 : incl_offsets[p - 1]) : 0;
+        int ring = gro_a[a], ring_end = ro_a[ring + 1] - 1;
+        // Lanes walk a's coordinates in strides of 32; ring ends start no edge.
+        for (int base = a0; base < a1; base += 32) {
+            int k = base + lane;
+            int mine = 0;
+            double2 e0, e1;
+            bool live = false;
+            if (k < a1) {
+                while (k >= ring_end + 1) { ++ring; ring_end = ro_a[ring + 1] - 1; }
+                if (k < ring_end) {
+                    e0 = ca[k]; e1 = ca[k + 1];
+                    live = boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), BB);
+                }
+            }
+            if (live) {
+                double ex0 = fmin(e0.x, e1.x), ey0 = fmin(e0.y, e1.y), ex1 = fmax(e0.x, e1.x), ey1 = fmax(e0.y, e1.y);
+                int rb = gro_b[b], rb_end = ro_b[rb + 1] - 1;
+                for (int kb = b0; kb < b1; ++kb) {
+                    if (kb == rb_end) { ++rb; rb_end = ro_b[rb + 1] - 1; continue; }
+                    double2 f0 = cb[kb], f1 = cb[kb + 1];
+                    double fx0 = fmin(f0.x, f1.x), fy0 = fmin(f0.y, f1.y), fx1 = fmax(f0.x, f1.x), fy1 = fmax(f0.y, f1.y);
+                    if (!boxes_meet(fx0, fy0, fx1, fy1, BA)) continue;     // b's edge misses a's bbox
+                    ++tests;
+                    if (ex0 <= fx1 && fx0 <= ex1 && ey0 <= fy1 && fy0 <= ey1) {
+                        if (incl_offsets) {
+                            // Position: pairs before this lane's, in lane order, then in kb order.
+                            mine++;
+                        }
+                        ++found;
+                    }
+                }
+            }
+            if (incl_offsets) {
+                // Exclusive scan of this round's per-lane counts gives each lane's start.
+                int incl = mine;
+                for (int off = 1; off < 32; off <<= 1) {
+                    int up = __shfl_up_sync(FULL_MASK, incl, off);
+                    if (lane >= off) incl += up;
+                }
+                long long pos = out + incl - mine;
+                if (mine) {
+                    int rb = gro_b[b], rb_end = ro_b[rb + 1] - 1;
+                    double ex0 = fmin(e0.x, e1.x), ey0 = fmin(e0.y, e1.y), ex1 = fmax(e0.x, e1.x), ey1 = fmax(e0.y, e1.y);
+                    for (int kb = b0; kb < b1; ++kb) {
+                        if (kb == rb_end) { ++rb; rb_end = ro_b[rb + 1] - 1; continue; }
+                        double2 f0 = cb[kb], f1 = cb[kb + 1];
+                        double fx0 = fmin(f0.x, f1.x), fy0 = fmin(f0.y, f1.y), fx1 = fmax(f0.x, f1.x), fy1 = fmax(f0.y, f1.y);
+                        if (!boxes_meet(fx0, fy0, fx1, fy1, BA)) continue;
+                        if (ex0 <= fx1 && fx0 <= ex1 && ey0 <= fy1 && fy0 <= ey1) {
+                            out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = kb; ++pos;
+                        }
+                    }
+                }
+                out += __shfl_sync(FULL_MASK, incl, 31);
+            }
+        }
+        if (!incl_offsets) {
+            unsigned long long t = found;
+            for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(FULL_MASK, t, off);
+            if (lane == 0) { counts[p] = (long long)t; slots[p] = (long long)(a1 - a0) + (b1 - b0); }
+        }
+    }
+    unsigned long long v[2] = {tests, found};
+    if (!incl_offsets) block_add<2>(stats, v);
+}
+
+// ---- exact intersection refine ----------------------------------------------------
+// The same classification as segments.py. Parameters along a segment use its
+// dominant axis, so its own endpoints sit at exactly 0 and 1. Each candidate writes
+// four split records (slot, t; slot -1 when none) and two overlap records
+// (slot, lo, hi, keep; slot -1 when none). stats: [0] proper, [1] touch,
+// [2] collinear overlap, [3] ambiguous pairs, [4] split events.
+__device__ __forceinline__ double seg_param(double px, double py, double2 s0, double2 s1) {
+    return fabs(s1.x - s0.x) >= fabs(s1.y - s0.y) ? (px - s0.x) / (s1.x - s0.x) : (py - s0.y) / (s1.y - s0.y);
+}
+
+__device__ __forceinline__ bool in_box(double px, double py, double2 s0, double2 s1) {
+    return fmin(s0.x, s1.x) <= px && px <= fmax(s0.x, s1.x) && fmin(s0.y, s1.y) <= py && py <= fmax(s0.y, s1.y);
+}
+
+__device__ __forceinline__ double inside_split(double t) { return (t > 0.0 && t < 1.0) ? t : -1.0; }
+
+// The input vertex (an endpoint of e or f) whose dominant coordinate is c.
+__device__ __forceinline__ double2 interval_point(double c, bool use_x, double2 e0, double2 e1, double2 f0, double2 f1) {
+    if ((use_x ? e0.x : e0.y) == c) return e0;
+    if ((use_x ? e1.x : e1.y) == c) return e1;
+    if ((use_x ? f0.x : f0.y) == c) return f0;
+    return f1;
+}
+
+extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, const int* ro_a, const double2* cb,
+                                        const int* gro_b, const int* ro_b, const int* pair_a, const int* pair_b,
+                                        const long long* slot_incl, const int* cand_p, const int* cand_ka,
+                                        const int* cand_kb, int C, double errA, int* ev_slot, double* ev_t,
+                                        int* ov_slot, double* ov_lo, double* ov_hi, int* ov_keep,
+                                        unsigned long long* stats) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long n_proper = 0, n_touch = 0, n_overlap = 0, n_amb = 0, n_events = 0;
+    if (c < C) {
+        int p = cand_p[c], ka = cand_ka[c], kb = cand_kb[c];
+        int a = pair_a[p], b = pair_b[p];
+        int a0 = ro_a[gro_a[a]], b0 = ro_b[gro_b[b]];
+        long long base = p == 0 ? 0 : slot_incl[p - 1];
+        int slot_e = (int)(base + (ka - a0));
+        int slot_f = (int)(base + (ro_a[gro_a[a + 1]] - a0) + (kb - b0));
+        double2 e0 = ca[ka], e1 = ca[ka + 1], f0 = cb[kb], f1 = cb[kb + 1];
+        unsigned long long ex = 0;
+        int o1 = orient2d(e0.x, e0.y, e1.x, e1.y, f0.x, f0.y, errA, ex);
+        int o2 = orient2d(e0.x, e0.y, e1.x, e1.y, f1.x, f1.y, errA, ex);
+        int o3 = orient2d(f0.x, f0.y, f1.x, f1.y, e0.x, e0.y, errA, ex);
+        int o4 = orient2d(f0.x, f0.y, f1.x, f1.y, e1.x, e1.y, errA, ex);
+        n_amb = ex > 0;
+        double te[2] = {-1.0, -1.0}, tf[2] = {-1.0, -1.0};
+        bool col = o1 == 0 && o2 == 0;
+        bool use_x = fabs(e1.x - e0.x) >= fabs(e1.y - e0.y);
+        double ce0 = use_x ? e0.x : e0.y, ce1 = use_x ? e1.x : e1.y;
+        double cf0 = use_x ? f0.x : f0.y, cf1 = use_x ? f1.x : f1.y;
+        double lo = fmax(fmin(ce0, ce1), fmin(cf0, cf1)), hi = fmin(fmax(ce0, ce1), fmax(cf0, cf1));
+        ov_slot[2 * c] = -1; ov_slot[2 * c + 1] = -1;
+        if (col && lo < hi) {
+            n_overlap = 1;
+            double2 plo = interval_point(lo, use_x, e0, e1, f0, f1), phi = interval_point(hi, use_x, e0, e1, f0, f1);
+            double el = seg_param(plo.x, plo.y, e0, e1), eh = seg_param(phi.x, phi.y, e0, e1);
+            double fl = seg_param(plo.x, plo.y, f0, f1), fh = seg_param(phi.x, phi.y, f0, f1);
+            double elo = fmin(el, eh), ehi = fmax(el, eh), flo = fmin(fl, fh), fhi = fmax(fl, fh);
+            te[0] = inside_split(elo); te[1] = inside_split(ehi);
+            tf[0] = inside_split(flo); tf[1] = inside_split(fhi);
+            bool same = (ce1 - ce0) * (cf1 - cf0) > 0.0;
+            // A keeps a shared piece when both run the same way; B never does (no double count).
+            ov_slot[2 * c] = slot_e; ov_lo[2 * c] = elo; ov_hi[2 * c] = ehi; ov_keep[2 * c] = same;
+            ov_slot[2 * c + 1] = slot_f; ov_lo[2 * c + 1] = flo; ov_hi[2 * c + 1] = fhi; ov_keep[2 * c + 1] = 0;
+        } else if (!col && o1 * o2 < 0 && o3 * o4 < 0) {
+            n_proper = 1;
+            double dex = e1.x - e0.x, dey = e1.y - e0.y, dfx = f1.x - f0.x, dfy = f1.y - f0.y;
+            double wx = f0.x - e0.x, wy = f0.y - e0.y, den = dex * dfy - dey * dfx;
+            te[0] = inside_split(fmin(fmax((wx * dfy - wy * dfx) / den, 0.0), 1.0));
+            tf[0] = inside_split(fmin(fmax((wx * dey - wy * dex) / den, 0.0), 1.0));
+        } else if (!col || lo == hi) {
+            bool hit = false;
+            if (o1 == 0 && in_box(f0.x, f0.y, e0, e1)) { te[0] = inside_split(seg_param(f0.x, f0.y, e0, e1)); hit = true; }
+            if (o2 == 0 && in_box(f1.x, f1.y, e0, e1)) { te[1] = inside_split(seg_param(f1.x, f1.y, e0, e1)); hit = true; }
+            if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) { tf[0] = inside_split(seg_param(e0.x, e0.y, f0, f1)); hit = true; }
+            if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) { tf[1] = inside_split(seg_param(e1.x, e1.y, f0, f1)); hit = true; }
+            n_touch = hit;
+        }
+        for (int i = 0; i < 2; ++i) {
+            ev_slot[4 * c + i] = te[i] >= 0.0 ? slot_e : -1; ev_t[4 * c + i] = te[i];
+            ev_slot[4 * c + 2 + i] = tf[i] >= 0.0 ? slot_f : -1; ev_t[4 * c + 2 + i] = tf[i];
+            n_events += (te[i] >= 0.0) + (tf[i] >= 0.0);
+        }
+    }
+    unsigned long long v[5] = {n_proper, n_touch, n_overlap, n_amb, n_events};
+    block_add<5>(stats, v);
+}
+
+// ---- reconstruction-event sort: records grouped by slot, then ordered by t -----------
+// Counting sort (count with an atomic rank, scan, scatter) and an insertion sort of
+// each slot's few records. Used for split records (t) and overlap records (lo).
+extern "C" __global__ void slot_count(const int* slot, long long n, int* rank, int* counts) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n || slot[i] < 0) return;
+    rank[i] = atomicAdd(counts + slot[i] + 1, 1);
+}
+
+extern "C" __global__ void slot_scatter(const int* slot, const int* rank, long long n, const int* start, int* order) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n || slot[i] < 0) return;
+    order[start[slot[i]] + rank[i]] = (int)i;
+}
+
+extern "C" __global__ void slot_sort(const int* start, long long S, const double* key, int* order) {
+    long long s = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (s >= S) return;
+    int i0 = start[s], i1 = start[s + 1];
+    for (int i = i0 + 1; i < i1; ++i) {
+        int v = order[i];
+        double kv = key[v];
+        int j = i - 1;
+        while (j >= i0 && key[order[j]] > kv) { order[j + 1] = order[j]; --j; }
+        order[j + 1] = v;
+    }
+}
+
+// ---- area reconstruction ------------------------------------------------------------
+// A thread per (pair, side, ring). A ring with no split or overlap record lies wholly
+// inside or outside the other polygon: one midpoint decides, and it adds twice its
+// area. A cut ring adds, for every piece of every edge that is strictly inside the
+// other polygon (or on a shared boundary that A keeps), the shoelace term of the
+// piece relative to the centre of a's bbox. stats: [0] point-in-polygon tests,
+// [1] pieces, [2] pieces kept, [3] cut rings.
+__device__ __forceinline__ double2 point_at(double2 s0, double2 s1, double t) {
+    return t == 1.0 ? s1 : make_double2(s0.x + t * (s1.x - s0.x), s0.y + t * (s1.y - s0.y));
+}
+
+extern "C" __global__ void area_rings(
+        const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
+        const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+        const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P, int max_rings,
+        const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
+        const int* ov_start, const int* ov_order, const double* ov_lo, const double* ov_hi, const int* ov_keep,
+        double errA, double* contrib, unsigned long long* stats) {
+    long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long per_pair = 2LL * max_rings;
+    int p = (int)(tid / per_pair);
+    int rem = (int)(tid % per_pair), side = rem / max_rings, lr = rem % max_rings;
+    double acc = 0.0;
+    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, n_cut = 0, ex = 0, edges = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double2* C = side ? cb : ca;
+        const int *ro = side ? ro_b : ro_a, *gro = side ? gro_b : gro_a;
+        const double2* CO = side ? ca : cb;
+        const int *roO = side ? ro_a : ro_b, *groO = side ? gro_a : gro_b;
+        int g = side ? b : a, go = side ? a : b;
+        const double* boxO = (side ? box_a : box_b) + 4 * (long long)go;
+        int r = gro[g] + lr;
+        if (r < gro[g + 1]) {
+            long long base = p == 0 ? 0 : slot_incl[p - 1];
+            int a_coords = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
+            long long slot0 = base + (side ? a_coords : 0) - ro[gro[g]];     // slot of coordinate k: slot0 + k
+            int k0 = ro[r], k1 = ro[r + 1] - 1;
+            bool cut = ev_start[slot0 + k1] != ev_start[slot0 + k0] || ov_start[slot0 + k1] != ov_start[slot0 + k0];
+            const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
+            if (!cut) {
+                if (boxes_meet(rb[0], rb[1], rb[2], rb[3], boxO)) {
+                    double2 e0 = C[k0], e1 = C[k0 + 1];
+                    double2 m = make_double2(0.5 * (e0.x + e1.x), 0.5 * (e0.y + e1.y));
+                    if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
+                        bool bnd = false;
+                        ++n_pip;
+                        if (classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd)
+                            acc += (side ? ra2_b : ra2_a)[r];
+                    }
+                }
+            } else {
+                n_cut = 1;
+                const double* BA = box_a + 4 * (long long)a;
+                double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
+                for (int k = k0; k < k1; ++k) {
+                    long long s = slot0 + k;
+                    int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
+                    double2 e0 = C[k], e1 = C[k + 1];
+                    if (e_lo == e_hi && o_lo == o_hi &&
+                        !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
+                        continue;   // no events and away from the other polygon: outside
+                    double t0 = 0.0;
+                    for (int i = e_lo; i <= e_hi; ++i) {
+                        double t1 = i < e_hi ? ev_t[ev_order[i]] : 1.0;
+                        if (!(t1 > t0)) continue;
+                        ++n_pieces;
+                        double tm = 0.5 * (t0 + t1);
+                        bool shared = false, keep = false;
+                        for (int j = o_lo; j < o_hi; ++j) {
+                            int rec = ov_order[j];
+                            if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
+                        }
+                        if (!shared) {
+                            double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
+                            if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
+                                bool bnd = false;
+                                ++n_pip;
+                                keep = classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd;
+                            }
+                        }
+                        if (keep) {
+                            ++n_kept;
+                            double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
+                            acc += (q0.x - ox) * (q1.y - oy) - (q1.x - ox) * (q0.y - oy);
+                        }
+                        t0 = t1;
+                    }
+                }
+            }
+        }
+    }
+    if (p < P) contrib[tid] = acc;
+    unsigned long long v[4] = {n_pip, n_pieces, n_kept, n_cut};
+    block_add<4>(stats, v);
+}
+
+// Per pair: half the sum of its rings' contributions; keep[p] = area > 0.
+extern "C" __global__ void pair_area(const double* contrib, int P, int max_rings, double* area, int* keep) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= P) return;
+    double s = 0.0;
+    for (int i = 0; i < 2 * max_rings; ++i) s += contrib[(long long)p * 2 * max_rings + i];
+    area[p] = 0.5 * s;
+    keep[p] = 0.5 * s > 0.0;
+}
+
+extern "C" __global__ void emit_areas(const int* keep, const long long* incl, int P, const int* pair_a,
+                                      const int* pair_b, const double* area, long long* out_a, long long* out_b,
+                                      double* out_area) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= P || !keep[p]) return;
+    long long i = incl[p] - 1;
+    out_a[i] = pair_a[p]; out_b[i] = pair_b[p]; out_area[i] = area[p];
+}
+
+// ---- v2 filter, part 2: sort-and-sweep within each polygon pair -------------------
+// The warp gathers b's edges that reach a's bbox into shared memory, sorts them by
+// lowest y, and each lane (one of a's edges) tests only the prefix whose lowest y is
+// <= its highest y. Pairs whose b has more than SWEEP_MAX near edges fall back to
+// scanning b in order (same tests counted). stats as edge_pairs.
+#define SWEEP_MAX 64
+#define SWEEP_WARPS 8   // blockDim.x must be 256
+
+extern "C" __global__ void __launch_bounds__(256)
+edge_pairs_sweep(const double2* ca, const int* ro_a, const int* gro_a, const double* box_a,
+                 const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+                 const int* pair_a, const int* pair_b, int P, long long* counts, long long* slots,
+                 const long long* incl_offsets, int* out_p, int* out_ka, int* out_kb, unsigned long long* stats) {
+    __shared__ double s_box[SWEEP_WARPS][SWEEP_MAX][4];   // xlo, ylo, xhi, yhi
+    __shared__ int s_k[SWEEP_WARPS][SWEEP_MAX];
+    __shared__ int s_n[SWEEP_WARPS];
+    int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned long long tests = 0, found = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double* BA = box_a + 4 * (long long)a;
+        const double* BB = box_b + 4 * (long long)b;
+        int a0 = ro_a[gro_a[a]], a1 = ro_a[gro_a[a + 1]];
+        int b0 = ro_b[gro_b[b]], b1 = ro_b[gro_b[b + 1]];
+        // Gather b's near edges (ballot compaction), in coordinate order.
+        if (lane == 0) s_n[w] = 0;
+        __syncwarp();
+        int n = 0;
+        for (int base = b0; base < b1; base += 32) {
+            int kb = base + lane;
+            bool near = false;
+            double2 f0, f1;
+            if (kb < b1 - 1) {
+                // kb starts an edge unless it is the last coordinate of its ring: a ring's
+                // last coordinate repeats its first, so the next coordinate starts a new ring.
+                int r = gro_b[b];
+                while (ro_b[r + 1] <= kb) ++r;
+                if (kb != ro_b[r + 1] - 1) {
+                    f0 = cb[kb]; f1 = cb[kb + 1];
+                    near = fmin(f0.x, f1.x) <= BA[2] && BA[0] <= fmax(f0.x, f1.x) &&
+                           fmin(f0.y, f1.y) <= BA[3] && BA[1] <= fmax(f0.y, f1.y);
+                }
+            }
+            unsigned int ballot = __ballot_sync(FULL_MASK, near);
+            int pos = n + __popc(ballot & ((1u << lane) - 1));
+            if (near && pos < SWEEP_MAX) {
+                s_box[w][pos][0] = fmin(f0.x, f1.x); s_box[w][pos][1] = fmin(f0.y, f1.y);
+                s_box[w][pos][2] = fmax(f0.x, f1.x); s_box[w][pos][3] = fmax(f0.y, f1.y);
+                s_k[w][pos] = kb;
+            }
+            n += __popc(ballot);
+        }
+        __syncwarp();
+        bool fits = n <= SWEEP_MAX;
+        if (fits && lane == 0) {   // insertion sort by lowest y: a few dozen entries
+            for (int i = 1; i < n; ++i) {
+                double v[4] = {s_box[w][i][0], s_box[w][i][1], s_box[w][i][2], s_box[w][i][3]};
+                int kv = s_k[w][i], j = i - 1;
+                while (j >= 0 && s_box[w][j][1] > v[1]) {
+                    for (int c = 0; c < 4; ++c) s_box[w][j + 1][c] = s_box[w][j][c];
+                    s_k[w][j + 1] = s_k[w][j];
+                    --j;
+                }
+                for (int c = 0; c < 4; ++c) s_box[w][j + 1][c] = v[c];
+                s_k[w][j + 1] = kv;
+            }
+        }
+        __syncwarp();
+        long long out = incl_offsets ? (p == 0 ? 0 : incl_offsets[p - 1]) : 0;
+        int ring = gro_a[a], ring_end = ro_a[ring + 1] - 1;
+        for (int base = a0; base < a1; base += 32) {
+            int k = base + lane, mine = 0;
+            double ex0 = 0, ey0 = 0, ex1 = 0, ey1 = 0;
+            bool live = false;
+            if (k < a1) {
+                while (k >= ring_end + 1) { ++ring; ring_end = ro_a[ring + 1] - 1; }
+                if (k < ring_end) {
+                    double2 e0 = ca[k], e1 = ca[k + 1];
+                    ex0 = fmin(e0.x, e1.x); ey0 = fmin(e0.y, e1.y); ex1 = fmax(e0.x, e1.x); ey1 = fmax(e0.y, e1.y);
+                    live = ex0 <= BB[2] && BB[0] <= ex1 && ey0 <= BB[3] && BB[1] <= ey1;
+                }
+            }
+            for (int pass = 0; pass < (incl_offsets ? 2 : 1); ++pass) {
+                long long pos = 0;
+                if (pass == 1) {   // emit: this lane's start from an exclusive scan of the counts
+                    int incl = mine;
+                    for (int off = 1; off < 32; off <<= 1) {
+                        int up = __shfl_up_sync(FULL_MASK, incl, off);
+                        if (lane >= off) incl += up;
+                    }
+                    pos = out + incl - mine;
+                    out += __shfl_sync(FULL_MASK, incl, 31);
+                }
+                if (live) {
+                    if (fits) {
+                        for (int j = 0; j < n && s_box[w][j][1] <= ey1; ++j) {
+                            const double* f = s_box[w][j];
+                            bool hit = ex0 <= f[2] && f[0] <= ex1 && f[3] >= ey0;
+                            if (pass == 0) { ++tests; if (hit) { ++found; ++mine; } }
+                            else if (hit) { out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = s_k[w][j]; ++pos; }
+                        }
+                    } else {
+                        int r = gro_b[b], r_end = ro_b[r + 1] - 1;
+                        for (int kb = b0; kb < b1; ++kb) {
+                            if (kb == r_end) { ++r; r_end = ro_b[r + 1] - 1; continue; }
+                            double2 f0 = cb[kb], f1 = cb[kb + 1];
+                            double fx0 = fmin(f0.x, f1.x), fy0 = fmin(f0.y, f1.y);
+                            double fx1 = fmax(f0.x, f1.x), fy1 = fmax(f0.y, f1.y);
+                            if (!(fx0 <= BA[2] && BA[0] <= fx1 && fy0 <= BA[3] && BA[1] <= fy1)) continue;
+                            if (fy0 > ey1) continue;
+                            bool hit = ex0 <= fx1 && fx0 <= ex1 && fy1 >= ey0;
+                            if (pass == 0) { ++tests; if (hit) { ++found; ++mine; } }
+                            else if (hit) { out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = kb; ++pos; }
+                        }
+                    }
+                }
+            }
+        }
+        if (!incl_offsets) {
+            unsigned long long t = found;
+            for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(FULL_MASK, t, off);
+            if (lane == 0) { counts[p] = (long long)t; slots[p] = (long long)(a1 - a0) + (b1 - b0); }
+        }
+    }
+    unsigned long long v[2] = {tests, found};
+    if (!incl_offsets) block_add<2>(stats, v);
+}

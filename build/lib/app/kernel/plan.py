@@ -1,0 +1,175 @@
+"""KernelPlan: a kernel version bound to parameters, described as named stages.
+
+Every mode runs a plan the same way: ``plan.run(inputs, recorder)`` walks
+``plan.stages`` in order and calls the backend's method of the same name inside
+``recorder.stage(spec)``. The recorder decides what is measured (CUDA events,
+a monotonic clock, NVTX ranges); the plan decides what is computed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from app.errors import BadParameter
+
+CATEGORIES = ("setup", "sort", "filter", "refine", "emit")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple | None = None
+    minimum: int | None = None
+
+    def parse(self, raw: Any) -> Any:
+        try:
+            value = self.type(raw)
+        except (TypeError, ValueError):
+            raise BadParameter(f"--{self.name} expects {self.type.__name__}, got {raw!r}") from None
+        if self.choices is not None and value not in self.choices:
+            raise BadParameter(f"--{self.name}={value!r} is not one of {', '.join(map(str, self.choices))}")
+        if self.minimum is not None and value < self.minimum:
+            raise BadParameter(f"--{self.name}={value} must be >= {self.minimum}")
+        return value
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    category: str
+    summary: str
+    # Tunables: name -> candidate values; the first is the default.
+    tunables: dict[str, tuple] = field(default_factory=dict)
+
+    def __post_init__(self):
+        assert self.category in CATEGORIES, self.category
+
+
+@dataclass(frozen=True)
+class Footprint:
+    host_bytes: int                 # inputs, intermediates, outputs and the shapely oracle on the host
+    device_bytes: int               # owned buffers, intermediates and outputs on the GPU
+    scale: str                      # the parameter that drives the size (named in a refusal)
+    indices: dict                   # element counts the kernels address with 32-bit indices
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Minimum traffic and arithmetic of a stage: the roofline's numerator."""
+
+    bytes: float
+    flops: float = 0.0
+    precision: str = "fp64"
+    note: str = ""
+    kind: str = "dram"          # "dram", or "host_link" for host<->device copies (not on the DRAM roofline)
+
+
+class KernelPlan:
+    kernel: ClassVar[str]
+    version: ClassVar[str]
+    summary: ClassVar[str]            # one line: what this version does differently
+    params_spec: ClassVar[tuple[Param, ...]]
+    stages: ClassVar[tuple[StageSpec, ...]]
+
+    def __init__(self, params: dict | None = None, tiling: dict | None = None):
+        self.params = self.resolve_params(params or {})
+        names = {s.name for s in self.stages}
+        tiling = tiling or {}
+        unknown = set(tiling) - names
+        if unknown:
+            raise BadParameter(f"no stage named {sorted(unknown)[0]!r} in {self.kernel} {self.version}")
+        # Chosen tiling per stage: defaults overridden by the caller (autotune cache).
+        self.tiling = {s.name: {k: v[0] for k, v in s.tunables.items()} | tiling.get(s.name, {})
+                       for s in self.stages}
+
+    @classmethod
+    def resolve_params(cls, given: dict) -> dict:
+        spec = {p.name: p for p in cls.params_spec}
+        unknown = set(given) - set(spec)
+        if unknown:
+            name = sorted(unknown)[0]
+            raise BadParameter(f"unknown parameter --{name} for {cls.kernel}; known: "
+                               + ", ".join(f"--{p}" for p in spec))
+        return {name: p.parse(given[name]) if name in given else p.default for name, p in spec.items()}
+
+    def slug(self) -> str:
+        """Stable, readable folder name for these parameters."""
+        parts = [self.version] + [f"{k}-{_human(v)}" for k, v in self.params.items()]
+        return "_".join(parts)
+
+    # --- what a kernel package provides -------------------------------------------
+    def make_inputs(self):
+        raise NotImplementedError
+
+    def footprint(self) -> Footprint | None:
+        """A conservative estimate of the memory these parameters need, checked before any allocation."""
+        return None
+
+    def backend(self, device: str):
+        """The object whose methods, named after the stages, run them on ``device``."""
+        raise NotImplementedError
+
+    def cost(self, stage: str, rows_in: int, rows_out: int, meta: dict, inputs) -> Cost:
+        raise NotImplementedError
+
+    def verify(self, inputs, output) -> dict:
+        raise NotImplementedError
+
+    # --- the one code path ------------------------------------------------------------
+    def run(self, inputs, backend, recorder):
+        state = {"inputs": inputs}
+        for spec in self.stages:
+            with recorder.stage(spec) as st:
+                getattr(backend, spec.name)(state, st, self.tiling[spec.name])
+        return state["output"]
+
+
+REGISTRY: dict[str, dict[str, type[KernelPlan]]] = {}
+
+
+def register(cls: type[KernelPlan]) -> type[KernelPlan]:
+    REGISTRY.setdefault(cls.kernel, {})[cls.version] = cls
+    return cls
+
+
+def _load_kernels() -> None:
+    # Importing a kernel package registers its versions.
+    import app.kernel.join  # noqa: F401
+    import app.kernel.overlay  # noqa: F401
+
+
+def get_plan_class(kernel: str, version: str | None = None) -> type[KernelPlan]:
+    _load_kernels()
+    if kernel not in REGISTRY:
+        raise BadParameter(f"unknown kernel {kernel!r}; available: {', '.join(sorted(REGISTRY))}")
+    versions = REGISTRY[kernel]
+    if version is None:
+        return versions[latest_version(versions)]
+    if version not in versions:
+        raise BadParameter(f"unknown version {version!r} of {kernel}; available: {', '.join(sorted(versions))}")
+    return versions[version]
+
+
+def latest_version(versions) -> str:
+    return max(versions, key=lambda v: int(v.lstrip("v")))
+
+
+def kernels() -> dict[str, dict[str, type[KernelPlan]]]:
+    _load_kernels()
+    return REGISTRY
+
+
+def _human(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int) and not isinstance(v, bool):
+        for unit, size in (("M", 1_000_000), ("k", 1_000)):
+            if v >= size and v % size == 0:
+                return f"{v // size}{unit}"
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)

@@ -1,0 +1,31 @@
+"""The "vs Baseline" section every report carries: medians, change, 95% interval and verdict."""
+from __future__ import annotations
+
+import math
+
+from app.analysis.compare import compare_traces
+from app.report.markdown import Section, fmt
+
+
+def mismatch_warning(baseline: dict) -> str:
+    """The warning every report carries when --force compared unlike profiles ('' otherwise)."""
+    m = baseline.get("_mismatch")
+    return f" The baseline is not comparable: it was measured for {m} (compared anyway, --force)." if m else ""
+
+
+def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Section:
+    if baseline is None:
+        return Section("vs Baseline", text="No baseline given (pass `--baseline PROFILE_DIR` or `--baseline latest`).")
+    result = compare_traces(baseline, trace)
+    rows = []
+    for name, r in [("total (us)", result["total"])] + [(f"{s['name']} (us)", s) for s in result["stages"]]:
+        lo, hi = r["ci_pct"]
+        rows.append([name, fmt(r["base_median_us"]), fmt(r["new_median_us"]), f"{r['change_pct']:+.1f}%",
+                     f"[{lo:+.1f}%, {hi:+.1f}%]" if math.isfinite(lo) else "one sample: no interval", r["verdict"]])
+    return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} "
+                                        f"({baseline.get('mode')} mode) on {baseline.get('device', {}).get('name')}; "
+                                        f"end to end: **{result['verdict']}**." + mismatch_warning(baseline) + note,
+                   columns=["Metric", "Previous", "Current", "Change", "95% interval", "Verdict"], rows=rows,
+                   note="Medians of the timed runs. Noise = the bootstrap interval of the change includes 0, or the "
+                        f"change is below the runs' own spread or {result['floor_pct']:g}%. "
+                        "`python -m app.kernel compare BASE NEW` gives the same table.")

@@ -1,0 +1,107 @@
+"""`python -m app.kernel devlog PROFILE [--file F]`: append a profile's Performance block to a devlog.
+
+The devlog is a markdown file in the user's own repository (``docs/kernels/<kernel>.md``
+under the current folder by default). Each entry ends with a machine-readable
+marker keyed by the profile's folder, so appending the same profile twice adds
+nothing, and the next entry of the same kernel, version, mode and parameters
+finds the previous values to compare with.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import jinja2
+
+from app.analysis.baseline import read_trace
+from app.analysis.compare import samples_of, verdict_of
+from app.errors import BadParameter, OutputNotWritable
+
+MARKER = re.compile(r"<!-- app-kernel devlog entry (\{.*?\}) -->")
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def _entries(text: str) -> list[dict]:
+    out = []
+    for m in MARKER.finditer(text):
+        try:
+            out.append(json.loads(m.group(1)))
+        except ValueError:
+            continue
+    return out
+
+
+def _value(v, unit: str, digits: int = 1, why: str | None = None) -> str:
+    if v is None:
+        return f"missing ({why})" if why else "missing"
+    return f"{v:,.{digits}f}{unit}"
+
+
+def _vs(new, old, lower_is_better: bool = False) -> str:
+    if new is None or old is None or not old:
+        return "--"
+    change = 100 * (new / old - 1)
+    if lower_is_better:
+        return f"{abs(change):.1f}% {'faster' if change < 0 else 'slower'}" if abs(change) >= 0.05 else "same"
+    return f"{change:+.1f}%"
+
+
+def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
+    """(devlog path, appended?) -- False when this profile's entry is already there."""
+    trace = read_trace(profile, "devlog")
+    folder = Path(profile) if Path(profile).is_dir() else Path(profile).parent
+    summary = trace.get("summary")
+    if not isinstance(summary, dict):
+        raise BadParameter(f"devlog {profile}: this profile has no summary (made by an older version of the tool); "
+                           "profile again to log it")
+    params_file = folder / "params.json"
+    params = json.loads(params_file.read_text()) if params_file.is_file() else {}
+    path = Path(file) if file else Path("docs") / "kernels" / f"{trace['kernel']}.md"
+    key = "/".join(folder.resolve().parts[-4:])              # mode/kernel/params/timestamp
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    entries = _entries(text)
+    if any(e.get("key") == key for e in entries):
+        return path, False
+    same = [e for e in entries if (e.get("kernel"), e.get("version"), e.get("mode"), e.get("params")) ==
+            (trace["kernel"], trace["version"], trace.get("mode"), trace.get("metadata", {}).get("params"))]
+    prev = same[-1] if same else {}
+    miss = summary.get("missing", {})
+    record = {"key": key, "kernel": trace["kernel"], "version": trace["version"], "mode": trace.get("mode"),
+              "params": trace.get("metadata", {}).get("params"), "duration_us": summary.get("duration_us"),
+              "achieved_tflops": summary.get("achieved_tflops"), "achieved_gbps": summary.get("achieved_gbps"),
+              "samples": samples_of(trace)}
+    duration_vs = _vs(summary.get("duration_us"), prev.get("duration_us"), True)
+    if prev.get("samples") and duration_vs != "--":
+        # The same verdict as `compare`: a change inside the runs' own noise is called noise.
+        duration_vs += f" ({verdict_of(prev['samples'], record['samples'])['verdict']})"
+    rows = [
+        ["Duration", _value(summary.get("duration_us"), " us"), duration_vs],
+        ["Achieved TFLOP/s", _value(summary.get("achieved_tflops"), "", 4, miss.get("achieved_tflops")),
+         _vs(summary.get("achieved_tflops"), prev.get("achieved_tflops"))],
+        ["Achieved GB/s", _value(summary.get("achieved_gbps"), "", 1, miss.get("achieved_gbps")),
+         _vs(summary.get("achieved_gbps"), prev.get("achieved_gbps"))],
+        [f"Occupancy ({summary.get('occupancy_kind') or 'n/a'})",
+         _value(summary.get("occupancy_pct"), "%", 0, miss.get("occupancy_pct")), "--"],
+        ["SM% (TC Util: these kernels use no tensor cores)", _value(summary.get("sm_pct"), "%", 1, miss.get("sm_pct")), "--"],
+    ]
+    clocks = params.get("clocks", {})
+    block = _ENV.get_template("devlog.md.j2").render(
+        date=time.strftime("%Y-%m-%d", time.gmtime()), kernel=trace["kernel"], version=trace["version"],
+        mode=trace.get("mode"), device=trace.get("device", {}).get("name"),
+        clocks="clocks locked" if clocks.get("locked") else "clocks not locked",
+        params=", ".join(f"{k}={v}" for k, v in (trace.get("metadata", {}).get("params") or {}).items()),
+        rows=rows, bottleneck=summary.get("bottleneck") or "n/a", issues=summary.get("issues") or [],
+        insights=summary.get("insights") or [], profile=key, previous=prev.get("key"),
+        rates_note=f"Rates: {summary['rates_from']}." if summary.get("rates_from") else "",
+        marker=f"<!-- app-kernel devlog entry {json.dumps(record, sort_keys=True)} -->")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(block)
+    except OSError as exc:
+        raise OutputNotWritable(f"cannot append to the devlog {path} ({exc.strerror}); pass --file F with a "
+                                "writable file") from None
+    return path, True

@@ -1,0 +1,133 @@
+"""report.md for event mode: seed 004's Profiler Output Contract plus timing truth.
+
+Section order: Configuration, Stages, Bottleneck/Root cause, Top 3 Opportunities,
+vs Baseline (the contract), then Timing, Roofline, Transfers and syncs, Cold
+start, Verification, Device -- the evidence behind the first five.
+"""
+from __future__ import annotations
+
+from app.analysis import advice
+from app.report.baseline import baseline_section, mismatch_warning
+from app.report.markdown import Section, fmt, render, us
+
+
+def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None) -> str:
+    findings = advice.stage_findings(trace, roof)
+    ops = advice.opportunities(trace, roof, findings)
+    bottleneck, cause = advice.overall(trace, findings, roof)
+    occ = {s["name"]: s["metadata"].get("theoretical_occupancy_pct") for s in trace["stages"]}
+    timing = trace["timing"]
+    sections = [
+        Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "runtime"],
+                rows=[[fmt(v) for v in trace["metadata"]["params"].values()]
+                      + [trace["device"]["name"], trace["selected_runtime"]]]),
+        Section("Stages", columns=["Stage", "Duration (us)", "± rel. stdev", "Host (us)", "TC%", "DRAM%", "Occ%",
+                                   "Bottleneck", "Key Issue"],
+                rows=[[f["stage"], us(s["elapsed_seconds"]), fmt(100 * s["spread"].get("rel_stdev", 0), 1, "%"),
+                       us(s["host_seconds"]),
+                       "n/a", fmt(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
+                      for f, s in zip(findings, trace["stages"])],
+                note="Host = time the Python side spent issuing the stage (GPU work is asynchronous: "
+                     "Host close to Duration means the stage is launch-bound). TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
+                     "DRAM% = the cost model's minimum bytes / measured time / peak GB/s (a lower bound on "
+                     "real traffic). Occ% = theoretical occupancy of the stage's own kernels from registers "
+                     "and block size; annotation mode measures achieved values."),
+        Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
+        Section("Top 3 Opportunities (ranked by estimated impact)",
+                items=[f"{o['name']} — est. {fmt(o['gain_pct'], 0, '%') if o['gain_pct'] is not None else 'n/a'} "
+                       f"gain — trigger: {o['trigger']}" for o in ops[:3]] or ["none triggered"],
+                note=f"Gain = time above {advice.ATTAINABLE:.0%} of the stage's roofline, as a share of the plan."),
+        baseline_section(trace, baseline),
+        Section("Timing", columns=["what", "value"], rows=[
+            ["total, median of timed runs (us)", us(trace["total_elapsed_seconds"])],
+            ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
+            ["total rel. stdev", fmt(100 * timing["total"]["rel_stdev"], 2, "%")
+             + (" (stable)" if timing["total"]["stable"] else " (UNSTABLE: > 2%)")],
+            ["sum of stages (us)", us(timing["stage_sum_seconds"])],
+            ["uncovered by stages (us)", f"{us(timing['uncovered_seconds'])} "
+                                         f"({fmt(100 * timing['uncovered_fraction'], 2, '%')})"],
+            ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
+            ["runs", f"{timing['warmup_runs']} warm-up, {timing['timed_runs']} timed; clock: {timing['clock']}"],
+        ]),
+        _roofline(roof),
+        Section("Transfers and syncs", columns=["Stage", "H2D copies", "H2D bytes", "D2H copies", "D2H bytes",
+                                                "syncs", "allocation-size reads"],
+                rows=[[s["name"]] + [fmt(s["metadata"].get(k, 0)) for k in
+                                     ("h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs",
+                                      "allocation_size_reads")] for s in trace["stages"]],
+                note="Counted per timed run. Output stays " + trace["metadata"]["output_residency"]
+                     + "-resident; copying results to the host is outside the plan."),
+        _rows_and_meta(trace),
+        _cold(trace),
+        _verification(trace),
+        Section("Device", columns=["what", "value"], rows=_device_rows(trace, params_json)),
+    ]
+    unstable = [s["name"] for s in trace["stages"] if s["spread"]["runs"] > 1 and not s["spread"]["stable"]]
+    headline = (f"`{params_json['command_line']}` — {trace['selected_runtime'].upper()} "
+                f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
+                f"{timing['timed_runs']} runs." + (f" Unstable stages (>2% rel. stdev): {', '.join(unstable)}."
+                                                   if unstable else ""))
+    if baseline and baseline.get("_mismatch"):
+        headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
+    return render(trace["kernel"], trace["version"], headline, [s for s in sections if s])
+
+
+def _roofline(roof):
+    if not roof.get("available"):
+        return Section("Roofline (cost model)", text=f"No roofline: {roof['why']}.")
+    e = roof["end_to_end"]
+    rows = [[name, fmt(p["bytes"] / 1e6, 2), fmt(p["flops"] / 1e6, 2), fmt(p["arithmetic_intensity"], 3),
+             fmt(p["achieved_gbps"]), fmt(p["achieved_tflops"], 4), fmt(p["pct_of_roofline"])]
+            for name, p in list(roof["stages"].items()) + [("end to end", e)]]
+    return Section("Roofline (cost model)",
+                   text=f"{roof['device_model']}: {roof['peak_gbps']:,} GB/s, {roof['peak_tflops']} TFLOP/s "
+                        f"{roof['precision']}; ridge point {roof['ridge_flop_per_byte']:.1f} FLOP/byte. Scope: "
+                        f"{roof['scope']}. End to end the plan runs at {fmt(e['arithmetic_intensity'], 3)} "
+                        f"FLOP/byte, {'below' if (e['arithmetic_intensity'] or 0) < roof['ridge_flop_per_byte'] else 'above'}"
+                        " the ridge: the memory roof is the one that applies.",
+                   columns=["Stage", "min MB", "MFLOP", "FLOP/B", "GB/s", "TFLOP/s", "% of roofline"], rows=rows,
+                   note="Bytes and flops are the plan's cost model (minimum traffic), not counters.")
+
+
+def _rows_and_meta(trace):
+    skip = {"h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs", "allocation_size_reads",
+            "theoretical_occupancy_pct"}
+    rows = []
+    for s in trace["stages"]:
+        meta = ", ".join(f"{k}={fmt(v) if not isinstance(v, list) else '; '.join(v)}"
+                         for k, v in s["metadata"].items() if k not in skip)
+        rows.append([s["name"], s["category"], s["device"], fmt(s["rows_in"]), fmt(s["rows_out"]), meta or "-"])
+    return Section("Rows and stage metadata", columns=["Stage", "Category", "Device", "Rows in", "Rows out",
+                                                       "Metadata"], rows=rows)
+
+
+def _cold(trace):
+    c = trace["cold"]
+    rows = [["compile / JIT (s)", fmt(c["compile_seconds"], 4)],
+            ["first run total (us)", us(c["total_seconds"])],
+            ["first-run overhead over warm median (us)", us(c["first_run_overhead_seconds"])]]
+    rows += [[f"first run: {s['name']} (us)", us(s["cold_seconds"])] for s in trace["stages"]]
+    return Section("Cold start (not in the warm figures)", columns=["what", "value"], rows=rows)
+
+
+def _verification(trace):
+    v = trace["metadata"]["verification"]
+    if not v:
+        return Section("Verification", text="Not verified (`--no-verify`).")
+    verdict = "matches" if v["matches"] else "DOES NOT MATCH"
+    return Section("Verification", text=f"Output {verdict} {v['oracle']}: {v['pairs']:,} result rows, "
+                                        f"{v['expected_pairs']:,} expected.")
+
+
+def _device_rows(trace, params_json):
+    rows = [["selected runtime (ran)", trace["selected_runtime"]],
+            ["planner selected runtime", trace["metadata"]["planner_selected_runtime"]],
+            ["requested", trace["requested_runtime"]],
+            ["why", trace["metadata"]["selection_reason"]]]
+    rows += [[k, fmt(v)] for k, v in trace["device"].items() if k != "name" and v is not None]
+    clocks = params_json.get("clocks", {})
+    rows.append(["clocks locked", f"{'yes' if clocks.get('locked') else 'no'} ({clocks.get('detail', '')})"])
+    nv = trace["metadata"]["nvtx"]
+    rows.append(["NVTX", f"{'emitted' if nv['emitted'] else 'not emitted'}: {nv['ranges']} ranges, "
+                         f"domain {nv['domain']!r} ({nv['detail']})"])
+    return rows

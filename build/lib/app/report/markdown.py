@@ -1,0 +1,39 @@
+"""Render report sections (plain data: title, text, columns/rows, items, note) with jinja2."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+@dataclass
+class Section:
+    title: str | None = None
+    text: str | None = None
+    columns: list[str] = field(default_factory=list)
+    rows: list[list] = field(default_factory=list)
+    items: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+def render(kernel: str, version: str, headline: str, sections: list[Section]) -> str:
+    return _ENV.get_template("report.md.j2").render(kernel=kernel, version=version,
+                                                     headline=headline, sections=sections)
+
+
+def fmt(v, digits: int = 1, suffix: str = "") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}{suffix}"
+    if isinstance(v, int):
+        return f"{v:,}{suffix}"
+    return f"{v}{suffix}"
+
+
+def us(seconds) -> str:
+    return fmt(seconds * 1e6 if seconds is not None else None, 1)

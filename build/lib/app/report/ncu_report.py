@@ -1,0 +1,79 @@
+"""report.md for annotation and ncu modes: the seed-004 contract with measured NCU metrics."""
+from __future__ import annotations
+
+import math
+
+from app.report.markdown import Section, fmt, render
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+
+
+GAIN_NOTE = ("Gain = the stage's share of kernel time x an estimate of the part it could recover: "
+             "(1 - max(SM%, DRAM%)/100) when latency-bound, 1 - waves/SM when underfilled, 0.5 for occupancy "
+             "< 25%, 0.3 for L2 hit < 80% or spills. Rough, measured inputs; rank, do not promise.")
+RULE_NOTE = "Gain = NCU's estimated speedup for the rule x the kernel's share of the iteration's kernel time."
+
+
+def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: str,
+                   gain_note: str = GAIN_NOTE) -> list[Section]:
+    total = stages["duration_us"].sum()
+    by_time = stages[stages["kernels"] > 0].sort_values("duration_us", ascending=False)
+    if len(by_time):
+        top = by_time.iloc[0]
+        kind = top["bottleneck"].split(" ")[0]
+        bottleneck = kind.replace("-bound", "").capitalize() + "-bound" if "bound" in kind else kind
+        cause = (f"{top['stage']} takes {100 * top['duration_us'] / total:.0f}% of the kernel time at SM "
+                 f"{_pct(top['sm_pct'])}% and DRAM {_pct(top['dram_pct'])}% of peak "
+                 f"(achieved occupancy {_pct(top['achieved_occupancy_pct'])}%, L2 hit {_pct(top['l2_hit_pct'])}%).")
+    else:
+        bottleneck, cause = "n/a", "No stage kernels were profiled."
+    rows = []
+    for r in stages.itertuples():
+        issue = []
+        if r.kernels and not math.isnan(r.l2_hit_pct) and r.l2_hit_pct < 80:
+            issue.append(f"L2 hit {r.l2_hit_pct:.0f}%")
+        if r.kernels and r.local_spill_bytes > 0:
+            issue.append(f"{r.local_spill_bytes:,.0f} B spilled")
+        if r.kernels and not math.isnan(r.waves_per_sm) and r.waves_per_sm < 1:
+            issue.append(f"{r.waves_per_sm:.2f} waves/SM")
+        rows.append([r.stage, fmt(r.duration_us), _pct(r.sm_pct), _pct(r.dram_pct), _pct(r.achieved_occupancy_pct),
+                     r.bottleneck, "; ".join(issue) or "-"])
+    outside = trace["metadata"]["kernels_outside_stages"]
+    return [
+        Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "clocks"],
+                rows=[[fmt(v) for v in trace["metadata"]["params"].values()] + [trace["device"]["name"], clock]]),
+        Section("Stages", columns=["Stage", "Duration (us)", "TC%", "DRAM%", "Occ%", "Bottleneck", "Key Issue"],
+                rows=[[r[0], r[1], r[2] + " (SM%)", *r[3:]] for r in rows],
+                note="Duration = summed GPU time of the stage's kernels in one warm iteration (ncu). These "
+                     "kernels use no tensor cores: the TC% column shows SM% (sm__throughput) instead. "
+                     f"Kernels outside any stage range: {outside}."),
+        Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
+        Section("Top 3 Opportunities (ranked by estimated impact)",
+                items=[f"{o['name']} — est. {o['gain_pct']:.0f}% gain — trigger: {o['trigger']}" for o in ops[:3]]
+                or ["none triggered"], note=gain_note),
+        Section("Kernels", columns=["Stage", "Kernel", "us", "GB/s", "TFLOP/s fp64", "FLOP/B", "% roofline",
+                                    "SM%", "DRAM%", "Occ%", "L2 hit%", "regs", "waves/SM", "Bottleneck"],
+                rows=[[k.stage or "-", k.kernel[:40], fmt(k.duration_us), fmt(k.achieved_gbps),
+                       f"{k.achieved_tflops_fp64:.4f}", _pct(k.arithmetic_intensity) if k.arithmetic_intensity
+                       == k.arithmetic_intensity else "n/a", _pct(k.pct_of_roofline), _pct(k.sm_pct),
+                       _pct(k.dram_pct), _pct(k.achieved_occupancy_pct), _pct(k.l2_hit_pct), fmt(k.registers, 0),
+                       _pct(k.waves_per_sm), k.bottleneck] for k in kernels.itertuples()]),
+        Section("DRAM bytes: measured vs cost model",
+                columns=["Stage", "measured MB (ncu)", "cost-model minimum MB", "measured / model"],
+                rows=[[s["name"], f"{s['ncu']['dram_bytes'] / 1e6:,.2f}",
+                       f"{s['cost']['bytes'] / 1e6:,.2f}" if s.get("cost") else "n/a",
+                       f"{s['ncu']['dram_bytes'] / s['cost']['bytes']:.2f}" if s.get("cost") and s["cost"]["bytes"]
+                       else "n/a"] for s in trace["stages"]],
+                note="The cost model counts the minimum bytes a stage must move; host->device copies are not "
+                     "DRAM kernel traffic, and L2-resident data never reaches DRAM."),
+        Section("Roofline (measured)",
+                text=(f"{spec['memory_gbps']:,} GB/s and {spec['peak_tflops']['fp64']} TFLOP/s fp64: ridge "
+                      f"{spec['peak_tflops']['fp64'] * 1e3 / spec['memory_gbps']:.1f} FLOP/byte. See roofline.png."
+                      if spec else "No roofline: device not in conf/devices.json.")),
+    ]
+
+
+def render_report(trace, sections, headline) -> str:
+    return render(trace["kernel"], trace["version"], headline, sections)

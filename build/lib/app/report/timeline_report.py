@@ -1,0 +1,252 @@
+"""report.md of nsys mode and the text of the timeline command: wall-time accounting, reconciliation
+with CUDA-event timing, launches, the audit and its two questions."""
+from __future__ import annotations
+
+from app.analysis.timeline import CAUSE_TEXT, CAUSES
+from app.report.baseline import baseline_section, mismatch_warning
+from app.report.markdown import Section, fmt, render
+
+BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
+              "launch_latency": "Launch-bound (launch latency)", "before_first_op": "Host-preparation-bound",
+              "after_last_op": "Host-bound (after the last op)", "no_gpu_work": "Host-only (no GPU work)"}
+OPPORTUNITY = {
+    "sync_wait": "Remove the synchronization round trips (upper-bound allocations or device-side sizes)",
+    "launch_gap": "Cut host launch overhead (fuse launch-bound kernels or replay a CUDA graph)",
+    "launch_latency": "Cut launch latency (fewer, larger launches or a CUDA graph)",
+    "before_first_op": "Take host preparation off the critical path (pinned staging, overlapped copies)",
+    "after_last_op": "Shrink host work after the last GPU op of each stage",
+    "no_gpu_work": "Move host-only work to the GPU or out of the timed path",
+    "staging": "Stage inputs in pinned memory once and overlap the copies with compute (the host stages data "
+               "between copies)",
+}
+STAGING_CAUSES = ("launch_gap", "before_first_op")
+
+
+def _copy_bound(s: dict) -> bool:
+    return s["memcpy_us"] > s["kernel_us"]
+COUNTERS_NOTE = ("TC%, DRAM% and Occ% are hardware counters (sm__pipe_tensor_op_*, dram__throughput, "
+                 "sm__warps_active) that a trace does not record: they are missing here, not zero. Run "
+                 "`--prof_type annotation` for them.")
+
+
+def stage_bottleneck(s: dict) -> str:
+    if s["span_us"] <= 0:
+        return "n/a"
+    share = s["busy_us"] / s["span_us"]
+    if share >= 0.7:
+        kind = "Transfer-bound" if s["memcpy_us"] > s["kernel_us"] else "GPU-bound"
+        return f"{kind} (busy {100 * share:.0f}%)"
+    top = max(CAUSES, key=lambda c: s["idle_us"][c])
+    if _copy_bound(s) and top in STAGING_CAUSES:
+        return f"Host-staging-bound (copies wait for the host), busy {100 * share:.0f}%"
+    return f"{BOTTLENECK[top]}, busy {100 * share:.0f}%"
+
+
+def _key_issue(s: dict) -> str:
+    bits = []
+    if s["syncs"]:
+        bits.append(f"{s['syncs']:g} sync(s), {s['idle_us']['sync_wait']:,.1f} us round trips")
+    if s["short_kernels"]:
+        bits.append(f"{s['short_kernels']:g}/{s['kernels']:g} kernels < 10 us")
+    if s["gpu_after_end_us"] > 0.05 * s["span_us"]:
+        bits.append(f"GPU work {s['gpu_after_end_us']:,.1f} us past the range")
+    return "; ".join(bits) or "-"
+
+
+def accounting_section(rows: list[dict], title="Wall-time accounting (median per instance, us)") -> Section:
+    cols = ["Range", "n", "Span", "GPU busy", "kernel", "copy", "memset"] + \
+           [c.replace("_", " ") for c in CAUSES] + ["busy + idle", "max error"]
+    out = []
+    for s in rows:
+        total = s["busy_us"] + sum(s["idle_us"].values())
+        out.append([s["name"], s["instances"], fmt(s["span_us"]), fmt(s["busy_us"]), fmt(s["kernel_us"]),
+                    fmt(s["memcpy_us"]), fmt(s["memset_us"])] + [fmt(s["idle_us"][c]) for c in CAUSES] +
+                   [fmt(total), f"{s['accounting_max_error_pct']:.2f}%"])
+    return Section(title, columns=cols, rows=out, note=(
+        "Span = host wall time of the range. GPU busy = union of kernel, memcpy and memset intervals on all "
+        "streams inside the span (never their sum); kernel/copy/memset = summed durations of the range's own ops, "
+        "which may run past its end. Idle causes: " + "; ".join(f"{c.replace('_', ' ')} = {CAUSE_TEXT[c]}"
+                                                                 for c in CAUSES) +
+        ". busy + idle adds the medians; 'max error' is the worst instance's |busy + idle - span| / span "
+        "(each instance is partitioned exactly)."))
+
+
+def launches_section(rows: list[dict]) -> Section:
+    return Section("Launches, copies and concurrency (median per instance)",
+                   columns=["Range", "GPU ops", "kernels", "kernels < 10 us", "launch->start (us)",
+                            "2+ ops in flight (us)", "syncs", "GPU work past range end (us)"],
+                   rows=[[s["name"], fmt(s["ops"], 0), fmt(s["kernels"], 0), fmt(s["short_kernels"], 0),
+                          fmt(s["launch_latency_us"]), fmt(s["concurrent_us"]), fmt(s["syncs"], 0),
+                          fmt(s["gpu_after_end_us"])] for s in rows],
+                   note="launch->start = median time from the API call that issued an op to the op's start on "
+                        "the GPU (includes queueing behind earlier work).")
+
+
+def audit_section(findings: list[dict]) -> Section:
+    if not findings:
+        return Section("Audit", text="No findings.")
+    return Section("Audit", columns=["Severity", "Finding", "Stage", "Evidence", "What to do"],
+                   rows=[[f["severity"], f["rule"], f["stage"], f["evidence"], f["advice"]] for f in findings])
+
+
+def _reconcile_cause(s: dict, event: float) -> str:
+    span = s["span_us"]
+    diff = event - span
+    if span <= 0:
+        return "-"
+    if abs(diff) <= 0.05 * span:
+        return "agree within 5%"
+    parts = []
+    if s.get("event_marks_outside_us", 0) > 0.01 * span:
+        parts.append(f"+{s['event_marks_outside_us']:,.1f} us: issuing the CUDA event records that bracket the range")
+    if s["gpu_after_end_us"] > 0.01 * span:
+        parts.append(f"+{s['gpu_after_end_us']:,.1f} us: the stage's GPU work finished after the host left the range")
+    if s["queued_behind_earlier_us"] > 0.01 * span:
+        parts.append(f"-{s['queued_behind_earlier_us']:,.1f} us: the GPU was still running earlier work when the "
+                     "range opened")
+    residual = event - s["event_estimate_us"]
+    if abs(residual) > 0.05 * span:
+        parts.append(f"{residual:+,.1f} us not explained by the trace (GPU-side event latency)")
+    return "; ".join(parts) or "within the trace's estimate"
+
+
+def reconciliation_section(analysis: dict) -> Section:
+    rows = []
+    for s in [analysis["iteration"]] + analysis["stages"]:
+        event = analysis["event_us"][s["name"]]
+        rows.append([s["name"], fmt(event), fmt(s["span_us"]), fmt(s["busy_us"]), fmt(s["event_estimate_us"]),
+                     f"{event - s['span_us']:+,.1f}", _reconcile_cause(s, event)])
+    return Section("Event time vs span vs GPU busy", columns=[
+        "Range", "Event (us)", "Span (us)", "GPU busy (us)", "Event from trace (us)", "Event - span", "Why"],
+        rows=rows, note=(
+            "Event = CUDA events recorded on the stream at the stage's edges, in the same iterations (what event "
+            "mode measures). Span = host wall time of the NVTX range. They differ when the GPU runs behind the "
+            "host: the end event fires only when the stage's GPU work is done, and the start event waits for "
+            "earlier work still queued. 'Event from trace' predicts the event time from the capture alone; the "
+            "difference from the measured event is the residual."))
+
+
+def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None) -> str:
+    it, stages = analysis["iteration"], analysis["stages"]
+    tool = trace["metadata"]["tool"]
+    share = 100 * it["busy_us"] / it["span_us"] if it["span_us"] else 0.0
+    top = max(CAUSES, key=lambda c: it["idle_us"][c])
+    if share >= 70:
+        bottleneck = (f"GPU work (busy {share:.0f}% of the iteration); run `--prof_type annotation` to split "
+                      "memory- from compute-bound")
+    else:
+        bottleneck = f"Latency-bound — host orchestration: the GPU is busy {share:.0f}% of the iteration"
+    worst = max(stages, key=lambda s: s["span_us"] - s["busy_us"])
+    cause = (f"Of {it['span_us']:,.1f} us per iteration the GPU is busy {it['busy_us']:,.1f} us; the largest idle "
+             f"cause is {CAUSE_TEXT[top]} ({it['idle_us'][top]:,.1f} us). {worst['name']} loses the most "
+             f"({worst['span_us'] - worst['busy_us']:,.1f} us idle of {worst['span_us']:,.1f} us).")
+    ops = []
+    for c in CAUSES:
+        v = it["idle_us"][c]
+        if v > 0 and it["span_us"]:
+            where = max(stages, key=lambda s: s["idle_us"][c])
+            text = OPPORTUNITY["staging" if c in STAGING_CAUSES and _copy_bound(where) else c]
+            ops.append((v, f"{text}, mostly in {where['name']} — est. {100 * v / it['span_us']:.0f}% gain "
+                           f"— trigger: {c}={v:,.1f}us per iteration"))
+    k = max(stages, key=lambda s: s["kernel_us"])
+    ops.append((k["kernel_us"], f"Faster kernels in {k['name']} — est. {100 * k['kernel_us'] / it['span_us']:.0f}% "
+                                f"gain at most — trigger: kernel_us={k['kernel_us']:,.1f}"))
+    ops = [t for _, t in sorted(ops, reverse=True)][:3]
+    clocks = params.get("clocks", {})
+    backend = tool["backend"] + (f" {tool['version']}" if tool.get("version") else "")
+    config_cols = list(trace["metadata"]["params"]) + ["device", "backend", "iterations", "clocks locked"]
+    config = [fmt(v) for v in trace["metadata"]["params"].values()] + [
+        trace["device"]["name"], backend, it["instances"], "yes" if clocks.get("locked") else "no"]
+    verification = trace["metadata"].get("verification")
+    sections = [
+        Section("Configuration", columns=config_cols, rows=[config]),
+        Section("Stages", columns=["Stage", "Duration (us)", "TC%", "DRAM%", "Occ%", "Bottleneck", "Key Issue"],
+                rows=[[s["name"], fmt(s["span_us"]), "missing", "missing", "missing", stage_bottleneck(s),
+                       _key_issue(s)] for s in stages],
+                note="Duration = median host span of the stage's NVTX range over the iterations. " + COUNTERS_NOTE),
+        Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
+        Section("Top 3 Opportunities (ranked by estimated impact)", items=ops,
+                note="Gain = the idle (or kernel) time that cause accounts for, as a share of the iteration's span: "
+                     "an upper bound, since removing one cause can expose another."),
+        baseline_section(trace, baseline, "" if not baseline or baseline.get("mode") == "nsys" else (
+            f" Warning: the baseline was measured in {baseline.get('mode')} mode, whose stage times are not host "
+            "spans; compare like with like.")),
+        accounting_section([it] + stages),
+        reconciliation_section(analysis),
+        launches_section([it] + stages),
+        _spread(trace, it, stages),
+        audit_section(analysis["findings"]),
+        Section("The audit's two questions", items=[
+            f"**What forces this plan to behave like CPU code today?** {analysis['answers'][0]}",
+            f"**What is the smallest structural change that moves it back to a GPU shape?** "
+            f"{analysis['answers'][1]}"]),
+        _copies(trace),
+        Section("Capture", columns=["what", "value"], rows=_capture_rows(trace, analysis, verification)),
+    ]
+    headline = (f"`{params['command_line']}` — {trace['device']['name']}, {it['instances']} iterations traced with "
+                f"{backend}: {it['span_us']:,.1f} us per iteration (median span), GPU busy {it['busy_us']:,.1f} us "
+                f"({share:.0f}%). Files: timeline.png, timeline.json (open in Perfetto or chrome://tracing), "
+                "timeline_ranges.csv (every instance).")
+    if baseline and baseline.get("_mismatch"):
+        headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
+    if trace["selected_runtime"] != "gpu" or trace["metadata"]["planner_selected_runtime"] != "gpu":
+        headline = f"**CPU fallback or planner override: ran on {trace['selected_runtime']}.** " + headline
+    return render(trace["kernel"], trace["version"], headline, sections)
+
+
+def _spread(trace, it, stages) -> Section:
+    rows = []
+    for s in [it] + stages:
+        sp = s["span_spread"]
+        rows.append([s["name"], fmt(s["span_us"]), fmt(sp["min_us"]), fmt(sp["max_us"]),
+                     f"{100 * sp['rel_stdev']:.1f}%", "unstable" if sp["rel_stdev"] > 0.02 else "stable"])
+    return Section("Spread of the span over iterations", columns=["Range", "median", "min", "max", "rel. stdev", ""],
+                   rows=rows, note="Unstable = relative standard deviation above 2%.")
+
+
+def _copies(trace) -> Section:
+    rows = []
+    for s in trace["stages"]:
+        m = s["metadata"]
+        rows.append([s["name"], m.get("h2d_copies", 0), fmt(m.get("h2d_bytes", 0)), m.get("d2h_copies", 0),
+                     fmt(m.get("d2h_bytes", 0)), m.get("syncs", 0), m.get("allocation_size_reads", 0)])
+    return Section("Transfers and syncs (the stage's own counters, one iteration)",
+                   columns=["Stage", "H2D copies", "H2D bytes", "D2H copies", "D2H bytes", "syncs", "size reads"],
+                   rows=rows)
+
+
+def _capture_rows(trace, analysis, verification) -> list[list]:
+    cap, tool = analysis["capture"], trace["metadata"]["tool"]
+    rows = [["source", cap["source"]], ["tool", f"{tool['backend']} {tool.get('version') or ''}".strip()],
+            ["GPU ops in capture", f"{cap['ops']:,} ({cap['kernels']:,} kernels, {cap['memcpys']:,} memcpy, "
+                                   f"{cap['memsets']:,} memset)"],
+            ["GPU ops with no API record", cap["ops_without_api_record"]],
+            ["uncovered (between stage ranges)", f"{trace['timing']['uncovered_seconds'] * 1e6:,.1f} us per iteration"],
+            ["mode wall time", f"{trace['timing'].get('mode_wall_seconds', 0):,.1f} s"]]
+    if tool.get("overhead"):
+        o = tool["overhead"]
+        rows.append(["CUPTI overhead", f"{o['overhead_pct']:+.2f}% ({o['untraced_wall_us']:,.1f} -> "
+                                       f"{o['traced_wall_us']:,.1f} us per iteration, {o['note']})"])
+    if verification:
+        rows.append(["verified against", f"{verification['oracle']}: {'OK' if verification['matches'] else 'MISMATCH'}"])
+    return rows
+
+
+def stage_summary_line(trace: dict, analysis: dict) -> str:
+    it = analysis["iteration"]
+    lines = [f"{trace['kernel']} {trace['version']} under {trace['metadata']['tool']['backend']} on "
+             f"{trace['device']['name']}: {it['span_us']:,.1f} us per iteration, GPU busy {it['busy_us']:,.1f} us"]
+    for s in analysis["stages"]:
+        idle = max(CAUSES, key=lambda c: s["idle_us"][c])
+        lines.append(f"  {s['name']:<24} span {s['span_us']:>10,.1f} us  busy {s['busy_us']:>9,.1f}  "
+                     f"event {analysis['event_us'][s['name']]:>9,.1f}  top idle: {idle} {s['idle_us'][idle]:,.1f}")
+    for f in analysis["findings"][:5]:
+        lines.append(f"  [{f['severity']}] {f['rule']} in {f['stage']}: {f['evidence']}")
+    return "\n".join(lines)
+
+
+def timeline_text(path: str, summaries: list[dict], findings: list[dict], capture: dict) -> str:
+    """What `python -m app.kernel timeline REPORT` prints without --json: the same tables as a profile."""
+    head = f"{capture['ranges']} ranges, {capture['ops']:,} GPU ops ({capture['source']})."
+    return render("timeline", path, head, [accounting_section(summaries), launches_section(summaries),
+                                          audit_section(findings)])

@@ -1,0 +1,113 @@
+"""A profile directory is written completely or not at all: write aside, then rename."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from app.errors import OutputNotWritable
+
+
+def profile_parent(out_root: str | Path, mode: str, kernel: str, slug: str) -> Path:
+    return Path(out_root) / "profiles" / mode / kernel / slug
+
+
+def check_writable(parent: Path) -> None:
+    """Fail before any work is done -- and without creating anything."""
+    probe = Path(parent).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputNotWritable(f"cannot write profiles under {parent} ({probe} is not a writable folder); "
+                                "pass --out DIR with a writable folder")
+
+
+def write_profile(parent: Path, files: dict[str, str | bytes | dict | list]) -> Path:
+    """Write ``files`` (relative path -> content) into parent/<timestamp>/ atomically.
+
+    The files go to a hidden ``.<name>.partial-<pid>`` folder first, which is renamed
+    into place once complete. Two runs finishing in the same second get distinct
+    names (the rename is retried with the next free suffix, never overwriting), and
+    partial folders left by writers that were killed are removed here.
+    """
+    check_writable(parent)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputNotWritable(f"cannot create {parent} ({exc.strerror or exc}); "
+                                "pass --out DIR with a writable folder") from None
+    remove_stale_partials(parent)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    tmp = parent / f".{stamp}.partial-{os.getpid()}"
+    final = None
+    try:
+        for rel, content in files.items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, (dict, list)):
+                path.write_text(json.dumps(content, indent=2, default=_json_default) + "\n")
+            elif isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content)
+        final = _claim_name(parent, stamp)
+        os.rename(tmp, final)             # onto the empty folder we own: atomic
+    except BaseException as exc:  # KeyboardInterrupt too: never leave half a profile
+        if final is not None and not tmp.exists():
+            exc.profile_dir = final       # the signal came after the rename: the profile is complete
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if final is not None:
+                shutil.rmtree(final, ignore_errors=True)     # the name we claimed, still empty
+        if isinstance(exc, OSError):
+            raise OutputNotWritable(f"writing the profile under {parent} failed ({exc.strerror or exc}); "
+                                    "check free space and permissions") from None
+        raise
+    return final
+
+
+def _claim_name(parent: Path, stamp: str) -> Path:
+    """Create and return the first free ``stamp``, ``stamp-2``, ... folder: a concurrent writer that
+    finishes in the same second gets the next one, so no finished profile is ever overwritten."""
+    for n in range(1, 10_000):
+        final = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            os.mkdir(final)
+        except FileExistsError:
+            continue
+        return final
+    raise OutputNotWritable(f"no free profile name under {parent} for {stamp}; clean up old profiles")
+
+
+def remove_stale_partials(parent: Path) -> list[Path]:
+    """Remove ``.*.partial-<pid>`` folders whose writer process is gone."""
+    removed = []
+    for p in parent.glob(".*.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True                       # someone else's live process
+    return True
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

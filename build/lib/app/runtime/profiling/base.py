@@ -1,0 +1,68 @@
+"""The interface every profiling mode implements, and the mode registry.
+
+A mode turns (plan, options) into a ``Profile``: the files of one profile
+directory plus what the CLI prints. Adding a mode is one new module and one
+line in MODES.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.errors import BadParameter
+
+
+@dataclass
+class ProfileOptions:
+    device: str = "auto"
+    bench_runs: int = 10
+    warmup: int = 1
+    nvtx: bool = False
+    verify: bool = True
+    baseline: dict | None = None
+    argv: list[str] | None = None
+    ncu: str | None = None            # --ncu PATH
+    ncu_timeout: float = 600.0        # --ncu-timeout seconds
+    clock_control: str = "none"       # --ncu-clock-control none|base
+    nsys: str | None = None           # --nsys PATH
+    nsys_timeout: float = 600.0       # --nsys-timeout seconds
+    backend: str = "nsys"             # --backend nsys|cupti (nsys mode's trace source)
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["baseline"] = bool(self.baseline)
+        d.pop("argv")
+        return d
+
+
+@dataclass
+class Profile:
+    trace: dict
+    files: dict = field(default_factory=dict)   # relative path -> str | bytes | dict
+    summary: str = ""                           # one-screen summary for the terminal
+    ok: bool = True                              # False: verification failed
+
+
+class Mode:
+    name: str = ""
+
+    def profile(self, plan, options: ProfileOptions) -> Profile:
+        raise NotImplementedError
+
+
+MODES: dict[str, type[Mode]] = {}
+
+
+def register_mode(cls: type[Mode]) -> type[Mode]:
+    MODES[cls.name] = cls
+    return cls
+
+
+def get_mode(name: str) -> Mode:
+    import app.runtime.profiling.annotation  # noqa: F401  (each registers itself)
+    import app.runtime.profiling.event  # noqa: F401
+    import app.runtime.profiling.ncu  # noqa: F401  (registers itself)
+    import app.runtime.profiling.nsys  # noqa: F401
+
+    if name not in MODES:
+        raise BadParameter(f"unknown --prof_type {name!r}; available: {', '.join(sorted(MODES))}")
+    return MODES[name]()

@@ -1,0 +1,93 @@
+"""event mode: the plan in process, CUDA events (or a monotonic clock) around every stage.
+
+Order: inputs are generated (untimed); kernels are compiled and timed apart;
+the first run is the cold run (module load, library JIT, pool growth); then
+``warmup`` discarded runs; then ``bench_runs`` timed runs give median and
+spread per stage and for the whole plan.
+"""
+from __future__ import annotations
+
+import time
+
+from app.analysis import advice
+from app.analysis.roofline import plan_roofline
+from app.analysis.summary import event_summary
+from app.analysis.trace import build_trace
+from app.report.event_report import build_report
+from app.runtime import device as devmod
+from app.runtime.execute import backend_for, xp_for
+from app.runtime.lock import device_key, device_lock
+from app.runtime.memory import check_fits
+from app.runtime.nvtx import Nvtx
+from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
+from app.runtime.provenance import params_json
+from app.runtime.recorder import Recorder
+
+
+@register_mode
+class EventMode(Mode):
+    name = "event"
+
+    def profile(self, plan, options: ProfileOptions) -> Profile:
+        selection = devmod.select(options.device)
+        check_fits(plan, selection.selected)
+        with device_lock(device_key(selection)):
+            inputs = plan.make_inputs()
+            t0 = time.perf_counter()
+            backend, compile_info = backend_for(plan, selection)
+            compile_info.setdefault("total_seconds", time.perf_counter() - t0)
+            nvtx = Nvtx(options.nvtx, plan.kernel)
+            rec = Recorder(selection.selected, xp_for(selection.selected), nvtx)
+            _, cold = rec.run(plan, inputs, backend)
+            for _ in range(options.warmup):
+                rec.run(plan, inputs, backend)
+            runs = []
+            for _ in range(options.bench_runs):
+                output, record = rec.run(plan, inputs, backend)
+                runs.append(record)
+            host_output = tuple(backend.to_host(a) for a in output)
+        verification = plan.verify(inputs, host_output) if options.verify else None
+        trace = build_trace(plan, inputs, selection, cold, runs, mode=self.name, nvtx=nvtx.report(),
+                            compile_info=compile_info, warmup=options.warmup, verification=verification)
+        _add_occupancy(trace, compile_info)
+        params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv)
+        roof = plan_roofline(selection.device_name, selection.selected, trace["stages"])
+        trace["roofline"] = roof
+        findings = advice.stage_findings(trace, roof)
+        trace["summary"] = event_summary(trace, roof, findings, advice.opportunities(trace, roof, findings),
+                                         advice.overall(trace, findings, roof)[0])
+        files = {"params.json": params, "trace.json": trace,
+                 "report.md": build_report(trace, params, roof, options.baseline)}
+        for spec in plan.stages:
+            files[f"tiling/{spec.name}.json"] = {
+                "stage": spec.name, "tiling": plan.tiling[spec.name], "source": "defaults (no autotune cache)",
+                "tunables": {k: list(v) for k, v in spec.tunables.items()}}
+        for stage, artifacts in backend.artifacts().items():
+            for fname, content in artifacts.items():
+                files[f"compiled/{stage}/{fname}"] = content
+        ok = verification is None or verification["matches"]
+        return Profile(trace=trace, files=files, summary=_summary(trace), ok=ok)
+
+
+def _add_occupancy(trace: dict, compile_info: dict) -> None:
+    for s in trace["stages"]:
+        occ = compile_info.get("occupancy", {}).get(s["name"])
+        if occ is not None:
+            s["metadata"]["theoretical_occupancy_pct"] = occ
+
+
+def _summary(trace: dict) -> str:
+    lines = [f"{trace['kernel']} {trace['version']} on {trace['selected_runtime']} ({trace['device']['name']}): "
+             f"total {trace['total_elapsed_seconds'] * 1e6:,.1f} us (median of {trace['timing']['timed_runs']}, "
+             f"rel. stdev {100 * trace['timing']['total']['rel_stdev']:.1f}%)"]
+    for s in trace["stages"]:
+        lines.append(f"  {s['name']:<20} {s['elapsed_seconds'] * 1e6:>12,.1f} us  "
+                     f"rows {s['rows_in']:>10,} -> {s['rows_out']:<10,}")
+    unc = trace["timing"]
+    lines.append(f"  {'(uncovered)':<20} {unc['uncovered_seconds'] * 1e6:>12,.1f} us  "
+                 f"{100 * unc['uncovered_fraction']:.2f}% of total")
+    v = trace["metadata"]["verification"]
+    if v:
+        lines.append(f"  verified against {v['oracle']}: {'OK' if v['matches'] else 'MISMATCH'} "
+                     f"({v['pairs']:,} rows)")
+    return "\n".join(lines)

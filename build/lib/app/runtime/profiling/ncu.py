@@ -1,0 +1,134 @@
+"""ncu mode: ``--set full`` (with source) on one warm iteration of the stage kernels.
+
+Keeps the .ncu-rep; exports its details, raw and source pages; writes report.md
+(the compact diagnosis plus NCU's own rule results ranked by estimated speedup),
+report-verbose.md (every section of every kernel), sass/<kernel>.csv and
+annotated source listings (hottest instructions by warp-stall samples), and the
+PTX of each stage's kernels under compiled/.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from app.analysis.devices import match_device
+from app.analysis.kernel_metrics import attribute_stages, kernel_table, opportunities, stage_table
+from app.analysis.summary import counter_summary
+from app.report.markdown import Section, fmt, render
+from app.report.ncu_report import GAIN_NOTE, RULE_NOTE, render_report, stage_sections
+from app.runtime.profiling.annotation import _profile_api, common_files, measured_trace
+from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
+from app.runtime.profiling.ncu_session import run_under_ncu
+from app.runtime.profiling.parsers.ncu_csv import parse_details, parse_raw, parse_source
+from app.runtime.profiling.tools import run_tool
+
+STALL = "Warp Stall Sampling (All Samples)"
+
+
+@register_mode
+class NcuMode(Mode):
+    name = "ncu"
+
+    def profile(self, plan, options: ProfileOptions) -> Profile:
+        rep_base = "profile"
+        with run_under_ncu(plan, options, ["--set", "full", "--import-source", "yes", "-f", "-o",
+                                            "{tmp}/" + rep_base], "ncu full") as run:
+            rep = os.path.join(run.tmpdir, rep_base + ".ncu-rep")
+            label = "ncu export"
+            exports = {}
+            for page, extra in (("raw", ["--print-units", "base"]), ("details", ["--print-units", "base"]),
+                                ("source", ["--print-source", "sass"])):
+                exports[page], _ = run_tool([run.ncu, "--import", rep, "--csv", "--page", page, *extra],
+                                            timeout=options.ncu_timeout, label=label)
+            raw, _ = parse_raw(exports["raw"], run.ncu_version)
+            metrics, rules = parse_details(exports["details"], run.ncu_version)
+            sources = parse_source(exports["source"])
+            names = [s.name for s in plan.stages]
+            device_name = run.worker["selection"]["device_name"]
+            kernels = kernel_table(raw, plan.kernel, names, device_name)
+            stages = stage_table(kernels, names)
+            trace = measured_trace(plan, run, kernels, stages, self.name)
+            files = common_files(plan, run, trace, options, self.name)
+            _, spec = match_device(device_name)
+            rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
+            headline = (f"`ncu --set full` on one warm iteration on {device_name}: "
+                        f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
+            rule_ops = _rule_ops(rules, raw)
+            ops = rule_ops or opportunities(stages, stages["duration_us"].sum())
+            trace["summary"] = counter_summary(stages, kernels, ops)
+            sections = stage_sections(trace, stages, kernels, ops,
+                                      spec, f"ncu --clock-control {options.clock_control}",
+                                      RULE_NOTE if rule_ops else GAIN_NOTE)
+            sections.append(_rules_section(rules))
+            files["report.md"] = render_report(trace, sections, headline)
+            files["report-verbose.md"] = _verbose(plan, metrics, rules)
+            from app.report.plots import roofline_png   # matplotlib: only when a plot is drawn
+
+            png = roofline_png(kernels, spec, f"{plan.kernel} {plan.version} on {device_name}")
+            if png:
+                files["roofline.png"] = png
+            with open(rep, "rb") as f:
+                files["profile.ncu-rep"] = f.read()
+            files["ncu_raw.csv"] = raw.drop(columns=["nvtx_stack"]).to_csv(index=False)
+            files["ncu_details.csv"] = metrics.drop(columns=["nvtx_stack"], errors="ignore").to_csv(index=False)
+            files["ncu_rules.csv"] = rules.drop(columns=["nvtx_stack"], errors="ignore").to_csv(index=False)
+            files["kernels.csv"] = kernels.to_csv(index=False)
+            for i, (kname, sass) in enumerate(sources.items()):
+                slug = f"{i:03d}_{re.sub(r'[^A-Za-z0-9_]+', '_', kname)[:60]}"
+                files[f"sass/{slug}.csv"] = sass.to_csv(index=False)
+                files[f"sass/{slug}.hot.md"] = _hot_listing(kname, sass)
+            summary = f"{plan.kernel} {plan.version} under ncu --set full on {device_name}: {len(kernels)} kernels, " \
+                      f"{len(rules)} rule results; see report.md"
+            return Profile(trace=trace, files=files, summary=summary)
+
+
+def _rule_ops(rules, raw) -> list[dict]:
+    """NCU's own OPT rules with an estimated speedup, ranked by what they would save of the whole
+    iteration: the rule's speedup on its kernel times that kernel's share of the kernel time."""
+    if not len(rules):
+        return []
+    opt = rules[(rules["rule_type"] == "OPT") & rules["speedup_pct"].notna()]
+    dur = dict(zip(raw["id"].astype(int).astype(str), raw["duration_ns"]))
+    total = raw["duration_ns"].sum() or 1.0
+    ops = []
+    for r in opt.itertuples():
+        gain = r.speedup_pct * dur.get(str(int(float(r.id))), 0.0) / total
+        ops.append({"name": f"{r.rule} in {r.stage or 'unstaged kernel'} ({r.kernel[:30]})", "gain_pct": gain,
+                    "trigger": f"ncu {r.rule} est. {r.speedup_type} speedup={r.speedup_pct:.1f}%"})
+    return sorted(ops, key=lambda o: -o["gain_pct"])
+
+
+def _rules_section(rules) -> Section:
+    if not len(rules):
+        return Section("NCU rule results", text="No rule results.")
+    r = rules.sort_values("speedup_pct", ascending=False, na_position="last")
+    return Section("NCU rule results", columns=["Stage", "Kernel", "Type", "Rule", "Est. speedup", "Advice"],
+                   rows=[[x.stage or "-", x.kernel[:30], x.rule_type, x.rule,
+                          f"{x.speedup_pct:.1f}% ({x.speedup_type})" if x.speedup_pct == x.speedup_pct else "-",
+                          x.rule_description[:160].replace("|", "/")] for x in r.itertuples()])
+
+
+def _verbose(plan, metrics, rules) -> str:
+    sections = []
+    for (kid, kname), grp in metrics.groupby(["id", "kernel"], sort=False):
+        for sec, rows in grp.groupby("section", sort=False):
+            sections.append(Section(f"{kid} {kname[:60]} — {sec}", columns=["Metric", "Unit", "Value"],
+                                    rows=[[m.metric, m.unit, m.value] for m in rows.itertuples()]))
+    return render(plan.kernel, plan.version + " (verbose)", "Every ncu section of every profiled kernel.", sections)
+
+
+def _hot_listing(kname: str, sass) -> str:
+    if STALL not in sass:
+        return f"# {kname}\n\nNo warp stall samples in this export.\n"
+    top = sass.sort_values(STALL, ascending=False).head(20)
+    total = sass[STALL].sum() or 1
+    lines = [f"# {kname}", "", f"Hottest SASS instructions by warp-stall samples ({int(total)} samples).", "",
+             "| Address | Instruction | Samples | Share |", "|---|---|---|---|"]
+    lines += [f"| {r.Address} | `{str(r.Source).strip()}` | {fmt(r[STALL], 0)} | {100 * r[STALL] / total:.1f}% |"
+              for _, r in top.iterrows()]
+    return "\n".join(lines) + "\n"
+
+
+def ncu_profile_plan(plan, out_dir=None, version=None, bench_runs=1, **options):
+    """Seed 004's Python API: profile ``plan`` (or its kernel at ``version``) in ncu mode."""
+    return _profile_api(NcuMode(), plan, out_dir, version, options)

@@ -1,0 +1,245 @@
+"""nsys mode: the plan's timeline, and where every microsecond of each stage went.
+
+The worker (the same CLI, worker role) runs the cold run and warm-ups outside
+any NVTX range, then ``--bench_runs`` iterations, each inside
+``<kernel>@profile`` with one range per stage. Two backends record the same
+facts -- NVTX ranges, CUDA runtime/driver calls, kernels, copies, memsets and
+synchronisations:
+
+* ``nsys`` (default): ``nsys profile -t cuda,nvtx -s none --cpuctxsw=none``
+  around the worker, then ``nsys export --type sqlite``;
+* ``cupti``: the worker traces itself with cupti-python, no nsys needed.
+
+Both feed analysis.timeline (span = GPU busy + idle by cause, per stage) and
+analysis.audit; the report reconciles each stage with the CUDA-event time the
+worker measured for the same iterations.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import time
+
+from app.analysis.audit import answers, audit
+from app.analysis.summary import nsys_summary
+from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise
+from app.errors import AppError
+from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
+from app.runtime.profiling.cupti_trace import timeline_from_records
+from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite, strip_capture
+from app.runtime.profiling.session import gpu_session, profile_files, worker_command, worker_env
+from app.runtime.profiling.tools import find_tool, run_tool, tool_version
+from app.runtime.profiling.worker import PROFILE_RANGE
+
+MISSING_LIB = re.compile(r"(lib[\w.+-]+\.so[.\d]*): cannot open shared object file")
+
+
+@register_mode
+class NsysMode(Mode):
+    name = "nsys"
+
+    def profile(self, plan, options: ProfileOptions) -> Profile:
+        from app.report.timeline_report import nsys_report, stage_summary_line
+
+        t0 = time.monotonic()
+        capture = _cupti_capture if options.backend == "cupti" else _nsys_capture
+        with gpu_session(plan, options, f"nsys mode ({options.backend})") as ses:
+            tl, worker, tool, capture_files = capture(plan, options, ses)
+        analysis = analyse_plan(plan, tl, worker)
+        trace = nsys_trace(plan, worker, analysis, tool)
+        trace["timing"]["mode_wall_seconds"] = time.monotonic() - t0
+        trace["summary"] = nsys_summary(trace, analysis)
+        files = profile_files(plan, worker, ses.selection, options, self.name, {options.backend: tool.get("version")})
+        files["trace.json"] = trace
+        files.update(capture_files)
+        files["report.md"] = nsys_report(trace, analysis, files["params.json"], options.baseline)
+        from app.report.chrome_trace import chrome_trace
+        from app.report.plots import timeline_png     # matplotlib: only when a plot is drawn
+
+        window = (min(r["start_ns"] for r in analysis["iterations"]),
+                  max(r["end_ns"] for r in analysis["iterations"]))
+        files["timeline.json"] = chrome_trace(tl, window, plan.kernel)
+        files["timeline.png"] = timeline_png(tl, analysis, f"{plan.kernel} {plan.version} on "
+                                             f"{worker['selection']['device_name']} ({tool['backend']})")
+        files["timeline_ranges.csv"] = ranges_csv(analysis["instances"])
+        verification = worker.get("verification")
+        ok = verification is None or verification["matches"]
+        return Profile(trace=trace, files=files, summary=stage_summary_line(trace, analysis), ok=ok)
+
+
+def _nsys_capture(plan, options, ses):
+    nsys = find_tool("nsys", options.nsys)
+    rep = os.path.join(ses.tmpdir, "profile")
+    cmd = [nsys, "profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none", "-f", "true", "-o", rep,
+           *worker_command(plan, ses.worker_json, options.warmup, options.bench_runs, verify=options.verify)]
+    try:
+        out, err = run_tool(cmd, timeout=options.nsys_timeout, label="nsys profile", env=worker_env())
+    except AppError as exc:
+        # nsys may exit non-zero when only its importer failed: name the library, not just the exit code.
+        if os.path.exists(rep + ".nsys-rep") or not (".qdstrm" in str(exc) or MISSING_LIB.search(str(exc))):
+            raise
+        out, err = str(exc), ""
+    if not os.path.exists(rep + ".nsys-rep"):
+        raise AppError(_no_report(out + err, nsys))
+    run_tool([nsys, "export", "--type", "sqlite", "-q", "true", "-f", "true", "-o", rep + ".sqlite", rep + ".nsys-rep"],
+             timeout=options.nsys_timeout, label="nsys export")
+    tl = read_sqlite(rep + ".sqlite")
+    strip_capture(rep + ".sqlite", rep + ".stripped.sqlite")
+    files = {}
+    for src, dst in ((".nsys-rep", "profile.nsys-rep"), (".stripped.sqlite", "profile.sqlite")):
+        with open(rep + src, "rb") as f:
+            files[dst] = f.read()
+    tool = {"backend": "nsys", "path": nsys, "version": tool_version(nsys), "command": cmd}
+    return tl, ses.load_worker("nsys profile"), tool, files
+
+
+def _no_report(output: str, nsys: str) -> str:
+    """nsys wrote its raw .qdstrm but its importer could not turn it into a .nsys-rep."""
+    missing = MISSING_LIB.findall(output) or missing_libraries(importer_of(nsys))
+    if missing:
+        package = missing[0].split(".so")[0] + "1"          # libdw.so.1 -> Debian's libdw1
+        return (f"nsys recorded the run but its importer (QdstrmImporter) cannot load {', '.join(missing)}, so only "
+                f"a raw .qdstrm was written; install it (on Debian/Ubuntu: apt-get install {package}) or put the "
+                "folder holding it on LD_LIBRARY_PATH")
+    tail = " | ".join(line.strip() for line in output.splitlines() if line.strip())[-300:]
+    return (f"nsys wrote no .nsys-rep: its importer failed ({tail or 'no output'}); check the Nsight Systems "
+            "install (QdstrmImporter and its libraries) or pass --nsys PATH to another nsys")
+
+
+def importer_of(nsys: str) -> str | None:
+    """The QdstrmImporter that ships with this nsys: beside it, or in a sibling host folder."""
+    here = os.path.dirname(os.path.realpath(nsys))
+    for pattern in (os.path.join(here, "QdstrmImporter"), os.path.join(here, "..", "*", "QdstrmImporter")):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def missing_libraries(binary: str | None) -> list[str]:
+    """Shared libraries ``ldd`` cannot find for ``binary`` (with this process's library path)."""
+    ldd = shutil.which("ldd")
+    if not binary or not ldd:
+        return []
+    try:
+        out = subprocess.run([ldd, binary], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_ldd(out)
+
+
+def parse_ldd(text: str) -> list[str]:
+    return [line.split("=>")[0].strip() for line in text.splitlines() if "=> not found" in line]
+
+
+def _cupti_capture(plan, options, ses):
+    cmd = worker_command(plan, ses.worker_json, options.warmup, options.bench_runs, collect="cupti",
+                         verify=options.verify)
+    run_tool(cmd, timeout=options.nsys_timeout, label="nsys (cupti backend) worker", env=worker_env())
+    worker = ses.load_worker("the cupti worker")
+    rec = worker["cupti"]
+    tl = timeline_from_records(rec, worker["selection"]["device_name"])
+    try:
+        from importlib.metadata import version
+        ver = version("cupti-python")
+    except Exception:  # noqa: BLE001  (a version string is provenance, not a requirement)
+        ver = None
+    tool = {"backend": "cupti", "version": ver, "command": cmd, "overhead": _overhead(worker["overhead"])}
+    files = {"cupti_records.json": {k: rec[k] for k in ("ranges", "api", "ops", "sync_corr")}}
+    return tl, worker, tool, files
+
+
+def _overhead(o: dict) -> dict:
+    plain, traced = statistics.median(o["untraced_wall_seconds"]), statistics.median(o["traced_wall_seconds"])
+    return {"untraced_wall_us": plain * 1e6, "traced_wall_us": traced * 1e6,
+            "overhead_pct": 100 * (traced - plain) / plain if plain else None,
+            "note": "median host wall time of the same iterations, CUPTI off then on, in one process"}
+
+
+def analyse_plan(plan, tl: Timeline, worker: dict) -> dict:
+    """Accounting, summaries, event-mode reconciliation and audit for one captured plan."""
+    # The recorder brackets each stage range with CUDA event records: use them for the event estimate.
+    instances = account_ranges(tl, domain=plan.kernel, event_marks=True)
+    iterations = [r for r in instances if r["name"] == PROFILE_RANGE]
+    if not iterations:
+        raise AppError(f"the capture holds no {plan.kernel}@{PROFILE_RANGE} range: nothing was profiled "
+                       "(is the nvtx package installed where the worker runs? did it emit its ranges?)")
+    if not any(r["ops"] for r in iterations):
+        raise AppError(f"the capture holds no GPU op inside the {len(iterations)} profiled iteration(s): "
+                       "the CUDA trace is empty (was the plan run on the GPU? was CUDA tracing on?)")
+    names = [s.name for s in plan.stages]
+    summ = {s["name"]: s for s in summarise(instances)}
+    missing = [n for n in names if n not in summ]
+    if missing:
+        raise AppError(f"the capture has no NVTX range for stage(s) {', '.join(missing)}; the trace is incomplete")
+    events = {n: statistics.median(s["seconds"] for it in worker["iterations"] for s in it["stages"]
+                                   if s["name"] == n) * 1e6 for n in names}
+    events[PROFILE_RANGE] = statistics.median(it["total_seconds"] for it in worker["iterations"]) * 1e6
+    by_name = {s["name"]: s for s in worker["stages"]}
+    stage_info = {n: {"category": by_name[n]["category"], "device": by_name[n]["device"]} for n in names}
+    terminal = {names[-1]} | {n for n in names if stage_info[n]["category"] == "emit"}
+    findings = audit([r for r in instances if r["name"] in names], stage_info, terminal)
+    stages = [summ[n] for n in names]
+    q1, q2 = answers(summ[PROFILE_RANGE], stages, findings)
+    return {"instances": instances, "iterations": iterations, "iteration": summ[PROFILE_RANGE], "stages": stages,
+            "event_us": events, "findings": findings, "answers": [q1, q2], "capture": capture_summary(tl)}
+
+
+def nsys_trace(plan, worker, analysis, tool) -> dict:
+    """trace.json: seed-000 fields, stage time = median host span of the stage's range."""
+    sel = worker["selection"]
+    by_name = {s["name"]: s for s in worker["stages"]}
+    it = analysis["iteration"]
+    stages = []
+    for s in analysis["stages"]:
+        w = by_name[s["name"]]
+        stages.append({
+            "name": s["name"], "category": w["category"], "device": w["device"],
+            "elapsed_seconds": s["span_us"] / 1e6,
+            "spread": s["span_spread"] | {"samples": _span_samples(analysis, s["name"])},
+            "rows_in": w["rows_in"], "rows_out": w["rows_out"],
+            "metadata": dict(w["meta"]) | w["counters"],
+            "event_seconds": analysis["event_us"][s["name"]] / 1e6,
+            "timeline": {k: v for k, v in s.items() if k not in ("name", "domain", "span_spread")},
+            "tiling": plan.tiling[s["name"]],
+        })
+    covered = sum(s["elapsed_seconds"] for s in stages)
+    return {
+        "schema": "app.trace/1", "kernel": plan.kernel, "version": plan.version, "mode": "nsys",
+        "selected_runtime": sel["selected"], "requested_runtime": sel["requested"],
+        "device": {"name": sel["device_name"]} | sel["info"],
+        "total_elapsed_seconds": it["span_us"] / 1e6,
+        "timing": {"clock": f"host wall time of each NVTX range ({tool['backend']} trace)",
+                   "timed_runs": it["instances"],
+                   "total": it["span_spread"] | {"samples": _span_samples(analysis, PROFILE_RANGE)},
+                   "uncovered_seconds": it["span_us"] / 1e6 - covered,
+                   "event_total_seconds": analysis["event_us"][PROFILE_RANGE] / 1e6},
+        "metadata": {"planner_selected_runtime": sel["planner"], "selection_reason": sel["reason"],
+                     "params": plan.params, "nvtx": worker["nvtx"], "verification": worker.get("verification"),
+                     "tool": tool, "capture": analysis["capture"],
+                     "iteration": {k: v for k, v in it.items() if k not in ("name", "domain")}},
+        "stages": stages,
+        "audit": {"findings": analysis["findings"], "answers": analysis["answers"]},
+    }
+
+
+def _span_samples(analysis: dict, name: str) -> list[float]:
+    """Each iteration's span of a range, in seconds (what `compare` resamples)."""
+    return [r["span_ns"] / 1e9 for r in analysis["instances"] if r["name"] == name]
+
+
+def ranges_csv(instances: list[dict]) -> str:
+    """One row per range instance: the accounting behind every median in the report."""
+    import pandas as pd
+
+    rows = []
+    for r in instances:
+        row = {k: v for k, v in r.items() if not isinstance(v, (dict, list))}
+        row.update({f"idle_{c}_ns": v for c, v in r["idle_ns"].items()})
+        row["syncs"] = len(r["syncs"])
+        rows.append(row)
+    return pd.DataFrame(rows).to_csv(index=False)

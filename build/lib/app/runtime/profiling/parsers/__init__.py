@@ -1,0 +1,1 @@
+"""Parsers of profiler exports into pandas DataFrames. No CuPy: they run on recorded output."""

@@ -1,0 +1,90 @@
+"""What every subprocess mode shares: the worker's command line and environment, a GPU check,
+a temporary folder that is always removed, the device lock, and reading the worker's JSON.
+
+annotation and ncu run the worker under ncu (ncu_session.py), nsys mode under
+nsys or on its own with the CUPTI collector (nsys.py); all of them re-invoke the
+same CLI in the worker role, so one code path runs the plan in every mode.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from app.errors import AppError, DeviceUnavailable
+from app.runtime import device as devmod
+from app.runtime.lock import device_key, device_lock
+from app.runtime.memory import check_fits
+
+
+def worker_command(plan, out_json: str, warmup: int, iterations: int = 1, collect: str = "none",
+                   verify: bool = True) -> list[str]:
+    args = [sys.executable, "-m", "app.kernel", plan.kernel, plan.version, "--worker", out_json,
+            "--device", "gpu", "--warmup", str(warmup), "--worker-iterations", str(iterations),
+            "--worker-collect", collect] + ([] if verify else ["--no-verify"])
+    for name, value in plan.params.items():
+        args += [f"--{name}", str(value)]
+    return args
+
+
+def worker_env() -> dict:
+    """The worker must import this very checkout even when the package is not installed."""
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
+
+
+@dataclass
+class Session:
+    tmpdir: str
+    selection: object
+
+    @property
+    def worker_json(self) -> str:
+        return os.path.join(self.tmpdir, "worker.json")
+
+    def load_worker(self, label: str) -> dict:
+        if not os.path.exists(self.worker_json):
+            raise AppError(f"{label}: the worker wrote no result ({self.worker_json} is missing)")
+        with open(self.worker_json) as f:
+            return json.load(f)
+
+
+@contextmanager
+def gpu_session(plan, options, label: str):
+    """Check for a GPU and the default tiling, make a temporary folder, hold the device lock.
+
+    The folder (worker JSON, captures) is removed however the block ends."""
+    try:
+        selection = devmod.select("gpu" if options.device == "auto" else options.device)
+    except DeviceUnavailable as exc:
+        raise DeviceUnavailable(f"{label} needs a GPU: {exc}") from None
+    if selection.selected != "gpu":
+        raise DeviceUnavailable(f"{label} needs a GPU; use --prof_type event on the CPU")
+    check_fits(plan, selection.selected)
+    if plan.tiling != type(plan)(plan.params).tiling:
+        raise AppError(f"{label} runs the worker with default tiling; custom tiling is not passed through yet")
+    tmpdir = tempfile.mkdtemp(prefix=f"app-{label.split()[0]}-")
+    try:
+        with device_lock(device_key(selection)):
+            yield Session(tmpdir, selection)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def profile_files(plan, worker: dict, selection, options, mode: str, tools: dict) -> dict:
+    """params.json, tiling/ and compiled/ of a subprocess mode's profile, from the worker's report."""
+    from app.runtime.provenance import params_json
+
+    params = params_json(plan, selection, mode=mode, options=options.as_dict(), argv=options.argv, tools=tools)
+    files = {"params.json": params}
+    for spec in plan.stages:
+        files[f"tiling/{spec.name}.json"] = {"stage": spec.name, "tiling": plan.tiling[spec.name],
+                                             "source": "defaults (no autotune cache)"}
+    for stage, arts in worker.get("artifacts", {}).items():
+        for fname, content in arts.items():
+            files[f"compiled/{stage}/{fname}"] = content
+    return files

@@ -1,0 +1,83 @@
+"""The worker role: what a subprocess mode (annotation, ncu, nsys) runs under the profiler.
+
+The parent re-invokes the same CLI with ``--worker OUT.json``: the worker builds
+the plan, compiles, does the cold run and the warm-ups outside any NVTX range,
+then runs the plan ``iterations`` times, each inside a ``<kernel>@profile`` range
+with one NVTX range per stage -- the same plan.run as every other mode. ncu's
+``--nvtx-include <kernel>@profile/`` therefore sees only warm iterations, and the
+timeline analysis of nsys mode only looks inside those ranges.
+
+With ``collect="cupti"`` the worker traces itself with CUPTI (no nsys): it first
+times the same iterations untraced, then traced, so the tracing overhead is
+measured rather than assumed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from app.errors import DeviceUnavailable
+from app.runtime import device as devmod
+from app.runtime.execute import backend_for, xp_for
+from app.runtime.nvtx import Nvtx
+from app.runtime.recorder import Recorder
+
+PROFILE_RANGE = "profile"
+
+
+def _iterations(rec: Recorder, nvtx: Nvtx, plan, inputs, backend, n: int) -> tuple[list, tuple]:
+    records, output = [], None
+    for _ in range(n):
+        nvtx.push(PROFILE_RANGE)
+        output, record = rec.run(plan, inputs, backend)
+        nvtx.pop()
+        records.append(record)
+    return records, output
+
+
+def run_worker(plan, device: str, warmup: int, out_path: str, iterations: int = 1, collect: str = "none",
+               verify: bool = True) -> int:
+    # The parent insists on a GPU; the worker runs where it is told (--device gpu from the parent).
+    selection = devmod.select(device)
+    dev = selection.selected
+    inputs = plan.make_inputs()
+    backend, compile_info = backend_for(plan, selection)
+    quiet = Recorder(dev, xp_for(dev), Nvtx(False, plan.kernel))
+    for _ in range(1 + warmup):                 # cold run + warm-ups: not profiled
+        quiet.run(plan, inputs, backend)
+    extra = {}
+    if collect == "cupti":
+        from app.runtime.profiling.cupti_trace import CuptiTrace
+
+        trace = CuptiTrace()
+        nvtx = Nvtx(True, plan.kernel, clock=trace.clock)
+        rec = Recorder(dev, xp_for(dev), nvtx)
+        untraced, _ = _iterations(rec, nvtx, plan, inputs, backend, iterations)
+        nvtx.log.clear()
+        trace.start()
+        records, output = _iterations(rec, nvtx, plan, inputs, backend, iterations)
+        extra["cupti"] = trace.stop() | {"ranges": nvtx.log}
+        extra["overhead"] = {"untraced_wall_seconds": [r.wall_seconds for r in untraced],
+                             "traced_wall_seconds": [r.wall_seconds for r in records]}
+    else:
+        nvtx = Nvtx(True, plan.kernel)
+        if not nvtx.active:
+            raise DeviceUnavailable(f"NVTX is unavailable ({nvtx.reason}); the profiler cannot find the stages")
+        records, output = _iterations(Recorder(dev, xp_for(dev), nvtx), nvtx, plan, inputs, backend, iterations)
+    # After the profiled iterations and outside every range: the oracle check the other modes make.
+    verification = plan.verify(inputs, tuple(backend.to_host(a) for a in output)) if verify else None
+    first = records[0]
+    costs = {s["name"]: asdict(plan.cost(s["name"], s["rows_in"], s["rows_out"], s["meta"], inputs))
+             for s in first.stages}
+    doc = {"costs": costs, "kernel": plan.kernel, "version": plan.version, "params": plan.params, "tiling": plan.tiling,
+           "selection": selection.as_dict(), "nvtx": nvtx.report(), "compile": compile_info,
+           "stages": first.stages, "total_seconds": first.total_seconds,
+           "iterations": [{"stages": [{"name": s["name"], "seconds": s["seconds"], "host_seconds": s["host_seconds"]}
+                                      for s in r.stages],
+                           "total_seconds": r.total_seconds, "wall_seconds": r.wall_seconds} for r in records],
+           "artifacts": backend.artifacts(), "verification": verification} | extra
+    with open(out_path, "w") as f:
+        json.dump(doc, f, default=str)
+    print(f"worker: profiled {iterations} warm run(s) of {plan.kernel} {plan.version}", file=sys.stderr)
+    return 0

@@ -1,0 +1,51 @@
+"""params.json: everything needed to know what was measured, where, and with what."""
+from __future__ import annotations
+
+import platform
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+
+from app.analysis.devices import REPO_ROOT
+from app.runtime.clocks import clock_report
+
+
+def git_revision() -> dict:
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    try:
+        rev = git("rev-parse", "HEAD")
+        return {"commit": rev or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def package_versions(names=("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "nvtx", "shapely",
+                            "pandas", "jinja2", "matplotlib")) -> dict:
+    out = {"python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def params_json(plan, selection, *, mode: str, options: dict, argv: list[str] | None, tools: dict | None = None) -> dict:
+    argv = argv if argv is not None else sys.argv
+    return {
+        "kernel": plan.kernel, "version": plan.version, "mode": mode,
+        "params": plan.params, "options": options, "tiling": plan.tiling,
+        "device": {"name": selection.device_name} | selection.info,
+        "requested_runtime": selection.requested,
+        "selected_runtime": selection.selected,
+        "planner_selected_runtime": selection.planner,
+        "selection_reason": selection.reason,
+        "clocks": clock_report(selection.selected),
+        "tools": package_versions() | (tools or {}),
+        "command_line": argv[0] + " " + shlex.join(argv[1:]),
+        "git": git_revision(),
+        "host": {"hostname": platform.node(), "platform": platform.platform()},
+    }

@@ -1,0 +1,188 @@
+"""Times a plan run stage by stage and counts what crosses the host/device line.
+
+A stage's backend method receives a ``StageContext``: it fills ``rows_in``,
+``rows_out`` and ``meta``, and moves data only through ``to_device``,
+``to_host`` and ``read_size`` so every copy and synchronisation is counted
+(truth rule 5). The recorder brackets each stage with clock marks -- CUDA
+events on the GPU, a monotonic clock on the CPU -- and the whole run with a
+separate pair, so the part of the run no stage covers is measured, not
+assumed to be zero (truth rule 2).
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.runtime.nvtx import Nvtx
+
+
+def _injected_delays() -> dict[str, float]:
+    """Test hook for regression gates: APP_INJECT_STAGE_DELAY="stage=seconds[,stage=seconds]" makes those
+    stages sleep, so a test can produce a genuinely slower run of unchanged code."""
+    out = {}
+    for item in filter(None, os.environ.get("APP_INJECT_STAGE_DELAY", "").split(",")):
+        name, _, seconds = item.partition("=")
+        try:
+            out[name.strip()] = max(0.0, float(seconds))
+        except ValueError:
+            continue                # a malformed test hook is ignored, never a crash
+    return out
+
+
+_INJECTED_DELAY = _injected_delays()
+
+
+class CpuClock:
+    def begin(self) -> None:
+        pass
+
+    def mark(self):
+        return time.perf_counter()
+
+    def finish(self) -> None:
+        pass
+
+    def seconds(self, a, b) -> float:
+        return b - a
+
+
+class GpuClock:
+    """CUDA events on the current stream: GPU-timeline time between marks.
+
+    Events are pooled and reused run after run (a run's times are read before
+    the next run starts), so creating them adds no host time to the stages.
+    """
+
+    def __init__(self):
+        import cupy
+
+        self._cp = cupy
+        self._pool: list = []
+        self._next = 0
+        self._stream = None
+
+    def begin(self) -> None:
+        self._next = 0
+        self._stream = self._cp.cuda.get_current_stream()
+
+    def mark(self):
+        if self._next == len(self._pool):
+            self._pool.append(self._cp.cuda.Event())
+        ev = self._pool[self._next]
+        self._next += 1
+        ev.record(self._stream)
+        return ev
+
+    def finish(self) -> None:
+        self._cp.cuda.get_current_stream().synchronize()
+
+    def seconds(self, a, b) -> float:
+        return self._cp.cuda.get_elapsed_time(a, b) / 1e3
+
+
+@dataclass
+class StageContext:
+    name: str
+    category: str
+    device: str
+    xp: object                      # numpy or cupy
+    rows_in: int = 0
+    rows_out: int = 0
+    meta: dict = field(default_factory=dict)
+    h2d_copies: int = 0
+    h2d_bytes: int = 0
+    d2h_copies: int = 0
+    d2h_bytes: int = 0
+    syncs: int = 0
+    size_reads: list = field(default_factory=list)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "gpu"
+
+    def to_device(self, host_array):
+        if not self.on_gpu:
+            return np.ascontiguousarray(host_array)
+        arr = self.xp.asarray(host_array)
+        self.h2d_copies += 1
+        self.h2d_bytes += arr.nbytes
+        return arr
+
+    def to_host(self, array) -> np.ndarray:
+        if not self.on_gpu:
+            return np.asarray(array)
+        out = self.xp.asnumpy(array)   # blocking copy: a synchronisation too
+        self.d2h_copies += 1
+        self.d2h_bytes += out.nbytes
+        self.syncs += 1
+        return out
+
+    def read_size(self, array, why: str) -> np.ndarray:
+        """A device->host read that sizes an allocation: the only kind allowed mid-pipeline."""
+        out = self.to_host(array)
+        self.size_reads.append(why)
+        return out
+
+    def counters(self) -> dict:
+        return {"h2d_copies": self.h2d_copies, "h2d_bytes": self.h2d_bytes,
+                "d2h_copies": self.d2h_copies, "d2h_bytes": self.d2h_bytes,
+                "syncs": self.syncs, "allocation_size_reads": len(self.size_reads)}
+
+
+@dataclass
+class RunRecord:
+    stages: list[dict]
+    total_seconds: float        # clock marks around the whole run
+    wall_seconds: float         # host monotonic clock, including the final synchronisation
+
+    @property
+    def stage_sum(self) -> float:
+        return sum(s["seconds"] for s in self.stages)
+
+
+class Recorder:
+    def __init__(self, device: str, xp, nvtx: Nvtx):
+        self.device, self.xp, self.nvtx = device, xp, nvtx
+        self.clock = GpuClock() if device == "gpu" else CpuClock()
+        self._marks: list = []
+
+    @contextmanager
+    def stage(self, spec):
+        st = StageContext(spec.name, spec.category, self.device, self.xp)
+        # The clock marks bracket the NVTX range, not the other way round: a trace's range then
+        # holds the stage's own work only, and its span lines up with the event time.
+        start = self.clock.mark()
+        host0 = time.perf_counter()
+        self.nvtx.push(spec.name)
+        try:
+            yield st
+            if spec.name in _INJECTED_DELAY:
+                time.sleep(_INJECTED_DELAY[spec.name])
+        finally:
+            self.nvtx.pop()
+            host = time.perf_counter() - host0
+            end = self.clock.mark()
+        self._marks.append((st, start, end, host))
+
+    def run(self, plan, inputs, backend):
+        """One full plan run; returns (output, RunRecord)."""
+        self._marks = []
+        self.clock.begin()
+        wall0 = time.perf_counter()
+        t0 = self.clock.mark()
+        output = plan.run(inputs, backend, self)
+        t1 = self.clock.mark()
+        self.clock.finish()
+        wall = time.perf_counter() - wall0
+        stages = [{"name": st.name, "category": st.category, "device": st.device,
+                   "seconds": self.clock.seconds(a, b), "rows_in": int(st.rows_in),
+                   "rows_out": int(st.rows_out), "meta": dict(st.meta),
+                   "counters": st.counters(), "size_reads": list(st.size_reads),
+                   # Host time spent issuing the stage: near the device time means launch-bound.
+                   "host_seconds": host}
+                  for st, a, b, host in self._marks]
+        return output, RunRecord(stages, self.clock.seconds(t0, t1), wall)
