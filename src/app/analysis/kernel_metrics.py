@@ -13,12 +13,44 @@ from app.analysis import advice
 from app.analysis.devices import match_device
 
 
+PERCENT = ("sm_pct", "dram_pct", "achieved_occupancy_pct", "l2_hit_pct")
+COUNTS = ("duration_us", "dram_bytes", "fp64_flops", "fp32_flops", "local_load_bytes", "local_store_bytes",
+          "waves_per_sm", "registers")
+
+
 def _num(v) -> float:
+    """A metric value, NaN when it is missing or unreadable: never a zero that was not measured."""
     try:
-        f = float(v)
+        return float(v)
     except (TypeError, ValueError):
-        return 0.0
-    return 0.0 if math.isnan(f) else f
+        return float("nan")
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    return df[name].map(_num) if name in df else pd.Series(float("nan"), index=df.index)
+
+
+def _metric_name(col: str) -> str:
+    from app.runtime.profiling.parsers.columns import NCU_2025_3
+
+    names = [k for k, v in NCU_2025_3.items() if v == col]
+    return names[0] if names else col
+
+
+def flag_out_of_range(out: pd.DataFrame) -> pd.DataFrame:
+    """Percentages outside 0-100 and negative counts are physically impossible: keep the raw value and
+    ncu's metric name in ``flags`` and blank the value, so no rate, class or advice is derived from it."""
+    flags = [[] for _ in range(len(out))]
+    for col, ok in [(c, lambda v: 0 <= v <= 100) for c in PERCENT] + [(c, lambda v: v >= 0) for c in COUNTS]:
+        if col not in out:
+            continue
+        for i, v in enumerate(out[col].tolist()):
+            if v == v and not ok(v):
+                flags[i].append(f"{col}={v:g} ({_metric_name(col)}) outside its physical range")
+        bad = out[col].map(lambda v, ok=ok: v == v and not ok(v))
+        out.loc[bad, col] = float("nan")
+    out["flags"] = ["; ".join(f) for f in flags]
+    return out
 
 
 def attribute_stages(df: pd.DataFrame, domain: str, stages: list[str]) -> pd.Series:
@@ -34,21 +66,22 @@ def attribute_stages(df: pd.DataFrame, domain: str, stages: list[str]) -> pd.Ser
 def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: str) -> pd.DataFrame:
     """One row per profiled kernel with derived rates, roofline share and bottleneck class."""
     _, spec = match_device(device_name)
+    raw_duration = _col(df, "duration_ns")
     out = pd.DataFrame({
         "stage": attribute_stages(df, domain, stages),
         "kernel": df["kernel"],
-        "duration_us": df["duration_ns"].map(_num) / 1e3,
-        "dram_bytes": df.get("dram_read_bytes", 0).map(_num) + df.get("dram_write_bytes", 0).map(_num),
-        "fp64_flops": 2 * df.get("dfma", pd.Series(0, index=df.index)).map(_num)
-                      + df.get("dadd", pd.Series(0, index=df.index)).map(_num)
-                      + df.get("dmul", pd.Series(0, index=df.index)).map(_num),
-        "fp32_flops": 2 * df.get("ffma", pd.Series(0, index=df.index)).map(_num)
-                      + df.get("fadd", pd.Series(0, index=df.index)).map(_num)
-                      + df.get("fmul", pd.Series(0, index=df.index)).map(_num),
+        "duration_us": raw_duration / 1e3,
+        # A sum with a missing part is missing (NaN), not the part that was there.
+        "dram_bytes": _col(df, "dram_read_bytes") + _col(df, "dram_write_bytes"),
+        "fp64_flops": 2 * _col(df, "dfma") + _col(df, "dadd") + _col(df, "dmul"),
+        "fp32_flops": 2 * _col(df, "ffma") + _col(df, "fadd") + _col(df, "fmul"),
     })
     for col in ("sm_pct", "dram_pct", "achieved_occupancy_pct", "l2_hit_pct", "waves_per_sm", "registers",
                 "block_threads", "grid_blocks", "local_load_bytes", "local_store_bytes"):
-        out[col] = df[col].map(_num) if col in df else float("nan")
+        out[col] = _col(df, col)
+    if "dram_pct" not in df and "dram_pct_sol" in df:      # a full-set capture
+        out["dram_pct"] = _col(df, "dram_pct_sol")
+    out = flag_out_of_range(out)
     out["local_spill_bytes"] = out["local_load_bytes"].fillna(0) + out["local_store_bytes"].fillna(0)
     secs = out["duration_us"] / 1e6
     out["achieved_gbps"] = out["dram_bytes"] / secs / 1e9
@@ -66,7 +99,11 @@ def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: 
 
 def classify(r) -> str:
     """Seed 004: DRAM% high + SM% low memory-bound; SM% high compute-bound; both low latency-bound;
-    L2 hit < 80% adds a locality issue. SM% stands in for TC% (no tensor cores here)."""
+    L2 hit < 80% adds a locality issue. SM% stands in for TC% (no tensor cores here). With DRAM% or SM%
+    missing or flagged there is no class: "both low" must never be inferred from absent values."""
+    missing = [c for c in ("dram_pct", "sm_pct") if math.isnan(getattr(r, c))]
+    if missing:
+        return f"n/a ({', '.join(_metric_name(c) for c in missing)} missing or flagged)"
     base = advice.classify(r.dram_pct, r.sm_pct)
     if not math.isnan(r.l2_hit_pct) and r.l2_hit_pct < 80 and base != "n/a":
         return base + " + locality"
@@ -81,10 +118,14 @@ def stage_table(kernels: pd.DataFrame, stages: list[str]) -> pd.DataFrame:
         t = k["duration_us"].sum()
 
         def weighted(col):
-            return float((k[col] * k["duration_us"]).sum() / t) if t > 0 and k[col].notna().any() else float("nan")
+            # Any kernel without the value leaves the stage without it (a partial average would mislead).
+            return float((k[col] * k["duration_us"]).sum() / t) if t > 0 and k[col].notna().all() else float("nan")
 
-        rows.append({"stage": name, "kernels": len(k), "duration_us": t, "dram_bytes": k["dram_bytes"].sum(),
-                     "fp64_flops": k["fp64_flops"].sum(), "sm_pct": weighted("sm_pct"),
+        def total(col):
+            return float(k[col].sum()) if k[col].notna().all() else float("nan")
+
+        rows.append({"stage": name, "kernels": len(k), "duration_us": t, "dram_bytes": total("dram_bytes"),
+                     "fp64_flops": total("fp64_flops"), "sm_pct": weighted("sm_pct"),
                      "dram_pct": weighted("dram_pct"), "achieved_occupancy_pct": weighted("achieved_occupancy_pct"),
                      "l2_hit_pct": weighted("l2_hit_pct"), "local_spill_bytes": k["local_spill_bytes"].sum(),
                      "waves_per_sm": k["waves_per_sm"].max() if len(k) else float("nan")})
@@ -116,7 +157,7 @@ def opportunities(stages: pd.DataFrame, total_us: float) -> list[dict]:
             ops.append((share * 0.3, f"Improve locality in {r.stage} (Morton order, tile by cell)",
                         f"l2_hit={r.l2_hit_pct:.1f}%"))
         if r.bottleneck.startswith("latency-bound"):
-            ops.append((share * (1 - max(r.dram_pct, r.sm_pct) / 100 if not math.isnan(r.dram_pct) else 0.5),
+            ops.append((share * (1 - max(r.dram_pct, r.sm_pct) / 100),
                         f"Hide latency in {r.stage} (more independent work per thread, fewer dependent loads)",
                         f"sm_pct={r.sm_pct:.1f}, dram_pct={r.dram_pct:.1f}"))
     ops.sort(key=lambda o: -o[0])

@@ -36,6 +36,8 @@ NCU_2025_3 = {
     "sm__sass_thread_inst_executed_op_dmul_pred_on.sum": "dmul",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    # The full section set has no dram__throughput; its Speed Of Light "DRAM Throughput" is this one.
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_sol",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
     "lts__t_sector_hit_rate.pct": "l2_hit_pct",
     "local__spill_bytes": "local_spill_bytes",

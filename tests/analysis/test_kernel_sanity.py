@@ -1,0 +1,63 @@
+"""Counter values outside their physical range are flagged and never feed a conclusion; a missing
+metric is missing (NaN, named), never zero; a full-set capture is read with its own metric names."""
+import pandas as pd
+import pytest
+
+from app.analysis.kernel_metrics import kernel_table, stage_table
+from app.runtime.profiling.parsers.ncu_csv import parse_details, parse_raw
+from tests.conftest import FIXTURES
+
+
+def raw_table(**over):
+    row = {"kernel": "k", "nvtx_stack": [("join", "bounds")], "duration_ns": 10_000.0, "dram_read_bytes": 1e6,
+           "dram_write_bytes": 1e6, "dfma": 0.0, "dadd": 0.0, "dmul": 0.0, "ffma": 0.0, "fadd": 0.0, "fmul": 0.0,
+           "sm_pct": 10.0, "dram_pct": 5.0, "achieved_occupancy_pct": 40.0, "l2_hit_pct": 90.0}
+    row.update(over)
+    return pd.DataFrame([row])
+
+
+def test_plausible_values_pass_untouched():
+    k = kernel_table(raw_table(), "join", ["bounds"], "NVIDIA H200").iloc[0]
+    assert k["flags"] == "" and k["bottleneck"] == "latency-bound" and k["dram_bytes"] == 2e6
+
+
+@pytest.mark.parametrize("over,col,raw_value,metric", [
+    ({"l2_hit_pct": 233.0}, "l2_hit_pct", "233", "lts__t_sector_hit_rate.pct"),
+    ({"dram_pct": 140.0}, "dram_pct", "140", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ({"sm_pct": -3.0}, "sm_pct", "-3", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ({"achieved_occupancy_pct": 101.0}, "achieved_occupancy_pct", "101", "sm__warps_active"),
+    ({"dram_read_bytes": -5e6}, "dram_bytes", "-4e+06", "dram_bytes"),
+])
+def test_impossible_values_are_flagged_with_raw_value_and_name(over, col, raw_value, metric):
+    k = kernel_table(raw_table(**over), "join", ["bounds"], "NVIDIA H200").iloc[0]
+    assert f"{col}={raw_value}" in k["flags"] and metric in k["flags"]
+    assert k[col] != k[col]                                           # blanked: NaN
+    if col in ("dram_pct", "sm_pct"):
+        assert k["bottleneck"].startswith("n/a (") and "missing or flagged" in k["bottleneck"]
+    if col == "l2_hit_pct":
+        assert "locality" not in k["bottleneck"]                      # no advice from a flagged hit rate
+
+
+def test_missing_counters_are_missing_not_zero():
+    raw = raw_table().drop(columns=["dadd", "dmul", "dram_pct"])
+    k = kernel_table(raw, "join", ["bounds"], "NVIDIA H200").iloc[0]
+    assert k["fp64_flops"] != k["fp64_flops"] and k["achieved_tflops_fp64"] != k["achieved_tflops_fp64"]
+    assert k["bottleneck"].startswith("n/a (dram__throughput")            # never "latency-bound" by default
+    st = stage_table(kernel_table(pd.concat([raw_table(), raw_table(dram_pct=float("nan"))]), "join", ["bounds"],
+                                  "NVIDIA H200"), ["bounds"]).iloc[0]
+    assert st["dram_pct"] != st["dram_pct"]                               # one kernel without it: the stage too
+
+
+@pytest.mark.skipif(not (FIXTURES / "ncu").exists(), reason="fixtures missing")
+def test_full_set_dram_and_sm_match_ncus_own_speed_of_light():
+    raw, _ = parse_raw((FIXTURES / "ncu" / "full_raw.csv").read_text())
+    metrics, _ = parse_details((FIXTURES / "ncu" / "full_details.csv").read_text())
+    kernels = kernel_table(raw, "probe", ["stage:axpy"], "NVIDIA H200")
+    sol = metrics[metrics["section"] == "GPU Speed Of Light Throughput"]
+    for k, kid in zip(kernels.itertuples(), raw["id"]):
+        mine = sol[sol["id"].astype(float).astype(int) == int(float(kid))]
+        dram = float(mine.loc[mine["metric"] == "DRAM Throughput", "value_num"].iloc[0])
+        sm = float(mine.loc[mine["metric"] == "Compute (SM) Throughput", "value_num"].iloc[0])
+        assert k.dram_pct == pytest.approx(dram, abs=0.01) and k.sm_pct == pytest.approx(sm, abs=0.01)
+    saxpy = kernels[kernels["kernel"] == "saxpy"].iloc[0]
+    assert saxpy["achieved_gbps"] > 3000 and saxpy["bottleneck"].startswith("memory-bound")
