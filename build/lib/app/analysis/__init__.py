@@ -1,1 +1,0 @@
-"""Analyses over traces and tool tables: plain functions, no CuPy, runnable anywhere."""
