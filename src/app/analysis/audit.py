@@ -115,7 +115,8 @@ def audit(instances: list[dict], stage_info: dict | None = None, terminal: set |
     return sorted(findings, key=lambda f: SEVERITIES.index(f["severity"]))
 
 
-def _copy_stage(s: dict) -> bool:
+def copy_bound(s: dict) -> bool:
+    """A stage (summary entry) whose own copies take longer than its kernels."""
     return s["memcpy_us"] > s["kernel_us"]
 
 
@@ -152,7 +153,7 @@ def answers(iteration: dict, stages: list[dict], findings: list[dict]) -> tuple[
         q2 = ("Remove the mid-plan host reads: size outputs from upper bounds or keep counts on the device, so "
               f"the plan is issued without a round trip (largest in {s['name']}, "
               f"{s['idle_us']['sync_wait']:,.1f} us). With no host read left the plan can be captured as one CUDA graph.")
-    elif top in ("launch_gap", "launch_latency", "before_first_op") and _copy_stage(
+    elif top in ("launch_gap", "launch_latency", "before_first_op") and copy_bound(
             s := max(stages, key=lambda s: sum(s["idle_us"].values()))):
         q2 = (f"Stage the inputs once: {s['name']} moves its data with copies and spends "
               f"{sum(s['idle_us'].values()):,.1f} us per iteration with the GPU idle around them (host-side "

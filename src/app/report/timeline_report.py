@@ -2,6 +2,7 @@
 with CUDA-event timing, launches, the audit and its two questions."""
 from __future__ import annotations
 
+from app.analysis.audit import copy_bound
 from app.analysis.timeline import CAUSE_TEXT, CAUSES
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.markdown import Section, fmt, render
@@ -21,9 +22,6 @@ OPPORTUNITY = {
 }
 STAGING_CAUSES = ("launch_gap", "before_first_op")
 
-
-def _copy_bound(s: dict) -> bool:
-    return s["memcpy_us"] > s["kernel_us"]
 COUNTERS_NOTE = ("TC%, DRAM% and Occ% are hardware counters (sm__pipe_tensor_op_*, dram__throughput, "
                  "sm__warps_active) that a trace does not record: they are missing here, not zero. Run "
                  "`--prof_type annotation` for them.")
@@ -37,7 +35,7 @@ def stage_bottleneck(s: dict) -> str:
         kind = "Transfer-bound" if s["memcpy_us"] > s["kernel_us"] else "GPU-bound"
         return f"{kind} (busy {100 * share:.0f}%)"
     top = max(CAUSES, key=lambda c: s["idle_us"][c])
-    if _copy_bound(s) and top in STAGING_CAUSES:
+    if copy_bound(s) and top in STAGING_CAUSES:
         return f"Host-staging-bound (copies wait for the host), busy {100 * share:.0f}%"
     return f"{BOTTLENECK[top]}, busy {100 * share:.0f}%"
 
@@ -145,7 +143,7 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         v = it["idle_us"][c]
         if v > 0 and it["span_us"]:
             where = max(stages, key=lambda s: s["idle_us"][c])
-            text = OPPORTUNITY["staging" if c in STAGING_CAUSES and _copy_bound(where) else c]
+            text = OPPORTUNITY["staging" if c in STAGING_CAUSES and copy_bound(where) else c]
             ops.append((v, f"{text}, mostly in {where['name']} — est. {100 * v / it['span_us']:.0f}% gain "
                            f"— trigger: {c}={v:,.1f}us per iteration"))
     k = max(stages, key=lambda s: s["kernel_us"])
