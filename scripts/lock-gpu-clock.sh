@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Lock one GPU's SM clock for stable profiling (DESIGN.md, Truth rule 7).
+# Lock one GPU's SM and memory clocks for stable profiling.
 #
 #   bash scripts/lock-gpu-clock.sh [--gpu N] [--clock MHZ] [--dry-run]
 #
 # Enables persistence mode, locks the SM clock to one value (min = max) with
-# `nvidia-smi -lgc C,C`, reads the clock back and records the lock in a JSON
-# state file that the profiler reads to report whether clocks were locked.
+# `nvidia-smi -lgc C,C` and the memory clock with `nvidia-smi -lmc M,M`, reads
+# both back and records the lock -- with the GPU's UUID -- in a JSON state file.
 # C is --clock if given, else the driver's default applications graphics clock
 # (clocks.default_applications.graphics), else the current applications clock.
-# Undo with scripts/reset-gpu-clock.sh.
+# M is the default applications memory clock, else the current applications
+# memory clock, else the maximum memory clock. Where the GPU does not support
+# locking its memory clock, that is said on stderr and only the SM clock is
+# locked (and recorded). Undo with scripts/reset-gpu-clock.sh.
+#
+# The profiler reports clocks as locked only when this file names the GPU it ran
+# on (by UUID) and the clocks the GPU reports then match the ones locked here.
 #
 # Environment:
 #   GPU              GPU index (default 0; --gpu wins)
@@ -19,7 +25,8 @@
 # The lock is recorded in the state file right after it is made; if that cannot
 # be written, the clocks are reset again: clocks are never left locked unrecorded.
 #
-# Exit status: 0 ok, 1 nvidia-smi failed or hung, 2 nvidia-smi not found, 64 bad usage.
+# Exit status: 0 ok, 1 nvidia-smi failed or hung (or the GPU reports no UUID),
+# 2 nvidia-smi not found, 64 bad usage.
 set -euo pipefail
 
 readonly PROG="lock-gpu-clock"
@@ -112,16 +119,40 @@ json_escape() {
     printf '%s' "$s" | tr -d '\000-\037'
 }
 
+# smi_try ARGS...: like smi_run, but a failure leaves its exit status in $smi_rc
+# (output in $smi_out) instead of exiting; a hang still exits 1.
+smi_rc=0
+smi_try() {
+    smi_rc=0
+    smi_out="$(timeout "$smi_timeout" "$smi" "$@" 2>&1)" || smi_rc=$?
+    if ((smi_rc == 124)); then
+        echo "$PROG: 'nvidia-smi $*' did not answer within $smi_timeout s and was stopped; check the driver (is the GPU hung?) or raise SMI_TIMEOUT" >&2
+        exit 1
+    fi
+}
+
+first_line() { printf '%s\n' "$1" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' | grep -m1 -v '^$' || true; }
+
 # Name last: it is the only field that could hold a comma.
 smi_run query -i "$gpu" \
-    --query-gpu=clocks.max.sm,clocks.applications.graphics,clocks.default_applications.graphics,name \
+    --query-gpu=uuid,clocks.max.sm,clocks.max.mem,clocks.applications.graphics,clocks.default_applications.graphics,clocks.applications.memory,clocks.default_applications.memory,name \
     --format=csv,noheader,nounits
 line="$(printf '%s\n' "$smi_out" | head -n1)"
-IFS=, read -r f_max f_app f_default name <<<"$line"
+IFS=, read -r f_uuid f_max f_max_mem f_app f_default f_app_mem f_default_mem name <<<"$line"
 name="$(printf '%s' "${name:-}" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//')"
+uuid="$(printf '%s' "${f_uuid:-}" | tr -d '[:space:]')"
 max_sm="$(field_uint "${f_max:-}")"
+max_mem="$(field_uint "${f_max_mem:-}")"
 app_clock="$(field_uint "${f_app:-}")"
 default_app_clock="$(field_uint "${f_default:-}")"
+app_mem="$(field_uint "${f_app_mem:-}")"
+default_app_mem="$(field_uint "${f_default_mem:-}")"
+mem_target="${default_app_mem:-${app_mem:-$max_mem}}"
+
+if [[ ! "$uuid" =~ ^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$ ]]; then
+    echo "$PROG: GPU $gpu (${name:-unknown}) reports no UUID ('${uuid}'); the lock could not be tied to this GPU, so nothing was changed" >&2
+    exit 1
+fi
 
 if [[ -n "$clock" ]]; then
     target="$clock"; chosen_from="--clock"
@@ -138,26 +169,35 @@ if [[ -n "$max_sm" ]] && ((target > max_sm)); then
     exit 1
 fi
 
-echo "$PROG: GPU $gpu (${name:-unknown}): locking SM clock at $target MHz (from $chosen_from; max ${max_sm:-?} MHz)"
+echo "$PROG: GPU $gpu $uuid (${name:-unknown}): locking SM clock at $target MHz (from $chosen_from; max ${max_sm:-?} MHz), memory clock at ${mem_target:-?} MHz"
 change -i "$gpu" -pm 1
 
 if ((dry_run)); then
     change -i "$gpu" -lgc "$target,$target"
-    echo "[dry-run] would read back clocks.sm and write $state_file"
+    if [[ -n "$mem_target" ]]; then
+        change -i "$gpu" -lmc "$mem_target,$mem_target"
+    else
+        echo "[dry-run] would not lock the memory clock: GPU $gpu reports no memory clock"
+    fi
+    echo "[dry-run] would read back clocks.sm, clocks.mem and write $state_file"
     exit 0
 fi
 
-# write_state READBACK: record the lock atomically (a private temp file, then rename).
+# write_state READBACK_SM READBACK_MEM: record the lock atomically (a private temp file, then rename).
 write_state() {
     local tmp
     mkdir -p "$(dirname "$state_file")" && tmp="$(mktemp "$state_file.XXXXXX")" || return 1
     if ! cat >"$tmp" <<JSON
 {
   "gpu": $gpu,
+  "uuid": "$uuid",
   "name": "$(json_escape "$name")",
   "locked_sm_mhz": $target,
   "readback_sm_mhz": ${1:-null},
+  "locked_mem_mhz": ${mem_locked:-null},
+  "readback_mem_mhz": ${2:-null},
   "max_sm_mhz": ${max_sm:-null},
+  "max_mem_mhz": ${max_mem:-null},
   "locked_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
   "by": "$BY"
 }
@@ -168,22 +208,52 @@ JSON
 
 # From the lock on, any exit that has not recorded it resets the clocks again.
 recorded=0
+mem_tried=0
+mem_locked=""
 undo_unrecorded() {
     if ((!recorded)); then
         echo "$PROG: the lock could not be recorded in $state_file; resetting the clocks of GPU $gpu" >&2
+        if ((mem_tried)); then
+            timeout "$smi_timeout" "$smi" -i "$gpu" -rmc >/dev/null 2>&1 || true
+        fi
         timeout "$smi_timeout" "$smi" -i "$gpu" -rgc >/dev/null 2>&1 || true
     fi
 }
 change -i "$gpu" -lgc "$target,$target"
 trap undo_unrecorded EXIT
-write_state "" || exit 1
+
+# The memory clock: locked where the GPU supports it; where it does not, the SM lock stands alone.
+if [[ -z "$mem_target" ]]; then
+    echo "$PROG: note: GPU $gpu reports no memory clock; only the SM clock is locked" >&2
+else
+    mem_tried=1
+    smi_try -i "$gpu" -lmc "$mem_target,$mem_target"
+    reason="$(first_line "$smi_out")"
+    if printf '%s\n' "$smi_out" | grep -qi 'not supported' || ((smi_rc == 3)); then
+        mem_tried=0
+        echo "$PROG: note: GPU $gpu does not support locking its memory clock (nvidia-smi -lmc: ${reason:-exit $smi_rc}); only the SM clock is locked" >&2
+    elif ((smi_rc != 0)); then
+        echo "$PROG: 'nvidia-smi -i $gpu -lmc $mem_target,$mem_target' failed (exit $smi_rc): ${reason:-no output}; changing clocks or persistence needs root: run it as root or with sudo (sudo bash $BY)" >&2
+        exit 1
+    else
+        mem_locked="$mem_target"
+    fi
+fi
+write_state "" "" || exit 1
 recorded=1
 
-smi_run query -i "$gpu" --query-gpu=clocks.sm --format=csv,noheader,nounits
-readback="$(field_uint "$(printf '%s\n' "$smi_out" | head -n1)")"
+smi_run query -i "$gpu" --query-gpu=clocks.sm,clocks.mem --format=csv,noheader,nounits
+IFS=, read -r f_rb_sm f_rb_mem <<<"$(printf '%s\n' "$smi_out" | head -n1)"
+readback="$(field_uint "${f_rb_sm:-}")"
+readback_mem="$(field_uint "${f_rb_mem:-}")"
 if [[ -n "$readback" && "$readback" != "$target" ]]; then
     echo "$PROG: note: clocks.sm reads $readback MHz right after the lock (locked at $target); power or thermal limits may pull it lower under load"
 fi
-write_state "$readback" || echo "$PROG: note: could not add the read-back clock to $state_file" >&2
+if [[ -n "$mem_locked" && -n "$readback_mem" && "$readback_mem" != "$mem_locked" ]]; then
+    echo "$PROG: note: clocks.mem reads $readback_mem MHz right after the lock (locked at $mem_locked)"
+fi
+write_state "$readback" "$readback_mem" || echo "$PROG: note: could not add the read-back clocks to $state_file" >&2
 trap - EXIT
-echo "$PROG: GPU $gpu locked at $target MHz (reads ${readback:-?} MHz); state in $state_file"
+mem_text="memory clock not locked"
+[[ -z "$mem_locked" ]] || mem_text="memory at $mem_locked MHz (reads ${readback_mem:-?} MHz)"
+echo "$PROG: GPU $gpu ($uuid) locked: SM at $target MHz (reads ${readback:-?} MHz), $mem_text; state in $state_file"

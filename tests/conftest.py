@@ -1,4 +1,4 @@
-import os
+import gzip
 import sys
 from pathlib import Path
 
@@ -6,7 +6,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-FIXTURES = Path(os.environ.get("APP_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+# This project's own captures, committed with the script that made them (tests/fixtures/*/make.sh).
+OWN_FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def fixture_text(rel: str) -> str:
+    """A committed fixture's text, gzipped or not. A missing fixture fails the test; it never skips it."""
+    path = OWN_FIXTURES / rel
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            return f.read()
+    return path.read_text()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,6 +8,7 @@ from app.runtime.stats import spread
 
 @pytest.mark.parametrize("cuda_name,key", [
     ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H200", "H200"),
+    ("NVIDIA H100 NVL", "H100 NVL"), ("NVIDIA H200 NVL", "H200 NVL"),
     ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"), ("NVIDIA L40S", "L40S"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
 ])
 def test_devices_match_on_cuda_name(cuda_name, key):

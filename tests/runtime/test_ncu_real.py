@@ -24,7 +24,9 @@ def test_annotation_attributes_every_kernel_to_a_stage(tmp_path, kernel, args):
     first = device_stages[0]
     ratio = first["ncu"]["dram_bytes"] / first["cost"]["bytes"]
     assert 0.3 < ratio < 3.0, ratio
-    assert (d / "roofline.png").stat().st_size > 10_000
+    assert (d / "roofline.png").stat().st_size > 10_000 and (d / "bandwidth.png").stat().st_size > 10_000
+    report = (d / "report.md").read_text()
+    assert "-lineinfo" in report and "Output matches shapely" in report
 
 
 def test_ncu_full_keeps_report_rules_and_sass(tmp_path):
@@ -33,6 +35,30 @@ def test_ncu_full_keeps_report_rules_and_sass(tmp_path):
     (d,) = list(out.glob("profiles/ncu/join/*/*"))
     names = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
     assert {"report.md", "report-verbose.md", "profile.ncu-rep", "ncu_rules.csv", "roofline.png"} <= names
-    assert any(n.startswith("sass/") and n.endswith(".hot.md") for n in names)
+    assert any(n.startswith("sass/") and n.endswith(".csv") for n in names)
     assert any(n.endswith(".ptx") for n in names)
-    assert "## NCU rule results" in (d / "report.md").read_text()
+    report = (d / "report.md").read_text()
+    assert "## NCU rule results" in report and "## Hot spots (CUDA source lines" in report
+    assert "Output matches shapely" in report
+    refine = next(p for p in (d / "hot").glob("*_refine.md")).read_text()
+    first = next(line for line in refine.splitlines() if line.startswith("| 1 |"))
+    assert "app/kernel/" in first and ".cu" in first          # a CUDA source line, found through -lineinfo
+
+
+def test_annotation_and_ncu_agree_on_the_same_kernels(tmp_path):
+    tables = {}
+    for mode in ("annotation", "ncu"):
+        out = tmp_path / mode
+        assert main(["overlay", "v2", "--left", "2000", "--right", "2000", "--prof_type", mode,
+                     "--out", str(out)]) == 0
+        (d,) = list(out.glob(f"profiles/{mode}/overlay/*/*"))
+        tables[mode] = (d / "kernels.csv").read_text().splitlines()
+    import csv
+
+    ann, full = ([dict(r) for r in csv.DictReader(t)] for t in (tables["annotation"], tables["ncu"]))
+    assert [r["kernel"] for r in ann] == [r["kernel"] for r in full]
+    for a, f in zip(ann, full):
+        assert a["fp64_flops"] == f["fp64_flops"] and a["registers"] == f["registers"], a["kernel"]
+        for col in ("dram_pct", "sm_pct"):
+            x, y = float(a[col]), float(f[col])
+            assert abs(x - y) <= max(1.0, 0.15 * max(x, y)), (a["kernel"], col, x, y)   # ~3 us kernels: noisy

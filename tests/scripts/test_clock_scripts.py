@@ -15,54 +15,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.fake_smi import UUID, install
+
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "scripts" / "lock-gpu-clock.sh"
 RESET = ROOT / "scripts" / "reset-gpu-clock.sh"
 
-FAKE_SMI = """\
-#!{python}
-import json, os, sys
-
-args = sys.argv[1:]
-with open(os.environ["FAKE_SMI_LOG"], "a") as f:
-    f.write(json.dumps(args) + "\\n")
-
-fail = os.environ.get("FAKE_SMI_FAIL")
-if fail and fail in args:
-    print("Insufficient Permissions")
-    print("Terminating early due to previous errors.", file=sys.stderr)
-    sys.exit(4)
-
-locked = os.environ["FAKE_SMI_LOG"] + ".locked"
-values = {{
-    "name": "NVIDIA H100 80GB HBM3",
-    "clocks.max.sm": os.environ.get("FAKE_SMI_MAX", "1980"),
-    "clocks.applications.graphics": os.environ.get("FAKE_SMI_APP", "1755"),
-    "clocks.default_applications.graphics": os.environ.get("FAKE_SMI_DEFAULT_APP", "1755"),
-}}
-query = [a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")]
-if query:
-    if "clocks.sm" in query[0]:
-        values["clocks.sm"] = os.environ.get("FAKE_SMI_SM") or (
-            open(locked).read() if os.path.exists(locked) else "345"
-        )
-    print(", ".join(values[k] for k in query[0].split(",")))
-elif "-lgc" in args:
-    with open(locked, "w") as f:
-        f.write(args[args.index("-lgc") + 1].split(",")[0])
-elif "-rgc" in args and os.path.exists(locked):
-    os.remove(locked)
-"""
-
-STATE_CHANGING = {"-pm", "-lgc", "-rgc"}
+STATE_CHANGING = {"-pm", "-lgc", "-rgc", "-lmc", "-rmc"}
+OTHER_UUID = "GPU-00000000-1111-2222-3333-444444444444"
 
 
 @pytest.fixture
 def smi(tmp_path: Path) -> dict:
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text(FAKE_SMI.format(python=sys.executable))
-    fake.chmod(0o755)
+    fake = install(tmp_path / "bin")
     log = tmp_path / "smi.log"
     env = {k: v for k, v in os.environ.items() if k != "GPU" and not k.startswith("FAKE_SMI_")}
     env.update(
@@ -108,14 +73,17 @@ def test_lock_commands_and_state(smi, args, env, gpu, clock):
     r = run(LOCK, smi, *args, **env)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
-    assert changes(smi) == [["-i", gpu, "-pm", "1"], ["-i", gpu, "-lgc", f"{clock},{clock}"]]
+    assert changes(smi) == [["-i", gpu, "-pm", "1"], ["-i", gpu, "-lgc", f"{clock},{clock}"],
+                            ["-i", gpu, "-lmc", "2619,2619"]]
     queries = [c for c in calls(smi) if c not in changes(smi)]
-    assert ["-i", gpu, "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"] in queries
+    assert ["-i", gpu, "--query-gpu=clocks.sm,clocks.mem", "--format=csv,noheader,nounits"] in queries
     state = json.loads(smi["state"].read_text())
     assert state["gpu"] == int(gpu)
+    assert state["uuid"] == UUID
     assert state["name"] == "NVIDIA H100 80GB HBM3"
     assert state["locked_sm_mhz"] == int(clock)
     assert state["readback_sm_mhz"] == int(clock)
+    assert (state["locked_mem_mhz"], state["readback_mem_mhz"], state["max_mem_mhz"]) == (2619, 2619, 2619)
     assert state["max_sm_mhz"] == 1980
     assert state["by"] == "scripts/lock-gpu-clock.sh"
     datetime.strptime(state["locked_at"], "%Y-%m-%dT%H:%M:%SZ")
@@ -138,6 +106,8 @@ def test_lock_dry_run_changes_nothing(smi):
     assert not smi["state"].exists()
     assert f"{smi['env']['NVIDIA_SMI']} -i 1 -pm 1" in r.stdout
     assert f"{smi['env']['NVIDIA_SMI']} -i 1 -lgc 1755,1755" in r.stdout
+    assert f"{smi['env']['NVIDIA_SMI']} -i 1 -lmc 2619,2619" in r.stdout
+    assert not Path(str(smi["log"]) + ".locked").exists() and not Path(str(smi["log"]) + ".memlocked").exists()
 
 
 @pytest.mark.parametrize("persistence_off", [False, True])
@@ -147,17 +117,88 @@ def test_reset_commands_and_state_removed(smi, persistence_off):
     smi["log"].unlink()
     r = run(RESET, smi, "--gpu", "2", *(["--persistence-off"] if persistence_off else []))
     assert r.returncode == 0, r.stderr
-    expected = [["-i", "2", "-rgc"]] + ([["-i", "2", "-pm", "0"]] if persistence_off else [])
-    assert calls(smi) == expected
+    expected = [["-i", "2", "-rgc"], ["-i", "2", "-rmc"]] + ([["-i", "2", "-pm", "0"]] if persistence_off else [])
+    assert changes(smi) == expected
+    assert calls(smi)[0] == ["-i", "2", "--query-gpu=uuid", "--format=csv,noheader,nounits"]   # which GPU
     assert not smi["state"].exists()
+    assert not Path(str(smi["log"]) + ".locked").exists() and not Path(str(smi["log"]) + ".memlocked").exists()
 
 
 def test_reset_keeps_state_of_another_gpu(smi):
-    assert run(LOCK, smi, "--gpu", "1").returncode == 0
-    r = run(RESET, smi, "--gpu", "0")
+    """The state file names a GPU by UUID: another GPU's lock is left alone, whatever the index."""
+    assert run(LOCK, smi, "--gpu", "0").returncode == 0
+    r = run(RESET, smi, "--gpu", "0", FAKE_SMI_UUID=OTHER_UUID)
     assert r.returncode == 0, r.stderr
-    assert changes(smi)[-1] == ["-i", "0", "-rgc"]
-    assert json.loads(smi["state"].read_text())["gpu"] == 1
+    assert changes(smi)[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert f"records {UUID}, not GPU 0 ({OTHER_UUID}): left in place" in r.stdout
+    assert json.loads(smi["state"].read_text())["uuid"] == UUID
+
+
+def test_reset_matches_by_index_when_the_uuid_cannot_be_read(smi):
+    assert run(LOCK, smi, "--gpu", "1").returncode == 0
+    r = run(RESET, smi, "--gpu", "0", FAKE_SMI_FAIL="--query-gpu=uuid")
+    assert r.returncode == 0, r.stderr
+    assert "records GPU 1, not GPU 0: left in place" in r.stdout
+    assert smi["state"].exists()
+    r = run(RESET, smi, "--gpu", "1", FAKE_SMI_FAIL="--query-gpu=uuid")
+    assert r.returncode == 0, r.stderr
+    assert not smi["state"].exists()
+
+
+@pytest.mark.parametrize("status", ["3", "0"])   # nvidia-smi may only warn, with exit 0
+def test_lock_without_memory_clock_support_locks_the_sm_clock(smi, status):
+    r = run(LOCK, smi, FAKE_SMI_NO_LMC=status)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stderr.splitlines()) == 1
+    assert "does not support locking its memory clock" in r.stderr and "only the SM clock" in r.stderr
+    assert "not supported" in r.stderr                       # nvidia-smi's own words
+    assert changes(smi)[-1] == ["-i", "0", "-lmc", "2619,2619"]
+    assert not any("-rgc" in c or "-rmc" in c for c in changes(smi))     # the SM lock stands
+    state = json.loads(smi["state"].read_text())
+    assert state["locked_sm_mhz"] == 1755 and state["locked_mem_mhz"] is None
+    assert "memory clock not locked" in r.stdout
+
+
+def test_reset_without_memory_clock_support_is_not_an_error(smi):
+    assert run(LOCK, smi, FAKE_SMI_NO_LMC="3").returncode == 0
+    r = run(RESET, smi, FAKE_SMI_NO_LMC="3")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert "does not support 'nvidia-smi -i 0 -rmc'" in r.stdout
+    assert not smi["state"].exists()
+
+
+@pytest.mark.parametrize("env, mem", [
+    ({}, "2619"),                                                           # default applications memory clock
+    ({"FAKE_SMI_DEFAULT_APP_MEM": "[N/A]", "FAKE_SMI_APP_MEM": "1593"}, "1593"),
+    ({"FAKE_SMI_DEFAULT_APP_MEM": "[N/A]", "FAKE_SMI_APP_MEM": "[N/A]", "FAKE_SMI_MAX_MEM": "3201"}, "3201"),
+])
+def test_lock_memory_clock_choice(smi, env, mem):
+    r = run(LOCK, smi, **env)
+    assert r.returncode == 0, r.stderr
+    assert changes(smi)[-1] == ["-i", "0", "-lmc", f"{mem},{mem}"]
+    state = json.loads(smi["state"].read_text())
+    assert state["locked_mem_mhz"] == state["readback_mem_mhz"] == int(mem)
+
+
+def test_a_failing_memory_lock_undoes_the_sm_lock(smi):
+    r = run(LOCK, smi, FAKE_SMI_FAIL="-lmc")
+    assert r.returncode == 1
+    assert "-lmc 2619,2619' failed (exit 4)" in r.stderr and "sudo" in r.stderr
+    assert "resetting the clocks of GPU 0" in r.stderr
+    made = changes(smi)
+    assert made[-2:] == [["-i", "0", "-rmc"], ["-i", "0", "-rgc"]]
+    assert not smi["state"].exists()
+    assert not Path(str(smi["log"]) + ".locked").exists()
+
+
+@pytest.mark.parametrize("uuid", ["[N/A]", "", "GPU-not-a-uuid"])
+def test_lock_refuses_a_gpu_without_uuid(smi, uuid):
+    r = run(LOCK, smi, FAKE_SMI_UUID=uuid)
+    assert r.returncode == 1
+    assert len(r.stderr.splitlines()) == 1 and "reports no UUID" in r.stderr and "nothing was changed" in r.stderr
+    assert changes(smi) == []
+    assert not smi["state"].exists()
 
 
 def test_reset_dry_run_changes_nothing(smi):
@@ -165,9 +206,10 @@ def test_reset_dry_run_changes_nothing(smi):
     smi["log"].unlink()
     r = run(RESET, smi, "--dry-run", "--persistence-off")
     assert r.returncode == 0, r.stderr
-    assert calls(smi) == []
+    assert changes(smi) == []
     assert smi["state"].exists()
     assert f"{smi['env']['NVIDIA_SMI']} -i 0 -rgc" in r.stdout
+    assert f"{smi['env']['NVIDIA_SMI']} -i 0 -rmc" in r.stdout
     assert f"{smi['env']['NVIDIA_SMI']} -i 0 -pm 0" in r.stdout
 
 
@@ -256,14 +298,16 @@ def test_a_lock_that_cannot_be_recorded_is_undone(smi, tmp_path):
     assert r.returncode != 0
     assert "could not be recorded" in r.stderr and "resetting the clocks of GPU 0" in r.stderr
     made = [" ".join(c) for c in changes(smi)]
-    assert any("-lgc" in c for c in made) and made[-1].endswith("-rgc")   # locked, then reset
+    assert any("-lgc" in c for c in made) and any("-lmc" in c for c in made)
+    assert made[-2].endswith("-rmc") and made[-1].endswith("-rgc")        # locked, then reset
 
 
 def test_a_failed_read_back_still_leaves_the_lock_recorded(smi):
-    r = run(LOCK, smi, FAKE_SMI_FAIL="--query-gpu=clocks.sm")      # only the read-back query fails
+    r = run(LOCK, smi, FAKE_SMI_FAIL="--query-gpu=clocks.sm,clocks.mem")      # only the read-back query fails
     assert r.returncode == 1
     state = json.loads(smi["state"].read_text())       # the clocks are locked, and it says so
     assert state["locked_sm_mhz"] == 1755 and state["readback_sm_mhz"] is None
+    assert state["locked_mem_mhz"] == 2619 and state["readback_mem_mhz"] is None
 
 
 def test_state_file_is_not_written_through_a_planted_link(smi, tmp_path):

@@ -42,16 +42,19 @@ def load_devices(path: str | None = None) -> dict:
 
 
 def match_device(name: str, table: dict | None = None) -> tuple[str | None, dict | None]:
-    """(model key, spec with defaults applied) of the first entry whose pattern is in ``name``."""
+    """(model key, spec with defaults applied) of the entry whose pattern is in ``name``; the longest pattern
+    wins: "NVIDIA H200 NVL" is the NVL card, not the H200 SXM whose CUDA name, "NVIDIA H200", is a prefix."""
     table = table or load_devices()
     lowered = (name or "").lower()
-    for key, spec in table.get("devices", {}).items():
-        if any(p.lower() in lowered for p in spec.get("match", [])):
-            merged = dict(spec)
-            defaults = table.get("defaults", {})
-            merged["sources"] = {"default": defaults.get("source", "")} | spec.get("sources", {})
-            return key, merged
-    return None, None
+    hits = [(len(p), key, spec) for key, spec in table.get("devices", {}).items()
+            for p in spec.get("match", []) if p.lower() in lowered]
+    if not hits:
+        return None, None
+    _, key, spec = max(hits, key=lambda h: h[0])
+    merged = dict(spec)
+    defaults = table.get("defaults", {})
+    merged["sources"] = {"default": defaults.get("source", "")} | spec.get("sources", {})
+    return key, merged
 
 
 def ridge_points(spec: dict) -> dict[str, float]:

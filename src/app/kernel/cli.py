@@ -28,7 +28,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
              "nsys: timeline and wall-time accounting")
     add("--device", default="auto", choices=devmod.DEVICES, help="auto: GPU if usable; gpu: fail if not")
-    add("--bench_runs", "--bench-runs", type=int, default=10, help="timed runs (default 10)")
+    add("--bench_runs", "--bench-runs", type=int, default=None, metavar="N",
+        help="timed runs (default 10); annotation and ncu profile one warm iteration and accept only 1")
     add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
     add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
@@ -87,7 +88,7 @@ def parse(argv: list[str]):
         parser.add_argument(f"--{p.name}", dest=f"param_{p.name}", default=None, help=p.help)
     args = parser.parse_args(rest)
     given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
-    if args.bench_runs < 1:
+    if args.bench_runs is not None and args.bench_runs < 1:
         raise BadParameter("--bench_runs must be >= 1")
     if args.warmup < 0:
         raise BadParameter("--warmup must be >= 0")

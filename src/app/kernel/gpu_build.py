@@ -8,12 +8,26 @@ theoretical occupancy at the chosen block size.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 OPTIONS = ("--std=c++17", "--fmad=false")
+# Counter modes (annotation, ncu) set APP_LINEINFO=1 in the worker: the kernels then carry a line table, so
+# ncu can name the CUDA source line of each SASS instruction. The #line directives in the module source point
+# those lines at the real files of this package, which ncu --import-source reads.
+LINEINFO_ENV = "APP_LINEINFO"
+
+
+def compile_options() -> tuple:
+    return OPTIONS + (("-lineinfo",) if os.environ.get(LINEINFO_ENV) == "1" else ())
+
+
+def module_source(paths) -> str:
+    """The files joined into one NVRTC program, each introduced by a #line directive naming its real path."""
+    return "\n".join(f'#line 1 "{p.resolve()}"\n{p.read_text()}' for p in paths)
 SCAN_SOURCE = Path(__file__).with_name("scan.cu")
 COMMON_SOURCE = Path(__file__).with_name("common.cuh")
 SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64", "scan_sums_i32",
@@ -60,11 +74,12 @@ class CudaModule:
         self.cp = cupy
         self.source_path = source
         self.scan_stages = set(scan_stages)
-        self.source = "\n".join(p.read_text() for p in (SCAN_SOURCE, COMMON_SOURCE, source))
+        self.source = module_source((SCAN_SOURCE, COMMON_SOURCE, source))
+        self.options = compile_options()
         self.stage_kernels = {s: tuple(k) + (SCAN_KERNELS if s in self.scan_stages else ())
                               for s, k in stage_kernels.items()}
         self.library_calls = library_calls
-        self.module = cupy.RawModule(code=self.source, options=OPTIONS)
+        self.module = cupy.RawModule(code=self.source, options=self.options)
         self.fn: dict = {}
         self.ws = Workspace(cupy)
         self._ptx: str | None = None
@@ -77,7 +92,7 @@ class CudaModule:
         seconds = time.perf_counter() - t0
         occupancy = {stage: min(self.occupancy(self.fn[n], blocks.get(stage, 256)) or 0 for n in names) or None
                      for stage, names in self.stage_kernels.items()}
-        return {"total_seconds": seconds, "compiler": "NVRTC via cupy.RawModule", "options": list(OPTIONS),
+        return {"total_seconds": seconds, "compiler": "NVRTC via cupy.RawModule", "options": list(self.options),
                 "kernels": sorted(self.fn), "occupancy": occupancy,
                 "note": "includes CuPy's on-disk kernel cache: a warm cache makes this a module load"}
 
@@ -135,7 +150,7 @@ class CudaModule:
                 arch = f"--gpu-architecture=compute_{device.Device().compute_capability}"
                 prog = nvrtc.createProgram(self.source, self.source_path.name, [], [])
                 try:
-                    nvrtc.compileProgram(prog, [*OPTIONS, arch])
+                    nvrtc.compileProgram(prog, [*self.options, arch])
                     ptx = nvrtc.getPTX(prog)
                 finally:
                     nvrtc.destroyProgram(prog)
@@ -154,7 +169,7 @@ class CudaModule:
             out[stage] = {
                 self.source_path.name: self.source_path.read_text(),
                 self.source_path.stem + ".ptx": self.ptx(),
-                "resources.json": json.dumps({"kernels": res, "compile_options": list(OPTIONS),
+                "resources.json": json.dumps({"kernels": res, "compile_options": list(self.options),
                                               "library_calls": self.library_calls.get(stage, "")}, indent=2),
             }
             out[stage][COMMON_SOURCE.name] = COMMON_SOURCE.read_text()

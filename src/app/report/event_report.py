@@ -1,26 +1,31 @@
 """report.md for event mode: seed 004's Profiler Output Contract plus timing truth.
 
 Section order: Configuration, Stages, Bottleneck/Root cause, Top 3 Opportunities,
-vs Baseline (the contract), then Timing, Roofline, Transfers and syncs, Cold
-start, Verification, Device -- the evidence behind the first five.
+vs Baseline (the contract), then Timing, Roofline, Stage chart, Transfers and
+syncs, Cold start, Verification, Device -- the evidence behind the first five.
 """
 from __future__ import annotations
 
 from app.analysis import advice
 from app.report.baseline import baseline_section, mismatch_warning
+from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render, us
+from app.report.sections import device_section, transfers_section, verification_section
 
 
-def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None) -> str:
+def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None,
+                 stage_chart: bool = False) -> str:
+    """``stage_chart``: stage_chart.png is written beside report.md, so embed it."""
     findings = advice.stage_findings(trace, roof)
     ops = advice.opportunities(trace, roof, findings)
     bottleneck, cause = advice.overall(trace, findings, roof)
     occ = {s["name"]: s["metadata"].get("theoretical_occupancy_pct") for s in trace["stages"]}
     timing = trace["timing"]
     sections = [
-        Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "runtime"],
+        Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "runtime", "clocks"],
                 rows=[[fmt(v) for v in trace["metadata"]["params"].values()]
-                      + [trace["device"]["name"], trace["selected_runtime"]]]),
+                      + [trace["device"]["name"], trace["selected_runtime"], clock_cell(params_json.get("clocks"))]],
+                note=throttle_note(params_json.get("clocks")) or None),
         Section("Stages", columns=["Stage", "Duration (us)", "± rel. stdev", "Host (us)", "TC%", "DRAM%", "Occ%",
                                    "Bottleneck", "Key Issue"],
                 rows=[[f["stage"], us(s["elapsed_seconds"]), fmt(100 * s["spread"].get("rel_stdev", 0), 1, "%"),
@@ -50,17 +55,12 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["runs", f"{timing['warmup_runs']} warm-up, {timing['timed_runs']} timed; clock: {timing['clock']}"],
         ]),
         _roofline(roof),
-        Section("Transfers and syncs", columns=["Stage", "H2D copies", "H2D bytes", "D2H copies", "D2H bytes",
-                                                "syncs", "allocation-size reads"],
-                rows=[[s["name"]] + [fmt(s["metadata"].get(k, 0)) for k in
-                                     ("h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs",
-                                      "allocation_size_reads")] for s in trace["stages"]],
-                note="Counted per timed run. Output stays " + trace["metadata"]["output_residency"]
-                     + "-resident; copying results to the host is outside the plan."),
+        _stage_chart(roof) if stage_chart else None,
+        transfers_section(trace),
         _rows_and_meta(trace),
         _cold(trace),
-        _verification(trace),
-        Section("Device", columns=["what", "value"], rows=_device_rows(trace, params_json)),
+        verification_section(trace),
+        device_section(trace, params_json),
     ]
     unstable = [s["name"] for s in trace["stages"] if s["spread"]["runs"] > 1 and not s["spread"]["stable"]]
     headline = (f"`{params_json['command_line']}` — {trace['selected_runtime'].upper()} "
@@ -89,6 +89,17 @@ def _roofline(roof):
                    note="Bytes and flops are the plan's cost model (minimum traffic), not counters.")
 
 
+def _stage_chart(roof):
+    floor = ("the black diamond is the fastest the stage could run at peak DRAM bandwidth moving only the "
+             "cost model's minimum bytes, so the gap from diamond to bar end is the headroom."
+             if roof.get("available") else f"no memory-roof floor is drawn: {roof.get('why')}.")
+    return Section("Stage chart",
+                   text="![Time per stage: device vs host issue, with the memory-roof floor](stage_chart.png)\n\n"
+                        "How to read it: the thick bar is the stage's measured time (median of timed runs), the thin "
+                        "dark bar inside it the time the host spent issuing the stage; they overlap in time and do not "
+                        "add (on the GPU, a thin bar as long as the thick one means the stage is launch-bound); " + floor)
+
+
 def _rows_and_meta(trace):
     skip = {"h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs", "allocation_size_reads",
             "theoretical_occupancy_pct"}
@@ -108,26 +119,3 @@ def _cold(trace):
             ["first-run overhead over warm median (us)", us(c["first_run_overhead_seconds"])]]
     rows += [[f"first run: {s['name']} (us)", us(s["cold_seconds"])] for s in trace["stages"]]
     return Section("Cold start (not in the warm figures)", columns=["what", "value"], rows=rows)
-
-
-def _verification(trace):
-    v = trace["metadata"]["verification"]
-    if not v:
-        return Section("Verification", text="Not verified (`--no-verify`).")
-    verdict = "matches" if v["matches"] else "DOES NOT MATCH"
-    return Section("Verification", text=f"Output {verdict} {v['oracle']}: {v['pairs']:,} result rows, "
-                                        f"{v['expected_pairs']:,} expected.")
-
-
-def _device_rows(trace, params_json):
-    rows = [["selected runtime (ran)", trace["selected_runtime"]],
-            ["planner selected runtime", trace["metadata"]["planner_selected_runtime"]],
-            ["requested", trace["requested_runtime"]],
-            ["why", trace["metadata"]["selection_reason"]]]
-    rows += [[k, fmt(v)] for k, v in trace["device"].items() if k != "name" and v is not None]
-    clocks = params_json.get("clocks", {})
-    rows.append(["clocks locked", f"{'yes' if clocks.get('locked') else 'no'} ({clocks.get('detail', '')})"])
-    nv = trace["metadata"]["nvtx"]
-    rows.append(["NVTX", f"{'emitted' if nv['emitted'] else 'not emitted'}: {nv['ranges']} ranges, "
-                         f"domain {nv['domain']!r} ({nv['detail']})"])
-    return rows

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from app.analysis.kernel_metrics import L2_JUDGE_MIN_BYTES
+from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
 
 
@@ -43,7 +45,10 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
     outside = trace["metadata"]["kernels_outside_stages"]
     return [
         Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "clocks"],
-                rows=[[fmt(v) for v in trace["metadata"]["params"].values()] + [trace["device"]["name"], clock]]),
+                rows=[[fmt(v) for v in trace["metadata"]["params"].values()] + [trace["device"]["name"], (
+                    f"{clock_cell(trace['metadata']['clocks'])}; {clock}" if "clocks" in trace["metadata"]
+                    else clock)]],
+                note=throttle_note(trace["metadata"].get("clocks")) or None),
         Section("Stages", columns=["Stage", "Duration (us)", "TC%", "DRAM%", "Occ%", "Bottleneck", "Key Issue"],
                 rows=[[r[0], r[1], r[2] + " (SM%)", *r[3:]] for r in rows],
                 note="Duration = summed GPU time of the stage's kernels in one warm iteration (ncu). These "
@@ -58,25 +63,35 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
                 rows=[[k.stage or "-", k.kernel[:40], fmt(k.duration_us), fmt(k.achieved_gbps),
                        f"{k.achieved_tflops_fp64:.4f}", _pct(k.arithmetic_intensity) if k.arithmetic_intensity
                        == k.arithmetic_intensity else "n/a", _pct(k.pct_of_roofline), _pct(k.sm_pct),
-                       _pct(k.dram_pct), _pct(k.achieved_occupancy_pct), _pct(k.l2_hit_pct), fmt(k.registers, 0),
-                       _pct(k.waves_per_sm), k.bottleneck] for k in kernels.itertuples()]),
+                       _pct(k.dram_pct), _pct(k.achieved_occupancy_pct), _l2(k), fmt(k.registers, 0),
+                       _pct(k.waves_per_sm), k.bottleneck] for k in kernels.itertuples()],
+                note=f"L2 hit% marked * was measured on under {L2_JUDGE_MIN_BYTES // 1024} KiB of DRAM traffic: there "
+                     "the rate reflects ncu's replay more than the kernel (the two counter modes disagree by up to "
+                     "~40 points on such kernels), so no locality class or advice is drawn from it, and a stage's "
+                     "L2 hit% is over its other kernels only."),
         Section("Flagged values (impossible readings, used for no conclusion)",
                 columns=["Stage", "Kernel", "What was read"],
                 rows=[[k.stage or "-", k.kernel[:40], k.flags] for k in kernels.itertuples() if k.flags],
                 text=None if "flags" in kernels and kernels["flags"].astype(bool).any() else "None."),
         Section("DRAM bytes: measured vs cost model",
                 columns=["Stage", "measured MB (ncu)", "cost-model minimum MB", "measured / model"],
-                rows=[[s["name"], f"{s['ncu']['dram_bytes'] / 1e6:,.2f}",
-                       f"{s['cost']['bytes'] / 1e6:,.2f}" if s.get("cost") else "n/a",
-                       f"{s['ncu']['dram_bytes'] / s['cost']['bytes']:.2f}" if s.get("cost") and s["cost"]["bytes"]
-                       else "n/a"] for s in trace["stages"]],
+                rows=[_bytes_row(s) for s in trace["stages"]],
                 note="The cost model counts the minimum bytes a stage must move; host->device copies are not "
                      "DRAM kernel traffic, and L2-resident data never reaches DRAM."),
-        Section("Roofline (measured)",
-                text=(f"{spec['memory_gbps']:,} GB/s and {spec['peak_tflops']['fp64']} TFLOP/s fp64: ridge "
-                      f"{spec['peak_tflops']['fp64'] * 1e3 / spec['memory_gbps']:.1f} FLOP/byte. See roofline.png."
-                      if spec else "No roofline: device not in conf/devices.json.")),
     ]
+
+
+def _bytes_row(stage: dict) -> list[str]:
+    measured, cost = stage["ncu"]["dram_bytes"], (stage.get("cost") or {}).get("bytes")
+    return [stage["name"],
+            f"{measured / 1e6:,.2f}" if measured is not None else "n/a (dram__bytes_read/write.sum missing)",
+            f"{cost / 1e6:,.2f}" if cost is not None else "n/a",
+            f"{measured / cost:.2f}" if measured is not None and cost else "n/a"]
+
+
+def _l2(k) -> str:
+    value = _pct(k.l2_hit_pct)
+    return value if value == "n/a" or getattr(k, "l2_judged", True) else value + "*"
 
 
 def render_report(trace, sections, headline) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.analysis.audit import copy_bound
 from app.analysis.timeline import CAUSE_TEXT, CAUSES
 from app.report.baseline import baseline_section, mismatch_warning
+from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
 
 BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
@@ -152,12 +153,12 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
     ops = [t for _, t in sorted(ops, reverse=True)][:3]
     clocks = params.get("clocks", {})
     backend = tool["backend"] + (f" {tool['version']}" if tool.get("version") else "")
-    config_cols = list(trace["metadata"]["params"]) + ["device", "backend", "iterations", "clocks locked"]
+    config_cols = list(trace["metadata"]["params"]) + ["device", "backend", "iterations", "clocks"]
     config = [fmt(v) for v in trace["metadata"]["params"].values()] + [
-        trace["device"]["name"], backend, it["instances"], "yes" if clocks.get("locked") else "no"]
+        trace["device"]["name"], backend, it["instances"], clock_cell(clocks)]
     verification = trace["metadata"].get("verification")
     sections = [
-        Section("Configuration", columns=config_cols, rows=[config]),
+        Section("Configuration", columns=config_cols, rows=[config], note=throttle_note(clocks) or None),
         Section("Stages", columns=["Stage", "Duration (us)", "TC%", "DRAM%", "Occ%", "Bottleneck", "Key Issue"],
                 rows=[[s["name"], fmt(s["span_us"]), "missing", "missing", "missing", stage_bottleneck(s),
                        _key_issue(s)] for s in stages],

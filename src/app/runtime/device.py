@@ -24,13 +24,17 @@ class Selection:
     reason: str
     device_name: str
     info: dict = field(default_factory=dict)
+    # The GPU's clocks when a subprocess mode's session began (runtime.clocks): parent-side only.
+    clock_start: dict | None = field(default=None, repr=False, compare=False)
 
     def fall_back_to_cpu(self, why: str) -> None:
         self.selected, self.reason = "cpu", why
         self.device_name, self.info = cpu_name(), cpu_info()
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("clock_start")
+        return d
 
 
 @lru_cache(maxsize=1)

@@ -8,7 +8,7 @@ import sys
 from importlib import metadata
 
 from app.analysis.devices import REPO_ROOT
-from app.runtime.clocks import clock_report
+from app.runtime.clocks import clock_report, gpu_uuid
 
 
 def git_revision() -> dict:
@@ -33,7 +33,9 @@ def package_versions(names=("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "nv
     return out
 
 
-def params_json(plan, selection, *, mode: str, options: dict, argv: list[str] | None, tools: dict | None = None) -> dict:
+def params_json(plan, selection, *, mode: str, options: dict, argv: list[str] | None, tools: dict | None = None,
+                clocks: dict | None = None) -> dict:
+    """``clocks``: the block clock_report built from the snapshots around the runs (taken now if None)."""
     argv = argv if argv is not None else sys.argv
     return {
         "kernel": plan.kernel, "version": plan.version, "mode": mode,
@@ -43,7 +45,7 @@ def params_json(plan, selection, *, mode: str, options: dict, argv: list[str] | 
         "selected_runtime": selection.selected,
         "planner_selected_runtime": selection.planner,
         "selection_reason": selection.reason,
-        "clocks": clock_report(selection.selected),
+        "clocks": clocks if clocks is not None else clock_report(selection.selected, gpu_uuid(selection)),
         "tools": package_versions() | (tools or {}),
         "command_line": argv[0] + " " + shlex.join(argv[1:]),
         "git": git_revision(),

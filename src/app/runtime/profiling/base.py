@@ -10,11 +10,15 @@ from dataclasses import dataclass, field
 
 from app.errors import BadParameter
 
+DEFAULT_BENCH_RUNS = 10
+
 
 @dataclass
 class ProfileOptions:
     device: str = "auto"
-    bench_runs: int = 10
+    # None: the mode's default -- DEFAULT_BENCH_RUNS timed runs in event and nsys mode; the counter
+    # modes profile one warm iteration and refuse any other explicit count.
+    bench_runs: int | None = None
     warmup: int = 1
     nvtx: bool = False
     verify: bool = True
@@ -26,6 +30,9 @@ class ProfileOptions:
     nsys: str | None = None           # --nsys PATH
     nsys_timeout: float = 600.0       # --nsys-timeout seconds
     backend: str = "nsys"             # --backend nsys|cupti (nsys mode's trace source)
+
+    def timed_runs(self) -> int:
+        return self.bench_runs or DEFAULT_BENCH_RUNS
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)

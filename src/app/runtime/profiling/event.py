@@ -15,6 +15,7 @@ from app.analysis.summary import event_summary
 from app.analysis.trace import build_trace
 from app.report.event_report import build_report
 from app.runtime import device as devmod
+from app.runtime.clocks import clock_report, clock_snapshot, gpu_uuid, sampler_for
 from app.runtime.execute import backend_for, xp_for
 from app.runtime.lock import device_key, device_lock
 from app.runtime.memory import check_fits
@@ -32,6 +33,7 @@ class EventMode(Mode):
         selection = devmod.select(options.device)
         check_fits(plan, selection.selected)
         with device_lock(device_key(selection)):
+            clocks_start = clock_snapshot(selection)
             inputs = plan.make_inputs()
             t0 = time.perf_counter()
             backend, compile_info = backend_for(plan, selection)
@@ -42,22 +44,32 @@ class EventMode(Mode):
             for _ in range(options.warmup):
                 rec.run(plan, inputs, backend)
             runs = []
-            for _ in range(options.bench_runs):
-                output, record = rec.run(plan, inputs, backend)
-                runs.append(record)
+            with sampler_for(selection) as sampler:     # GPU clocks every ~20 ms of the timed runs
+                for _ in range(options.timed_runs()):
+                    output, record = rec.run(plan, inputs, backend)
+                    runs.append(record)
+            clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
+                                  end=clock_snapshot(selection), samples=sampler.summary())
             host_output = tuple(backend.to_host(a) for a in output)
         verification = plan.verify(inputs, host_output) if options.verify else None
         trace = build_trace(plan, inputs, selection, cold, runs, mode=self.name, nvtx=nvtx.report(),
                             compile_info=compile_info, warmup=options.warmup, verification=verification)
         _add_occupancy(trace, compile_info)
-        params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv)
+        params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv,
+                             clocks=clocks)
         roof = plan_roofline(selection.device_name, selection.selected, trace["stages"])
         trace["roofline"] = roof
         findings = advice.stage_findings(trace, roof)
         trace["summary"] = event_summary(trace, roof, findings, advice.opportunities(trace, roof, findings),
                                          advice.overall(trace, findings, roof)[0])
+        from app.report.plots import stage_chart_png   # matplotlib: only when a plot is drawn
+
+        chart = stage_chart_png(trace, roof, f"{plan.kernel} {plan.version} on {trace['selected_runtime']} "
+                                             f"({trace['device']['name']})")
         files = {"params.json": params, "trace.json": trace,
-                 "report.md": build_report(trace, params, roof, options.baseline)}
+                 "report.md": build_report(trace, params, roof, options.baseline, stage_chart=chart is not None)}
+        if chart is not None:
+            files["stage_chart.png"] = chart
         for spec in plan.stages:
             files[f"tiling/{spec.name}.json"] = {
                 "stage": spec.name, "tiling": plan.tiling[spec.name], "source": "defaults (no autotune cache)",

@@ -1,10 +1,11 @@
 """ncu mode: ``--set full`` (with source) on one warm iteration of the stage kernels.
 
 Keeps the .ncu-rep; exports its details, raw and source pages; writes report.md
-(the compact diagnosis plus NCU's own rule results ranked by estimated speedup),
-report-verbose.md (every section of every kernel), sass/<kernel>.csv and
-annotated source listings (hottest instructions by warp-stall samples), and the
-PTX of each stage's kernels under compiled/.
+(the compact diagnosis, the hottest source lines, NCU's own rule results ranked by
+estimated speedup, the pictures), report-verbose.md (every section of every kernel),
+sass/<kernel>.csv (every instruction), hot/<kernel>.md (CUDA source lines by
+warp-stall samples, with stall reasons and the SASS under each line) and the PTX of
+each stage's kernels under compiled/.
 """
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from app.analysis.kernel_metrics import attribute_stages, kernel_table, opportun
 from app.analysis.summary import counter_summary
 from app.report.markdown import Section, fmt, render
 from app.report.ncu_report import GAIN_NOTE, RULE_NOTE, render_report, stage_sections
-from app.runtime.profiling.annotation import _profile_api, common_files, measured_trace
+from app.runtime.profiling import counters
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.profiling.ncu_session import run_under_ncu
+from app.runtime.profiling.parsers.columns import ANNOTATION_METRICS
 from app.runtime.profiling.parsers.ncu_csv import parse_details, parse_raw, parse_source
+from app.runtime.profiling.parsers.ncu_rep import line_table, load_module, read_samples, render_hot_lines, short_path
 from app.runtime.profiling.tools import run_tool
 
 STALL = "Warp Stall Sampling (All Samples)"
@@ -30,9 +33,13 @@ class NcuMode(Mode):
     name = "ncu"
 
     def profile(self, plan, options: ProfileOptions) -> Profile:
+        counters.check_options(options, self.name)
         rep_base = "profile"
-        with run_under_ncu(plan, options, ["--set", "full", "--import-source", "yes", "-f", "-o",
-                                            "{tmp}/" + rep_base], "ncu full") as run:
+        # The full set plus annotation mode's own metrics: both modes then read every figure of the
+        # stage table from the same ncu metrics, so they cannot disagree by construction.
+        with run_under_ncu(plan, options, ["--set", "full", "--metrics", ",".join(ANNOTATION_METRICS),
+                                           "--import-source", "yes", "-f", "-o", "{tmp}/" + rep_base],
+                           "ncu full") as run:
             rep = os.path.join(run.tmpdir, rep_base + ".ncu-rep")
             label = "ncu export"
             exports = {}
@@ -47,39 +54,85 @@ class NcuMode(Mode):
             device_name = run.worker["selection"]["device_name"]
             kernels = kernel_table(raw, plan.kernel, names, device_name)
             stages = stage_table(kernels, names)
-            trace = measured_trace(plan, run, kernels, stages, self.name)
-            files = common_files(plan, run, trace, options, self.name)
+            trace = counters.measured_trace(plan, run, kernels, stages, self.name)
+            files = counters.common_files(plan, run, trace, options, self.name)
             _, spec = match_device(device_name)
             rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
-            headline = (f"`ncu --set full` on one warm iteration on {device_name}: "
-                        f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
+            headline = counters.headline_prefix(trace) + (
+                f"`ncu --set full` on one warm iteration on {device_name}: "
+                f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
             rule_ops = _rule_ops(rules, raw)
             ops = rule_ops or opportunities(stages, stages["duration_us"].sum())
             trace["summary"] = counter_summary(stages, kernels, ops)
             sections = stage_sections(trace, stages, kernels, ops,
                                       spec, f"ncu --clock-control {options.clock_control}",
                                       RULE_NOTE if rule_ops else GAIN_NOTE)
-            sections.append(_rules_section(rules))
+            hot_files, hot_section = hot_spots(rep, run.ncu, kernels, sources)
+            files |= hot_files
+            pictures, picture_sections = counters.pictures(kernels, spec, device_name, plan)
+            files |= pictures
+            sections += [hot_section, _rules_section(rules)] + picture_sections \
+                + counters.evidence_sections(trace, files["params.json"])
             files["report.md"] = render_report(trace, sections, headline)
             files["report-verbose.md"] = _verbose(plan, metrics, rules)
-            from app.report.plots import roofline_png   # matplotlib: only when a plot is drawn
-
-            png = roofline_png(kernels, spec, f"{plan.kernel} {plan.version} on {device_name}")
-            if png:
-                files["roofline.png"] = png
             with open(rep, "rb") as f:
                 files["profile.ncu-rep"] = f.read()
             files["ncu_raw.csv"] = raw.drop(columns=["nvtx_stack"]).to_csv(index=False)
             files["ncu_details.csv"] = metrics.drop(columns=["nvtx_stack"], errors="ignore").to_csv(index=False)
             files["ncu_rules.csv"] = rules.drop(columns=["nvtx_stack"], errors="ignore").to_csv(index=False)
             files["kernels.csv"] = kernels.to_csv(index=False)
-            for i, (kname, sass) in enumerate(sources.items()):
-                slug = f"{i:03d}_{re.sub(r'[^A-Za-z0-9_]+', '_', kname)[:60]}"
-                files[f"sass/{slug}.csv"] = sass.to_csv(index=False)
-                files[f"sass/{slug}.hot.md"] = _hot_listing(kname, sass)
             summary = f"{plan.kernel} {plan.version} under ncu --set full on {device_name}: {len(kernels)} kernels, " \
                       f"{len(rules)} rule results; see report.md"
-            return Profile(trace=trace, files=files, summary=summary)
+            return Profile(trace=trace, files=files, summary=summary, ok=counters.verification_ok(trace))
+
+
+def _slug(i: int, kname: str) -> str:
+    return f"{i:03d}_{re.sub(r'[^A-Za-z0-9_]+', '_', kname)[:60]}"
+
+
+def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section]:
+    """Per kernel: sass/<kernel>.csv (every instruction, from the CSV export) and hot/<kernel>.md -- the
+    CUDA source lines by warp-stall samples with their top stall reasons and SASS, read from the .ncu-rep
+    with NVIDIA's ncu_report. Without that module, the SASS-only listing, and the report says why."""
+    files = {}
+    for i, (kname, sass) in enumerate(sources.items()):
+        files[f"sass/{_slug(i, kname)}.csv"] = sass.to_csv(index=False)
+    module, where = load_module(ncu)
+    if module is None:
+        for i, (kname, sass) in enumerate(sources.items()):
+            files[f"hot/{_slug(i, kname)}.md"] = _hot_listing(kname, sass)
+        return files, Section("Hot spots", text=f"Source lines unavailable: {where}. SASS-only listings by "
+                                                "warp-stall samples are in hot/.")
+    try:
+        samples = read_samples(module, rep)
+    except Exception as exc:     # a reader older than the report, or a damaged file: say so, keep the rest
+        return files, Section("Hot spots", text=f"Source lines unavailable: ncu_report ({where}) could not read "
+                                                f"the report ({type(exc).__name__}: {exc}).")
+    if len(samples) != len(kernels):
+        return files, Section("Hot spots", text=f"Source lines unavailable: ncu_report ({where}) read "
+                                                f"{len(samples)} kernels from the report, the CSV export has "
+                                                f"{len(kernels)}; no listing is attributed to the wrong kernel.")
+    rows = []
+    for kid, data in samples.items():
+        stage = kernels["stage"].iloc[kid]
+        stage = stage if isinstance(stage, str) else None
+        name = f"hot/{_slug(kid, data['kernel'])}.md"
+        files[name] = render_hot_lines(data["kernel"], stage, data)
+        lines = line_table(data["samples"])
+        if len(lines):
+            top = lines.iloc[0]
+            where_line = f"{short_path(top['file'])}:{top['line']}" if top["line"] else "(no line info)"
+            rows.append((kernels["duration_us"].iloc[kid], [stage or "-", data["kernel"][:30], fmt(
+                kernels["duration_us"].iloc[kid]), where_line, f"{top['share_pct']:.0f}%",
+                ", ".join(k for k, _ in top["reasons"][:2]) or "-", f"[{name}]({name})"]))
+    rows = [r for _, r in sorted(rows, key=lambda t: -t[0])][:8]
+    return files, Section("Hot spots (CUDA source lines, by warp-stall samples)",
+                          columns=["Stage", "Kernel", "us", "Hottest line", "Share of kernel's samples",
+                                   "Top stall reasons", "Listing"], rows=rows,
+                          note="The kernels with the most GPU time. Each listing ranks the kernel's source lines "
+                               "by warp-stall samples, with the stall reasons and the SASS under each line. "
+                               "Kernels are built with -lineinfo in the counter modes; it adds a line table and "
+                               "leaves the machine code unchanged.")
 
 
 def _rule_ops(rules, raw) -> list[dict]:
@@ -129,6 +182,6 @@ def _hot_listing(kname: str, sass) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ncu_profile_plan(plan, out_dir=None, version=None, bench_runs=1, **options):
-    """Seed 004's Python API: profile ``plan`` (or its kernel at ``version``) in ncu mode."""
-    return _profile_api(NcuMode(), plan, out_dir, version, options)
+def ncu_profile_plan(plan, out_dir=None, version=None, bench_runs=None, **options):
+    """Profile ``plan`` (or its kernel at ``version``) in ncu mode; ``bench_runs`` may only be 1."""
+    return counters.profile_api(NcuMode(), plan, out_dir, version, bench_runs, options)

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from app.errors import AppError
+from app.kernel.gpu_build import LINEINFO_ENV
 from app.runtime.profiling.session import gpu_session, worker_command, worker_env
 from app.runtime.profiling.tools import find_tool, progress_printer, run_tool, tool_version
 from app.runtime.profiling.worker import PROFILE_RANGE
@@ -36,7 +37,8 @@ def run_under_ncu(plan, options, ncu_args: list[str], label: str):
         cmd = [ncu, "--clock-control", options.clock_control, "--nvtx", "--nvtx-include",
                f"{plan.kernel}@{PROFILE_RANGE}/", *ncu_args, *worker_command(plan, ses.worker_json, options.warmup)]
         stdout, _ = run_tool(cmd, timeout=options.ncu_timeout, label=label,
-                             progress=progress_printer(f"[{label}] "), env=worker_env())
+                             progress=progress_printer(f"[{label}] "),
+                             env=worker_env() | {LINEINFO_ENV: "1"})
         if "No kernels were profiled" in stdout:
             raise AppError(f"{label} profiled no kernels: the NVTX filter {plan.kernel}@{PROFILE_RANGE}/ matched "
                            "nothing (was the worker's NVTX range emitted? is the nvtx package installed?)")

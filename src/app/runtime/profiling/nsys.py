@@ -75,7 +75,7 @@ def _nsys_capture(plan, options, ses):
     nsys = find_tool("nsys", options.nsys)
     rep = os.path.join(ses.tmpdir, "profile")
     cmd = [nsys, "profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none", "-f", "true", "-o", rep,
-           *worker_command(plan, ses.worker_json, options.warmup, options.bench_runs, verify=options.verify)]
+           *worker_command(plan, ses.worker_json, options.warmup, options.timed_runs(), verify=options.verify)]
     try:
         out, err = run_tool(cmd, timeout=options.nsys_timeout, label="nsys profile", env=worker_env())
     except AppError as exc:
@@ -137,7 +137,7 @@ def parse_ldd(text: str) -> list[str]:
 
 
 def _cupti_capture(plan, options, ses):
-    cmd = worker_command(plan, ses.worker_json, options.warmup, options.bench_runs, collect="cupti",
+    cmd = worker_command(plan, ses.worker_json, options.warmup, options.timed_runs(), collect="cupti",
                          verify=options.verify)
     run_tool(cmd, timeout=options.nsys_timeout, label="nsys (cupti backend) worker", env=worker_env())
     worker = ses.load_worker("the cupti worker")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from app.errors import AppError, DeviceUnavailable
 from app.runtime import device as devmod
+from app.runtime.clocks import clock_report, clock_snapshot, gpu_uuid
 from app.runtime.lock import device_key, device_lock
 from app.runtime.memory import check_fits
 
@@ -70,6 +71,7 @@ def gpu_session(plan, options, label: str):
     tmpdir = tempfile.mkdtemp(prefix=f"app-{label.split()[0]}-")
     try:
         with device_lock(device_key(selection)):
+            selection.clock_start = clock_snapshot(selection)     # before the worker; the end in profile_files
             yield Session(tmpdir, selection)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -79,7 +81,10 @@ def profile_files(plan, worker: dict, selection, options, mode: str, tools: dict
     """params.json, tiling/ and compiled/ of a subprocess mode's profile, from the worker's report."""
     from app.runtime.provenance import params_json
 
-    params = params_json(plan, selection, mode=mode, options=options.as_dict(), argv=options.argv, tools=tools)
+    clocks = clock_report(selection.selected, gpu_uuid(selection), start=selection.clock_start,
+                          end=clock_snapshot(selection))            # after the worker ran
+    params = params_json(plan, selection, mode=mode, options=options.as_dict(), argv=options.argv, tools=tools,
+                         clocks=clocks)
     files = {"params.json": params}
     for spec in plan.stages:
         files[f"tiling/{spec.name}.json"] = {"stage": spec.name, "tiling": plan.tiling[spec.name],

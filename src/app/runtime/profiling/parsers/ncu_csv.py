@@ -1,6 +1,6 @@
 """Nsight Compute CSV exports -> DataFrames.
 
-Real ncu output (see shared/fixtures/ncu): ``==PROF==``/``==WARNING==`` lines and
+Real ncu output (see tests/fixtures/ncu): ``==PROF==``/``==WARNING==`` lines and
 the program's own stdout come before the header row; the raw page's second row
 holds units; numbers carry thousands separators; the NVTX cell holds
 ``PID  "domain:range:...:range"  "domain2:..."`` with the outermost range first.

@@ -1,0 +1,156 @@
+"""Source-line hot spots from an .ncu-rep, read with NVIDIA's own ``ncu_report`` module.
+
+``ncu_report`` ships with Nsight Compute (``extras/python`` of the install) and on PyPI as
+``ncu-report``; the copy beside the ncu that made the capture is preferred, since a reader
+must be at least as new as the report. ncu's warp-state sampling stores, per kernel and per
+program counter (PC), how many samples found a warp there and why it was stalled; the line
+table that ``-lineinfo`` puts in the kernel maps each PC to a CUDA source line. The CSV
+export has no per-reason split per line, which is why this reads the report itself.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+SAMPLES = "smsp__pcsamp_sample_count"
+STALL_PREFIX = "smsp__pcsamp_warps_issue_stalled_"
+PIP_HINT = "pip install ncu-report (NVIDIA's reader for .ncu-rep files)"
+
+
+def load_module(ncu: str | None = None):
+    """(module, where) -- the ncu_report beside ``ncu``, else any Nsight Compute install, else the
+    pip package; (None, why) when none imports."""
+    dirs = []
+    if ncu:
+        real = Path(shutil.which(ncu) or ncu).resolve()
+        dirs += [p / "extras" / "python" for p in list(real.parents)[:3]]
+    dirs += sorted(Path("/opt/nvidia/nsight-compute").glob("*/extras/python"), reverse=True)
+    errors = []
+    for d in dirs:
+        if (d / "ncu_report.py").is_file():
+            sys.path.insert(0, str(d))
+            try:
+                import ncu_report
+                return ncu_report, str(d)
+            except ImportError as exc:
+                errors.append(f"{d}: {exc}")
+            finally:
+                sys.path.remove(str(d))
+    try:
+        import ncu_report
+        return ncu_report, "pip package ncu-report"
+    except ImportError:
+        return None, "NVIDIA's ncu_report module was not found" + (f" ({'; '.join(errors)})" if errors else "") \
+            + f"; {PIP_HINT}"
+
+
+def read_samples(module, path: str) -> dict[int, dict]:
+    """Per kernel, keyed by its ncu ID (the order of the raw page): its name, one row per sampled PC
+    (file, line, SASS, samples, one column per stall reason) and the source files ncu imported."""
+    ctx = module.load_report(str(path))
+    out, kid = {}, 0
+    for r in range(ctx.num_ranges()):
+        rng = ctx.range_by_idx(r)
+        for i in range(rng.num_actions()):
+            action = rng.action_by_idx(i)
+            out[kid] = {"kernel": action.name(), "samples": pc_samples(action),
+                        "sources": dict(action.source_files())}
+            kid += 1
+    return out
+
+
+def _instances(metric) -> dict[int, float]:
+    if metric is None or not metric.num_instances():
+        return {}
+    ids = metric.correlation_ids()
+    return {ids.as_uint64(i): float(metric.as_uint64(i)) for i in range(metric.num_instances())}
+
+
+def pc_samples(action) -> pd.DataFrame:
+    total = _instances(action.metric_by_name(SAMPLES))
+    reasons = {name[len(STALL_PREFIX):]: _instances(action.metric_by_name(name)) for name in action.metric_names()
+               if name.startswith(STALL_PREFIX) and not name.endswith("_not_issued")}
+    rows = []
+    for pc, n in sorted(total.items()):
+        info = action.source_info(pc)
+        rows.append({"pc": pc, "file": info.file_name() if info else None, "line": info.line() if info else None,
+                     "sass": action.sass_by_pc(pc).strip(), "samples": n}
+                    | {f"stall_{k}": v.get(pc, 0.0) for k, v in reasons.items()})
+    return pd.DataFrame(rows, columns=["pc", "file", "line", "sass", "samples"]
+                        + [f"stall_{k}" for k in reasons])
+
+
+def short_path(path: str | None) -> str:
+    """'/any/checkout/src/app/kernel/join/join.cu' -> 'app/kernel/join/join.cu'."""
+    if not path:
+        return "(no line info)"
+    m = re.search(r"(?:^|/)(app/.*)$", path)
+    return m.group(1) if m else Path(path).name
+
+
+def line_table(samples: pd.DataFrame) -> pd.DataFrame:
+    """One row per CUDA source line: samples, share of the kernel's samples, stall reasons ranked."""
+    if samples.empty or samples["samples"].sum() <= 0:
+        return pd.DataFrame(columns=["file", "line", "samples", "share_pct", "reasons", "pcs"])
+    reason_cols = [c for c in samples if c.startswith("stall_")]
+    s = samples.assign(file=samples["file"].fillna(""), line=samples["line"].fillna(0).astype(int))
+    g = s.groupby(["file", "line"], sort=False)
+    table = g[["samples"] + reason_cols].sum().reset_index()
+    table["pcs"] = g["pc"].apply(list).values
+    total = samples["samples"].sum()
+    table["share_pct"] = 100 * table["samples"] / total
+    table["reasons"] = [sorted(((c[len("stall_"):], row[c]) for c in reason_cols if row[c] > 0),
+                               key=lambda kv: -kv[1]) for _, row in table.iterrows()]
+    return table.sort_values("samples", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _reason_text(reasons, samples: float, top: int = 3) -> str:
+    # "selected" is the sample of a warp that was issuing, not a stall; name it so.
+    return ", ".join(f"{'selected (issuing)' if k == 'selected' else k} {100 * v / samples:.0f}%"
+                     for k, v in reasons[:top]) or "-"
+
+
+def _code(sources: dict, file: str, line: int) -> str:
+    text = sources.get(file)
+    if text is None or line < 1:
+        return "(source not imported)"
+    lines = text.splitlines()
+    return lines[line - 1].strip().replace("|", "\\|") if line <= len(lines) else "(line past end of file)"
+
+
+def render_hot_lines(kernel: str, stage: str | None, data: dict, top: int = 15, sass_lines: int = 5) -> str:
+    samples, sources = data["samples"], data["sources"]
+    table = line_table(samples)
+    head = [f"# {kernel}" + (f" (stage {stage})" if stage else " (outside every stage)"), ""]
+    if table.empty:
+        return "\n".join(head + ["No warp-stall samples for this kernel (it ran too briefly to be sampled).", ""])
+    total = samples["samples"].sum()
+    no_lines = samples["line"].isna().all()
+    head += [f"{int(total):,} warp-stall samples on {len(samples)} instructions and {len(table)} source "
+             f"line{'s' if len(table) != 1 else ''}. Share = the line's part of the kernel's samples; reasons = "
+             "what the sampled warps were doing -- the stall that kept them from issuing, or 'selected' when "
+             "issuing -- as shares of the line's samples." +
+             (" This kernel carries no line table (not compiled with -lineinfo, e.g. a library kernel): "
+              "the SASS is listed without source lines." if no_lines else ""), "",
+             "| # | Source line | Share | Samples | Top stall reasons | Code |", "|---|---|---|---|---|---|"]
+    shown = table.head(top)
+    for i, r in enumerate(shown.itertuples(), 1):
+        where = f"{short_path(r.file)}:{r.line}" if r.line else "(no line info)"
+        head.append(f"| {i} | {where} | {r.share_pct:.1f}% | {int(r.samples):,} | "
+                    f"{_reason_text(r.reasons, r.samples)} | `{_code(sources, r.file, r.line)}` |")
+    head += ["", "## SASS under the hottest lines", ""]
+    by_pc = samples.set_index("pc")
+    for r in shown.head(5).itertuples():
+        where = f"{short_path(r.file)}:{r.line}" if r.line else "(no line info)"
+        head += [f"### {where} — {r.share_pct:.1f}% of samples", "", "| Address | Samples | Instruction |",
+                 "|---|---|---|"]
+        pcs = sorted(r.pcs, key=lambda pc: -by_pc.at[pc, "samples"])[:sass_lines]
+        head += [f"| {pc:#x} | {int(by_pc.at[pc, 'samples']):,} | `{by_pc.at[pc, 'sass']}` |" for pc in pcs]
+        if len(r.pcs) > sass_lines:
+            head.append(f"| … | | {len(r.pcs) - sass_lines} more instructions on this line |")
+        head.append("")
+    return "\n".join(head)
