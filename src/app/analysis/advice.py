@@ -7,6 +7,8 @@ measured values through the same functions.
 """
 from __future__ import annotations
 
+from app.runtime.stats import robust_of
+
 MEMORY_BOUND_PCT = 60.0      # "DRAM% high"
 COMPUTE_BOUND_PCT = 60.0     # "TC%/SM% high"
 ATTAINABLE = 0.7             # fraction of a roof a well-tuned kernel reaches: basis of gain estimates
@@ -44,7 +46,8 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
             if dram is not None and bneck == "latency-bound":
                 issues.append(f"DRAM {dram:.1f}% of peak")
             if not s["spread"].get("stable", True) and s["spread"]["runs"] > 1:
-                issues.append(f"unstable ({100 * s['spread']['rel_stdev']:.1f}% rel. stdev)")
+                issues.append(f"unstable (±{100 * robust_of(s['spread']):.1f}% robust spread"
+                              + (f", {s['spread']['outliers']} outlier runs)" if "outliers" in s["spread"] else ")"))
             issue = "; ".join(issues) or "-"
         out.append({"stage": s["name"], "share_pct": 100 * s["elapsed_seconds"] / total,
                     "dram_pct": dram, "flop_pct": flop, "bottleneck": bneck, "key_issue": issue})

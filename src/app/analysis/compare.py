@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.runtime.stats import robust_rel_spread
+
 RESAMPLES = 4000
 DEFAULT_FLOOR = 0.05
 
@@ -28,11 +30,6 @@ def samples_of(trace: dict, stage: str | None = None) -> list[float]:
     return [float(v) for v in vals] if vals else [float(median)]
 
 
-def robust_spread(x: np.ndarray) -> float:
-    med = float(np.median(x))
-    return 1.4826 * float(np.median(np.abs(x - med))) / med if med > 0 else 0.0
-
-
 def change_interval(base: list[float], new: list[float], seed: int = 0) -> tuple[float, float, float]:
     """(change, lo, hi) of median(new) / median(base) - 1, with a 95% bootstrap interval."""
     b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
@@ -48,7 +45,7 @@ def change_interval(base: list[float], new: list[float], seed: int = 0) -> tuple
 
 def verdict_of(base: list[float], new: list[float], floor: float = DEFAULT_FLOOR) -> dict:
     change, lo, hi = change_interval(base, new)
-    own = max(robust_spread(np.asarray(base, float)), robust_spread(np.asarray(new, float)), floor)
+    own = max(robust_rel_spread(list(base)), robust_rel_spread(list(new)), floor)
     if lo <= 0.0 <= hi:
         verdict, why = "noise", "the interval includes 0"
     elif abs(change) < own:

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from app.analysis.intervals import clip, covered_at_least, gaps, measure, union
+from app.runtime.stats import robust_rel_spread
 
 CAUSES = ("before_first_op", "launch_gap", "sync_wait", "launch_latency", "after_last_op", "no_gpu_work")
 CAUSE_TEXT = {
@@ -292,7 +293,8 @@ def summarise(instances: list[dict]) -> list[dict]:
             "syncs": _med(len(r["syncs"]) for r in recs),
             "span_spread": {"min_us": min(spans), "max_us": max(spans),
                             "stdev_us": statistics.stdev(spans) if len(spans) > 1 else 0.0,
-                            "rel_stdev": (statistics.stdev(spans) / med) if len(spans) > 1 and med else 0.0},
+                            "rel_stdev": (statistics.stdev(spans) / med) if len(spans) > 1 and med else 0.0,
+                            "robust_rel_spread": robust_rel_spread(spans) if spans else 0.0},
             "accounting_max_error_pct": 100 * max(errs) if errs else 0.0,
         })
     return out

@@ -18,6 +18,7 @@ from app.kernel.plan import get_plan_class, kernels, latest_version
 from app.report.writer import check_writable, profile_parent, write_profile
 from app.runtime import device as devmod
 from app.runtime.profiling import ProfileOptions, get_mode
+from app.runtime.timing import L2_MODES
 
 USAGE = "python -m app.kernel {list | <kernel> [<version>]} [--prof_type MODE] [options] [kernel parameters]"
 
@@ -28,8 +29,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
              "nsys: timeline and wall-time accounting")
     add("--device", default="auto", choices=devmod.DEVICES, help="auto: GPU if usable; gpu: fail if not")
-    add("--bench_runs", "--bench-runs", type=int, default=None, metavar="N",
-        help="timed runs (default 10); annotation and ncu profile one warm iteration and accept only 1")
+    add("--bench_runs", "--bench-runs", type=_runs, default=None, metavar="{N,auto}",
+        help="timed runs (default 10); auto (event mode): until the median's 95%% interval is within 1%% or "
+             "10 s are spent; annotation and ncu profile one warm iteration and accept only 1")
+    add("--l2", choices=L2_MODES, default="flush",
+        help="event mode, GPU: flush (default) overwrites L2 before every timed run, so no run finds the previous "
+             "run's data cached; keep leaves it warm")
+    add("--graph", action="store_true", help="event mode: say whether the plan can be captured as a CUDA graph, "
+        "and why not")
     add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
     add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
@@ -55,6 +62,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--worker", help=argparse.SUPPRESS)
     add("--worker-iterations", type=int, default=1, help=argparse.SUPPRESS)
     add("--worker-collect", choices=("none", "cupti"), default="none", help=argparse.SUPPRESS)
+
+
+def _runs(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of runs or 'auto', got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("--bench_runs must be >= 1")
+    return n
 
 
 def list_kernels() -> str:
@@ -88,8 +107,6 @@ def parse(argv: list[str]):
         parser.add_argument(f"--{p.name}", dest=f"param_{p.name}", default=None, help=p.help)
     args = parser.parse_args(rest)
     given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
-    if args.bench_runs is not None and args.bench_runs < 1:
-        raise BadParameter("--bench_runs must be >= 1")
     if args.warmup < 0:
         raise BadParameter("--warmup must be >= 0")
     for flag in ("ncu_timeout", "nsys_timeout"):
@@ -213,7 +230,7 @@ def _main(argv: list[str]) -> int:
                              nvtx=args.nvtx, verify=args.verify, baseline=_baseline(args, plan),
                              argv=["python -m app.kernel", *argv], ncu=args.ncu, ncu_timeout=args.ncu_timeout,
                              clock_control=args.ncu_clock_control, nsys=args.nsys,
-                             nsys_timeout=args.nsys_timeout, backend=args.backend)
+                             nsys_timeout=args.nsys_timeout, backend=args.backend, l2=args.l2, graph=args.graph)
     profile = mode.profile(plan, options)
     out_dir = write_profile(parent, profile.files)
     try:

@@ -11,6 +11,7 @@ from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render, us
 from app.report.sections import device_section, transfers_section, verification_section
+from app.runtime.stats import robust_of
 
 
 def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None,
@@ -26,13 +27,15 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 rows=[[fmt(v) for v in trace["metadata"]["params"].values()]
                       + [trace["device"]["name"], trace["selected_runtime"], clock_cell(params_json.get("clocks"))]],
                 note=throttle_note(params_json.get("clocks")) or None),
-        Section("Stages", columns=["Stage", "Duration (us)", "± rel. stdev", "Host (us)", "TC%", "DRAM%", "Occ%",
+        Section("Stages", columns=["Stage", "Duration (us)", "± spread", "Host (us)", "TC%", "DRAM%", "Occ%",
                                    "Bottleneck", "Key Issue"],
-                rows=[[f["stage"], us(s["elapsed_seconds"]), fmt(100 * s["spread"].get("rel_stdev", 0), 1, "%"),
+                rows=[[f["stage"], us(s["elapsed_seconds"]), _spread_cell(s["spread"]),
                        us(s["host_seconds"]),
                        "n/a", fmt(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
                       for f, s in zip(findings, trace["stages"])],
-                note="Host = time the Python side spent issuing the stage (GPU work is asynchronous: "
+                note="Duration = median of the timed runs; ± spread = 1.4826 x median absolute deviation / median "
+                     "(robust: outlier runs, counted in brackets, cannot move it). "
+                     "Host = time the Python side spent issuing the stage (GPU work is asynchronous: "
                      "Host close to Duration means the stage is launch-bound). TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
                      "DRAM% = the cost model's minimum bytes / measured time / peak GB/s (a lower bound on "
                      "real traffic). Occ% = theoretical occupancy of the stage's own kernels from registers "
@@ -46,13 +49,19 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
         Section("Timing", columns=["what", "value"], rows=[
             ["total, median of timed runs (us)", us(trace["total_elapsed_seconds"])],
             ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
-            ["total rel. stdev", fmt(100 * timing["total"]["rel_stdev"], 2, "%")
+            ["95% interval of the median (us)", " – ".join(us(v) for v in timing["total"]["median_ci95"])
+             if "median_ci95" in timing["total"] else "n/a (not recorded in this trace)"],
+            ["total robust spread (1.4826 x MAD / median)", fmt(100 * robust_of(timing["total"]), 2, "%")
              + (" (stable)" if timing["total"]["stable"] else " (UNSTABLE: > 2%)")],
+            ["outlier runs (outside 1.5 x IQR)", f"{timing['total']['outliers']} of {timing['total']['runs']}"
+             if "outliers" in timing["total"] else "n/a (not recorded in this trace)"],
+            ["total rel. stdev (for reference; outliers inflate it)", fmt(100 * timing["total"]["rel_stdev"], 2, "%")],
             ["sum of stages (us)", us(timing["stage_sum_seconds"])],
             ["uncovered by stages (us)", f"{us(timing['uncovered_seconds'])} "
                                          f"({fmt(100 * timing['uncovered_fraction'], 2, '%')})"],
             ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
             ["runs", f"{timing['warmup_runs']} warm-up, {timing['timed_runs']} timed; clock: {timing['clock']}"],
+            *_hygiene_rows(timing),
         ]),
         _roofline(roof),
         _stage_chart(roof) if stage_chart else None,
@@ -87,6 +96,37 @@ def _roofline(roof):
                         " the ridge: the memory roof is the one that applies.",
                    columns=["Stage", "min MB", "MFLOP", "FLOP/B", "GB/s", "TFLOP/s", "% of roofline"], rows=rows,
                    note="Bytes and flops are the plan's cost model (minimum traffic), not counters.")
+
+
+def _spread_cell(sp: dict) -> str:
+    if sp.get("runs", 0) < 2:
+        return "n/a (1 run)"
+    return f"±{100 * robust_of(sp):.1f}%" + (f" ({sp['outliers']} outl.)" if sp.get("outliers") else "")
+
+
+def _hygiene_rows(timing: dict) -> list[list[str]]:
+    """How the runs were made: why this many, L2 between runs, what the stage marks cost, graph capture."""
+    rows = []
+    stop = timing.get("stopped_by")
+    if stop and stop["requested"] == "auto":
+        why = {"ci": f"the median's 95% interval reached ±{100 * stop.get('ci_half_width', 0):.2f}% "
+                     f"(target ±{100 * stop.get('target', 0):.0f}%)",
+               "budget": f"the {stop.get('budget_seconds', 0):.0f} s budget ran out at ±"
+                         f"{100 * stop.get('ci_half_width', 0):.2f}% (target ±{100 * stop.get('target', 0):.0f}%)",
+               "max_runs": f"the {stop.get('max_runs')} run cap"}[stop["rule"]]
+        rows.append(["--bench_runs auto stopped by", why])
+    if timing.get("l2"):
+        l2 = timing["l2"]
+        rows.append(["L2 between timed runs", f"{l2['mode']}: {l2['why']}"])
+    if timing.get("instrumentation"):
+        ins = timing["instrumentation"]
+        rows.append(["instrumentation overhead (per-stage marks)",
+                     f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan ({us(ins['bare_median_seconds'])}"
+                     f" us bare vs {us(ins['instrumented_median_seconds'])} us, median of {ins['pairs']} "
+                     "interleaved pairs)"])
+    if timing.get("graph"):
+        rows.append(["CUDA graph", timing["graph"]["why"]])
+    return rows
 
 
 def _stage_chart(roof):

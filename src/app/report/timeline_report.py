@@ -7,6 +7,7 @@ from app.analysis.timeline import CAUSE_TEXT, CAUSES
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
+from app.runtime.stats import STABLE_REL_SPREAD
 
 BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
               "launch_latency": "Launch-bound (launch latency)", "before_first_op": "Host-preparation-bound",
@@ -198,9 +199,12 @@ def _spread(trace, it, stages) -> Section:
     for s in [it] + stages:
         sp = s["span_spread"]
         rows.append([s["name"], fmt(s["span_us"]), fmt(sp["min_us"]), fmt(sp["max_us"]),
-                     f"{100 * sp['rel_stdev']:.1f}%", "unstable" if sp["rel_stdev"] > 0.02 else "stable"])
-    return Section("Spread of the span over iterations", columns=["Range", "median", "min", "max", "rel. stdev", ""],
-                   rows=rows, note="Unstable = relative standard deviation above 2%.")
+                     f"±{100 * sp['robust_rel_spread']:.1f}%", f"{100 * sp['rel_stdev']:.1f}%",
+                     "unstable" if sp["robust_rel_spread"] > STABLE_REL_SPREAD else "stable"])
+    return Section("Spread of the span over iterations",
+                   columns=["Range", "median", "min", "max", "robust spread", "rel. stdev", ""], rows=rows,
+                   note=f"Robust spread = 1.4826 x median absolute deviation / median (one outlier cannot move it); "
+                        f"unstable = robust spread above {100 * STABLE_REL_SPREAD:.0f}%.")
 
 
 def _copies(trace) -> Section:

@@ -1,9 +1,53 @@
-"""Spread of repeated measurements (truth rule 6)."""
+"""Spread of repeated measurements, judged robustly.
+
+One slow outlier in twenty runs (a page fault, a clock dip, another process) must not
+make a stage "unstable" nor move its figure: the median is the figure, the spread is
+the median absolute deviation (MAD, scaled by 1.4826 so it estimates a standard
+deviation for normal data) and the interquartile range, and outliers -- runs outside
+the Tukey fences (1.5 x IQR beyond the quartiles) -- are counted, never silently
+averaged in. Mean and standard deviation are kept for reference.
+"""
 from __future__ import annotations
 
+import math
 import statistics
 
-STABLE_REL_STDEV = 0.02
+STABLE_REL_SPREAD = 0.02      # robust spread (1.4826 x MAD / median) at or under 2%: stable
+MAD_TO_SIGMA = 1.4826
+
+
+def quartiles(vals: list[float]) -> tuple[float, float]:
+    if len(vals) < 2:
+        return vals[0], vals[0]
+    q = statistics.quantiles(vals, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def robust_rel_spread(vals: list[float]) -> float:
+    """1.4826 x MAD / median: a standard deviation's worth of spread, as a fraction, robust to outliers."""
+    med = statistics.median(vals)
+    mad = statistics.median(abs(v - med) for v in vals)
+    return MAD_TO_SIGMA * mad / med if med > 0 else 0.0
+
+
+def median_interval(vals: list[float], z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free ~95% interval of the median from order statistics (ranks n/2 -/+ z*sqrt(n)/2)."""
+    s = sorted(vals)
+    n = len(s)
+    if n < 3:
+        return s[0], s[-1]
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return s[lo], s[hi]
+
+
+def robust_of(sp: dict) -> float:
+    """A spread's robust relative spread; for a trace written before it was recorded, from its samples, else
+    its relative stdev (the best that trace has)."""
+    if "robust_rel_spread" in sp:
+        return sp["robust_rel_spread"]
+    return robust_rel_spread(sp["samples"]) if sp.get("samples") else sp.get("rel_stdev", 0.0)
 
 
 def spread(values: list[float]) -> dict:
@@ -12,12 +56,19 @@ def spread(values: list[float]) -> dict:
         return {"runs": 0}
     med = statistics.median(vals)
     sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    rel = sd / med if med > 0 else 0.0
+    q1, q3 = quartiles(vals)
+    iqr = q3 - q1
+    outliers = sum(v < q1 - 1.5 * iqr or v > q3 + 1.5 * iqr for v in vals) if len(vals) >= 4 else 0
+    robust = robust_rel_spread(vals)
+    lo, hi = median_interval(vals)
     return {
         "runs": len(vals), "median": med, "min": min(vals), "max": max(vals),
-        "mean": statistics.fmean(vals), "stdev": sd, "rel_stdev": rel,
-        # One run has no spread to judge: not called stable.
-        "stable": len(vals) > 1 and rel <= STABLE_REL_STDEV,
+        "q1": q1, "q3": q3, "iqr": iqr, "mad": statistics.median(abs(v - med) for v in vals),
+        "robust_rel_spread": robust, "outliers": outliers,
+        "median_ci95": [lo, hi],
+        "mean": statistics.fmean(vals), "stdev": sd, "rel_stdev": sd / med if med > 0 else 0.0,
+        # One run has no spread to judge: not called stable. Judged on the robust spread.
+        "stable": len(vals) > 1 and robust <= STABLE_REL_SPREAD,
         # The raw timed-run samples, so `compare` can judge a change against them.
         "samples": vals,
     }

@@ -18,7 +18,7 @@ class ProfileOptions:
     device: str = "auto"
     # None: the mode's default -- DEFAULT_BENCH_RUNS timed runs in event and nsys mode; the counter
     # modes profile one warm iteration and refuse any other explicit count.
-    bench_runs: int | None = None
+    bench_runs: int | str | None = None      # an int, "auto" (event mode), or None
     warmup: int = 1
     nvtx: bool = False
     verify: bool = True
@@ -30,6 +30,8 @@ class ProfileOptions:
     nsys: str | None = None           # --nsys PATH
     nsys_timeout: float = 600.0       # --nsys-timeout seconds
     backend: str = "nsys"             # --backend nsys|cupti (nsys mode's trace source)
+    l2: str = "flush"                 # --l2 flush|keep: event mode's L2 policy between timed runs
+    graph: bool = False               # --graph: event mode says whether the plan is CUDA-graph capturable
 
     def timed_runs(self) -> int:
         return self.bench_runs or DEFAULT_BENCH_RUNS

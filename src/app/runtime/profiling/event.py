@@ -23,6 +23,7 @@ from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.provenance import params_json
 from app.runtime.recorder import Recorder
+from app.runtime.timing import L2Flush, Progress, graph_capturability, instrumentation_overhead, timed_runs
 
 
 @register_mode
@@ -32,28 +33,44 @@ class EventMode(Mode):
     def profile(self, plan, options: ProfileOptions) -> Profile:
         selection = devmod.select(options.device)
         check_fits(plan, selection.selected)
+        progress = Progress(f"{plan.kernel} {plan.version} event")
         with device_lock(device_key(selection)):
             clocks_start = clock_snapshot(selection)
+            progress.update("generating inputs")
             inputs = plan.make_inputs()
             t0 = time.perf_counter()
+            progress.update("compiling")
             backend, compile_info = backend_for(plan, selection)
             compile_info.setdefault("total_seconds", time.perf_counter() - t0)
             nvtx = Nvtx(options.nvtx, plan.kernel)
-            rec = Recorder(selection.selected, xp_for(selection.selected), nvtx)
+            xp = xp_for(selection.selected)
+            rec = Recorder(selection.selected, xp, nvtx)
+            progress.update("cold run")
             _, cold = rec.run(plan, inputs, backend)
-            for _ in range(options.warmup):
+            flush = L2Flush(selection.selected, options.l2, selection.info.get("l2_bytes"))
+            for i in range(options.warmup):
+                progress.update(f"warm-up {i + 1}/{options.warmup}")
+                flush()
                 rec.run(plan, inputs, backend)
-            runs = []
             with sampler_for(selection) as sampler:     # GPU clocks every ~20 ms of the timed runs
-                for _ in range(options.timed_runs()):
-                    output, record = rec.run(plan, inputs, backend)
-                    runs.append(record)
+                done, stopped = timed_runs(lambda: rec.run(plan, inputs, backend), options.timed_runs(), flush,
+                                           progress)
+            output, runs = done[-1][0], [r for _, r in done]
+            bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
+            overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
+                                                lambda: bare.run(plan, inputs, backend), flush, progress=progress)
             clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
                                   end=clock_snapshot(selection), samples=sampler.summary())
             host_output = tuple(backend.to_host(a) for a in output)
+        if options.verify:
+            progress.update("verifying against the oracle")
         verification = plan.verify(inputs, host_output) if options.verify else None
+        progress.done()
         trace = build_trace(plan, inputs, selection, cold, runs, mode=self.name, nvtx=nvtx.report(),
                             compile_info=compile_info, warmup=options.warmup, verification=verification)
+        trace["timing"] |= {"stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead}
+        if options.graph:
+            trace["timing"]["graph"] = graph_capturability(runs[-1], selection.selected)
         _add_occupancy(trace, compile_info)
         params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv,
                              clocks=clocks)
@@ -91,7 +108,8 @@ def _add_occupancy(trace: dict, compile_info: dict) -> None:
 def _summary(trace: dict) -> str:
     lines = [f"{trace['kernel']} {trace['version']} on {trace['selected_runtime']} ({trace['device']['name']}): "
              f"total {trace['total_elapsed_seconds'] * 1e6:,.1f} us (median of {trace['timing']['timed_runs']}, "
-             f"rel. stdev {100 * trace['timing']['total']['rel_stdev']:.1f}%)"]
+             f"±{100 * trace['timing']['total']['robust_rel_spread']:.1f}% robust spread, "
+             f"{trace['timing']['total']['outliers']} outlier runs)"]
     for s in trace["stages"]:
         lines.append(f"  {s['name']:<20} {s['elapsed_seconds'] * 1e6:>12,.1f} us  "
                      f"rows {s['rows_in']:>10,} -> {s['rows_out']:<10,}")

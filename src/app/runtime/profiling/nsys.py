@@ -27,7 +27,7 @@ import time
 from app.analysis.audit import answers, audit
 from app.analysis.summary import nsys_summary
 from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise
-from app.errors import AppError
+from app.errors import AppError, BadParameter
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.profiling.cupti_trace import timeline_from_records
 from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite, strip_capture
@@ -45,6 +45,9 @@ class NsysMode(Mode):
     def profile(self, plan, options: ProfileOptions) -> Profile:
         from app.report.timeline_report import nsys_report, stage_summary_line
 
+        if options.bench_runs == "auto":
+            raise BadParameter("--bench_runs auto: nsys mode traces a fixed number of iterations; give a number "
+                               "(default 10), or use auto with --prof_type event")
         t0 = time.monotonic()
         capture = _cupti_capture if options.backend == "cupti" else _nsys_capture
         with gpu_session(plan, options, f"nsys mode ({options.backend})") as ses:

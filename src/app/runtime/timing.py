@@ -1,0 +1,153 @@
+"""The timed-run loop of event mode, kept as clean as the benchmark harnesses engineers trust.
+
+* L2 between runs (``--l2``): ``flush`` (the default) overwrites a buffer twice the size of
+  L2 before every timed run and waits for it, so no run finds the previous run's data
+  still cached -- a fresh call with fresh data, which is what the plan is for. ``keep``
+  leaves L2 warm (a loop over the same inputs). The flush is outside the timed region.
+* How many runs (``--bench_runs N|auto``): ``auto`` runs until the 95% interval of the
+  median total is within 1% of it, or a time budget is spent, and says which stopped it.
+* Instrumentation overhead: pairs of runs with per-stage marks and bare (one pair of
+  marks around the plan), interleaved so drift hits both alike.
+* Progress on stderr for any run longer than two seconds.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from app.runtime.stats import median_interval
+
+AUTO_CI = 0.01            # --bench_runs auto: stop when the median's 95% interval is within +-1%
+AUTO_BUDGET_SECONDS = 10.0
+AUTO_MIN_RUNS = 10
+AUTO_MAX_RUNS = 10_000
+OVERHEAD_PAIRS = 10
+L2_MODES = ("flush", "keep")
+
+
+class L2Flush:
+    """Before each timed run: write a buffer twice L2's size on the plan's stream, then wait for it, so the
+    run starts with nothing of its own inputs in L2 and no flush still running under its first stage."""
+
+    def __init__(self, selected: str, mode: str, l2_bytes: int | None):
+        self.mode, self.buf, self.why = mode, None, None
+        if selected != "gpu":
+            self.mode, self.why = "n/a", "CPU run: no GPU L2 to flush"
+        elif mode == "flush":
+            import cupy
+
+            self.cp = cupy
+            self.nbytes = 2 * int(l2_bytes or 64 * 2**20)
+            self.buf = cupy.empty(self.nbytes, dtype=cupy.uint8)
+
+    def __call__(self) -> None:
+        if self.buf is not None:
+            stream = self.cp.cuda.get_current_stream()
+            self.cp.cuda.runtime.memsetAsync(self.buf.data.ptr, 0, self.nbytes, stream.ptr)
+            stream.synchronize()
+
+    def describe(self) -> dict:
+        if self.mode == "n/a":
+            return {"mode": "n/a", "why": self.why}
+        if self.mode == "keep":
+            return {"mode": "keep", "why": "--l2 keep: each run may find the previous run's data in L2"}
+        return {"mode": "flush", "flush_bytes": self.nbytes,
+                "why": "a buffer of twice the L2 size is written and waited for before every timed run"}
+
+
+class Progress:
+    """One line on stderr once a phase has run for ``after`` seconds; rewritten in place on a terminal,
+    at most every 5 s in a log."""
+
+    def __init__(self, label: str, after: float = 2.0, stream=None):
+        self.label, self.after, self.out = label, after, stream or sys.stderr
+        self.t0 = time.monotonic()
+        self.last: float | None = None
+        self.shown = False
+        self.tty = bool(getattr(self.out, "isatty", lambda: False)())
+
+    def update(self, text: str) -> None:
+        now = time.monotonic() - self.t0
+        if now < self.after or (self.last is not None and now - self.last < (0.5 if self.tty else 5.0)):
+            return
+        self.last, self.shown = now, True
+        line = f"[{self.label}] {text} ({now:.0f} s)"
+        self.out.write(("\r" + line + "\033[K") if self.tty else line + "\n")
+        self.out.flush()
+
+    def done(self) -> None:
+        if self.shown and self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tuple[list, dict]:
+    """(records, how the count was decided). ``bench_runs``: an int, or "auto"."""
+    records, t0 = [], time.monotonic()
+    auto = bench_runs == "auto"
+    target = AUTO_MAX_RUNS if auto else int(bench_runs)
+    stopped = {"rule": "count", "requested": bench_runs}
+    while len(records) < target:
+        flush()
+        output, record = run_once()
+        records.append((output, record))
+        progress.update(f"timed run {len(records)}" + ("" if auto else f"/{target}"))
+        if auto and len(records) >= AUTO_MIN_RUNS:
+            totals = [r.total_seconds for _, r in records]
+            med = statistics.median(totals)
+            lo, hi = median_interval(totals)
+            width = max(med - lo, hi - med) / med if med > 0 else 0.0
+            if width <= AUTO_CI:
+                stopped = {"rule": "ci", "requested": "auto", "ci_half_width": width, "target": AUTO_CI}
+                break
+            if time.monotonic() - t0 >= AUTO_BUDGET_SECONDS:
+                stopped = {"rule": "budget", "requested": "auto", "ci_half_width": width, "target": AUTO_CI,
+                           "budget_seconds": AUTO_BUDGET_SECONDS}
+                break
+    if auto and stopped["rule"] == "count":
+        stopped = {"rule": "max_runs", "requested": "auto", "max_runs": AUTO_MAX_RUNS}
+    return records, stopped
+
+
+def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: int = OVERHEAD_PAIRS,
+                             progress: Progress | None = None) -> dict:
+    """Median total of runs with per-stage marks vs bare runs, interleaved pair by pair."""
+    marked, bare = [], []
+    for i in range(pairs):
+        if progress:
+            progress.update(f"instrumentation overhead, pair {i + 1}/{pairs}")
+        flush()
+        marked.append(run_instrumented()[1].total_seconds)
+        flush()
+        bare.append(run_bare()[1].total_seconds)
+    m, b = statistics.median(marked), statistics.median(bare)
+    return {"pairs": pairs, "instrumented_median_seconds": m, "bare_median_seconds": b,
+            "overhead_fraction": (m - b) / b if b > 0 else 0.0,
+            "how": "the same plan with a pair of marks around every stage vs one pair around the whole plan, "
+                   "runs interleaved"}
+
+
+def graph_capturability(record, selected: str) -> dict:
+    """Whether the plan could be captured as one CUDA graph and replayed, judged from what a run did.
+
+    A graph holds device work only: a host read mid-plan (a size to allocate by, a result to branch
+    on) or a copy from pageable host memory cannot be captured. Each stage that does one is named."""
+    if selected != "gpu":
+        return {"capturable": False, "why": "CPU run: CUDA graphs apply to GPU runs only"}
+    blockers = []
+    for s in record.stages:
+        c = s["counters"]
+        if c["syncs"]:
+            reads = f"{c['allocation_size_reads']} allocation-size read(s)" if c["allocation_size_reads"] else \
+                f"{c['syncs']} host read(s)"
+            blockers.append(f"{s['name']}: {reads}")
+        if c["h2d_copies"]:
+            blockers.append(f"{s['name']}: {c['h2d_copies']} copies from pageable host memory")
+    if blockers:
+        return {"capturable": False, "blockers": blockers,
+                "why": "not capturable: " + "; ".join(blockers) + ". A graph holds device work only; upper-bound "
+                       "allocations or device-side sizes, and pinned staging outside the graph, would make it "
+                       "capturable."}
+    return {"capturable": True, "why": "no host reads or host copies inside the plan; graph replay timing is "
+                                       "not implemented yet for such a plan"}

@@ -1,0 +1,125 @@
+"""Event timing hygiene: robust spread, --bench_runs auto, the instrumentation overhead, L2 policy,
+graph capturability and progress -- each checked against inputs whose right answer is known."""
+import io
+import json
+import random
+
+import pytest
+
+from app.kernel.cli import main
+from app.runtime import timing
+from app.runtime.recorder import RunRecord
+from app.runtime.stats import median_interval, spread
+
+
+def test_one_outlier_neither_moves_the_figure_nor_makes_it_unstable():
+    runs = [100.0 + 0.5 * (i % 3) for i in range(19)] + [350.0]      # one slow run in twenty
+    sp = spread(runs)
+    assert sp["outliers"] == 1 and sp["stable"] is True
+    assert sp["median"] == pytest.approx(100.5) and sp["robust_rel_spread"] < 0.01
+    assert sp["rel_stdev"] > 0.5                                       # what the old judgement would have used
+    assert spread([100.0, 130.0, 70.0, 120.0, 80.0])["stable"] is False
+
+
+def test_median_interval_covers_the_median_and_narrows_with_runs():
+    rng = random.Random(1)
+    few = [rng.gauss(100, 5) for _ in range(20)]
+    many = [rng.gauss(100, 5) for _ in range(2000)]
+    lo, hi = median_interval(few)
+    assert lo <= sorted(few)[10] <= hi
+    lo2, hi2 = median_interval(many)
+    assert hi2 - lo2 < (hi - lo) / 3 and lo2 < 100 < hi2
+
+
+def _fake(totals):
+    it = iter(totals)
+
+    def run_once():
+        t = next(it)
+        return None, RunRecord([], t, t)
+
+    return run_once
+
+
+class _NoFlush:
+    calls = 0
+
+    def __call__(self):
+        self.calls += 1
+
+
+def test_auto_stops_when_the_interval_is_tight():
+    flush = _NoFlush()
+    records, stopped = timing.timed_runs(_fake([1.0] * 100), "auto", flush, timing.Progress("t", after=1e9))
+    assert stopped["rule"] == "ci" and len(records) == timing.AUTO_MIN_RUNS and flush.calls == len(records)
+
+
+def test_auto_stops_at_the_budget_and_says_so(monkeypatch):
+    monkeypatch.setattr(timing, "AUTO_BUDGET_SECONDS", 0.0)
+    rng = random.Random(2)
+    records, stopped = timing.timed_runs(_fake([rng.uniform(1, 2) for _ in range(100)]), "auto", _NoFlush(),
+                                         timing.Progress("t", after=1e9))
+    assert stopped["rule"] == "budget" and stopped["ci_half_width"] > timing.AUTO_CI
+    assert len(records) == timing.AUTO_MIN_RUNS
+
+
+def test_fixed_count_is_exact():
+    records, stopped = timing.timed_runs(_fake([1.0] * 10), 7, _NoFlush(), timing.Progress("t", after=1e9))
+    assert len(records) == 7 and stopped == {"rule": "count", "requested": 7}
+
+
+def test_overhead_is_the_median_difference_of_interleaved_pairs():
+    out = timing.instrumentation_overhead(_fake([1.1] * 10), _fake([1.0] * 10), _NoFlush(), pairs=10)
+    assert out["overhead_fraction"] == pytest.approx(0.1) and out["pairs"] == 10
+
+
+def test_graph_capturability_names_each_blocking_stage():
+    counters = {"syncs": 0, "allocation_size_reads": 0, "h2d_copies": 0}
+    stages = [{"name": "build", "counters": counters | {"h2d_copies": 2}},
+              {"name": "filter", "counters": counters | {"syncs": 1, "allocation_size_reads": 1}},
+              {"name": "sort", "counters": counters}]
+    g = timing.graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu")
+    assert g["capturable"] is False
+    assert g["blockers"] == ["build: 2 copies from pageable host memory", "filter: 1 allocation-size read(s)"]
+    assert timing.graph_capturability(RunRecord(stages, 1.0, 1.0), "cpu")["why"].startswith("CPU run")
+
+
+def test_progress_speaks_only_after_the_threshold():
+    buf = io.StringIO()
+    p = timing.Progress("join v2 event", after=0.0, stream=buf)
+    p.update("timed run 3/10")
+    assert buf.getvalue().startswith("[join v2 event] timed run 3/10 (")
+    quiet = io.StringIO()
+    timing.Progress("x", after=60.0, stream=quiet).update("timed run 1/10")
+    assert quiet.getvalue() == ""
+
+
+def test_cpu_profile_records_how_it_was_timed(tmp_path):
+    out = tmp_path / "out"
+    assert main(["join", "--points", "2000", "--polygons", "200", "--device", "cpu", "--bench_runs", "auto",
+                 "--graph", "--out", str(out)]) == 0
+    (d,) = list(out.glob("profiles/event/join/*/*"))
+    tm = json.loads((d / "trace.json").read_text())["timing"]
+    assert tm["stopped_by"]["rule"] in ("ci", "budget") and tm["timed_runs"] >= timing.AUTO_MIN_RUNS
+    assert tm["l2"]["mode"] == "n/a" and tm["instrumentation"]["pairs"] == timing.OVERHEAD_PAIRS
+    assert tm["graph"]["capturable"] is False and tm["total"]["median_ci95"][0] <= tm["total"]["median"]
+    report = (d / "report.md").read_text()
+    for row in ("--bench_runs auto stopped by", "L2 between timed runs", "instrumentation overhead",
+                "CUDA graph", "95% interval of the median", "outlier runs"):
+        assert row in report, row
+    params = json.loads((d / "params.json").read_text())
+    assert params["options"]["l2"] == "flush" and params["options"]["bench_runs"] == "auto"
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--bench_runs", "0"], "--bench_runs must be >= 1"),
+    (["--bench_runs", "many"], "expected a whole number of runs or 'auto'"),
+    (["--prof_type", "nsys", "--bench_runs", "auto"], "--bench_runs auto: nsys mode"),
+    (["--prof_type", "annotation", "--bench_runs", "auto"], "--bench_runs auto: annotation mode"),
+    (["--l2", "warm"], "--l2"),
+])
+def test_bad_run_options_are_one_line(tmp_path, capsys, args, fragment):
+    assert main(["join", "--points", "2000", "--polygons", "200", *args, "--out", str(tmp_path / "o")]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert any(fragment in line for line in err), err
+    assert not (tmp_path / "o").exists()
