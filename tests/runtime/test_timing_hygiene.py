@@ -123,3 +123,21 @@ def test_bad_run_options_are_one_line(tmp_path, capsys, args, fragment):
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert any(fragment in line for line in err), err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("mode", ["annotation", "ncu", "nsys"])
+@pytest.mark.parametrize("flag,fragment", [(["--l2", "keep"], "--l2 keep: only event mode"),
+                                           (["--graph"], "--graph: event mode's")])
+def test_event_only_options_are_refused_elsewhere(tmp_path, capsys, mode, flag, fragment):
+    assert main(["join", "--prof_type", mode, *flag, "--out", str(tmp_path / "o")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and fragment in err[0]
+
+
+def test_counter_api_refuses_unknown_options():
+    from app.errors import BadParameter
+    from app.kernel.plan import get_plan_class
+    from app.runtime.profiling.annotation import annotation_profile_plan
+
+    with pytest.raises(BadParameter, match="unknown option"):
+        annotation_profile_plan(get_plan_class("join", None)(), clock_contrl="base")

@@ -69,9 +69,12 @@ def attribute_stages(df: pd.DataFrame, domain: str, stages: list[str]) -> pd.Ser
     return df["nvtx_stack"].map(stage_of)
 
 
-def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: str) -> pd.DataFrame:
-    """One row per profiled kernel with derived rates, roofline share and bottleneck class."""
-    _, spec = match_device(device_name)
+def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: str,
+                 spec: dict | None = None) -> pd.DataFrame:
+    """One row per profiled kernel with derived rates, roofline share and bottleneck class. ``spec``: the peaks
+    to use (calibrated ones, say); the devices table's entry for ``device_name`` otherwise."""
+    if spec is None:
+        _, spec = match_device(device_name)
     raw_duration = _col(df, "duration_ns")
     out = pd.DataFrame({
         "stage": attribute_stages(df, domain, stages),

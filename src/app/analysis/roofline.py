@@ -1,7 +1,8 @@
 """Roofline from the plan's cost model: achieved rates against conf/devices.json peaks."""
 from __future__ import annotations
 
-from app.analysis.devices import match_device, ridge_points
+from app.analysis.calibration import spec_for
+from app.analysis.devices import ridge_points
 
 
 def roofline_point(bytes_: float, flops: float, seconds: float, spec: dict, precision: str = "fp64") -> dict:
@@ -28,11 +29,13 @@ def roofline_point(bytes_: float, flops: float, seconds: float, spec: dict, prec
     return out
 
 
-def plan_roofline(device_name: str, selected: str, stages: list[dict], precision: str = "fp64") -> dict:
-    """Per stage and end to end; says why when there is no roofline for this device."""
+def plan_roofline(device_name: str, selected: str, stages: list[dict], precision: str = "fp64",
+                  uuid: str | None = None) -> dict:
+    """Per stage and end to end; says why when there is no roofline for this device. With ``uuid``, this
+    GPU's calibrated peaks are used when cached (``peaks_source`` says which)."""
     if selected != "gpu":
         return {"available": False, "why": "ran on the CPU: conf/devices.json holds GPU peaks only"}
-    key, spec = match_device(device_name)
+    key, spec = spec_for(device_name, uuid)
     if spec is None:
         return {"available": False,
                 "why": f"device {device_name!r} is not in conf/devices.json; add its peaks there"}
@@ -47,7 +50,7 @@ def plan_roofline(device_name: str, selected: str, stages: list[dict], precision
         "available": True, "device_model": key, "precision": precision,
         "peak_gbps": spec["memory_gbps"], "peak_tflops": spec["peak_tflops"].get(precision),
         "ridge_flop_per_byte": ridge_points(spec).get(precision), "ridge_points": ridge_points(spec),
-        "sources": spec["sources"], "stages": per_stage,
+        "sources": spec["sources"], "peaks_source": spec["peaks_source"], "stages": per_stage,
         "end_to_end": roofline_point(tot_b, tot_f, tot_t, spec, precision) if tot_t > 0 else None,
         "scope": "stages after the host->device copy",
     }

@@ -155,6 +155,16 @@ def _devices_command(argv: list[str]) -> int:
     args = p.parse_args(argv)
     usable, _, info = devmod.probe_gpu()
     rows, line = describe(info.get("name") if usable else None)
+    from app.analysis.calibration import load
+
+    cal, why = load(info.get("uuid") if usable else None)
+    for r in rows:
+        if r["present"] and cal:
+            r["calibrated"] = {k: cal[k] for k in ("uuid", "measured_at", "memory_gbps", "fp64_tflops", "fp32_tflops")}
+    if usable:
+        line += (f" Calibrated peaks of this GPU ({cal['measured_at']}) are used by its rooflines." if cal else
+                 f" No calibration of this GPU{f' ({why})' if why else ''}: rooflines use the datasheet peaks; "
+                 "`python -m app.kernel calibrate` measures them.")
     if args.json:
         print(json.dumps({"file": str(devices_path()), "present": info.get("name") if usable else None,
                           "note": line, "devices": rows}, indent=2))
@@ -167,6 +177,10 @@ def _devices_command(argv: list[str]) -> int:
         fmt = [f"{c:,.1f}" if isinstance(c, float) else (str(c) if c is not None else "missing") for c in cells]
         print(f"{'*' if r['present'] else ' '} {r['model']:<22} {fmt[0]:>12} {fmt[1]:>12} {fmt[2]:>8} {fmt[3]:>5} "
               f"{fmt[4]:>7} {fmt[5]:>9}  {r['peaks']}")
+        if r.get("calibrated"):
+            c = r["calibrated"]
+            print(f"  {'  calibrated here':<22} {c['fp64_tflops']:>12,.1f} {c['fp32_tflops']:>12,.1f} "
+                  f"{c['memory_gbps']:>8,.1f} {'':>5} {'':>7} {'':>9}  measured {c['measured_at']}")
     print(f"\n{line}")
     return 0
 
@@ -212,6 +226,10 @@ def _main(argv: list[str]) -> int:
         return _devlog_command(argv[1:])
     if argv and argv[0] == "devices":
         return _devices_command(argv[1:])
+    if argv and argv[0] == "calibrate":
+        from app.runtime.calibrate import run_calibrate
+
+        return run_calibrate(argv[1:])
     parsed = parse(argv)
     if parsed is None:
         print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "

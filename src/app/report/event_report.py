@@ -89,8 +89,8 @@ def _roofline(roof):
              fmt(p["achieved_gbps"]), fmt(p["achieved_tflops"], 4), fmt(p["pct_of_roofline"])]
             for name, p in list(roof["stages"].items()) + [("end to end", e)]]
     return Section("Roofline (cost model)",
-                   text=f"{roof['device_model']}: {roof['peak_gbps']:,} GB/s, {roof['peak_tflops']} TFLOP/s "
-                        f"{roof['precision']}; ridge point {roof['ridge_flop_per_byte']:.1f} FLOP/byte. Scope: "
+                   text=f"{roof['device_model']}: {roof['peak_gbps']:,.0f} GB/s, {roof['peak_tflops']:,.1f} TFLOP/s "
+                        f"{roof['precision']}, peaks {roof.get('peaks_source', 'datasheet')}; ridge point {roof['ridge_flop_per_byte']:.1f} FLOP/byte. Scope: "
                         f"{roof['scope']}. End to end the plan runs at {fmt(e['arithmetic_intensity'], 3)} "
                         f"FLOP/byte, {'below' if (e['arithmetic_intensity'] or 0) < roof['ridge_flop_per_byte'] else 'above'}"
                         " the ridge: the memory roof is the one that applies.",

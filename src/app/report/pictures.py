@@ -60,8 +60,9 @@ def picture_sections(kernels: pd.DataFrame, spec: dict | None, title: str,
 
 def _roofs(spec: dict) -> str:
     peaks, gbps = spec["peak_tflops"], spec["memory_gbps"]
-    return (f"Datasheet peaks: {gbps:,} GB/s; {peaks['fp64']} TFLOP/s fp64 (ridge {peaks['fp64'] * 1e3 / gbps:.1f} "
-            f"FLOP/byte) and {peaks['fp32']} TFLOP/s fp32 (ridge {peaks['fp32'] * 1e3 / gbps:.1f} FLOP/byte). "
+    return (f"Peaks, {spec.get('peaks_source', 'datasheet')}: {gbps:,.0f} GB/s; {peaks['fp64']:,.1f} TFLOP/s fp64 "
+            f"(ridge {peaks['fp64'] * 1e3 / gbps:.1f} FLOP/byte) and {peaks['fp32']:,.1f} TFLOP/s fp32 (ridge "
+            f"{peaks['fp32'] * 1e3 / gbps:.1f} FLOP/byte). "
             "% roofline in the Kernels table = the time the kernel would take at its binding roof / its "
             "measured time.")
 

@@ -7,7 +7,6 @@ classes. Writes report.md, roofline.png and the tables as CSV.
 """
 from __future__ import annotations
 
-from app.analysis.devices import match_device
 from app.analysis.kernel_metrics import kernel_table, opportunities, stage_table
 from app.analysis.summary import counter_summary
 from app.report.ncu_report import render_report, stage_sections
@@ -29,13 +28,13 @@ class AnnotationMode(Mode):
             raw, _ = parse_raw(run.stdout, run.ncu_version)
             names = [s.name for s in plan.stages]
             device_name = run.worker["selection"]["device_name"]
-            kernels = kernel_table(raw, plan.kernel, names, device_name)
+            spec = counters.device_spec(run)
+            kernels = kernel_table(raw, plan.kernel, names, device_name, spec)
             stages = stage_table(kernels, names)
             ops = opportunities(stages, stages["duration_us"].sum())
             trace = counters.measured_trace(plan, run, kernels, stages, self.name)
             trace["summary"] = counter_summary(stages, kernels, ops)
             files = counters.common_files(plan, run, trace, options, self.name)
-            _, spec = match_device(device_name)
             clock = f"ncu --clock-control {options.clock_control}"
             headline = counters.headline_prefix(trace) + (
                 f"One warm iteration under ncu on {device_name}: {stages['duration_us'].sum():,.1f} us of "

@@ -33,6 +33,14 @@ class ProfileOptions:
     l2: str = "flush"                 # --l2 flush|keep: event mode's L2 policy between timed runs
     graph: bool = False               # --graph: event mode says whether the plan is CUDA-graph capturable
 
+    def refuse_event_only(self, mode: str) -> None:
+        """--l2 keep and --graph shape event mode's timed runs; another mode refuses them rather than ignore them."""
+        if self.l2 != "flush":
+            raise BadParameter(f"--l2 {self.l2}: only event mode has an L2 policy between runs ({mode} mode runs "
+                               "the plan under a profiler, which sets its own)")
+        if self.graph:
+            raise BadParameter(f"--graph: event mode's; {mode} mode does not time graph replay")
+
     def timed_runs(self) -> int:
         return self.bench_runs or DEFAULT_BENCH_RUNS
 

@@ -6,6 +6,8 @@ metrics they ask for and the extra pages ncu mode exports.
 """
 from __future__ import annotations
 
+from dataclasses import fields
+
 from app.errors import BadParameter
 from app.kernel.plan import get_plan_class
 from app.report.sections import device_section, transfers_section, verification_section
@@ -15,6 +17,7 @@ from app.runtime.profiling.session import profile_files
 
 def check_options(options: ProfileOptions, mode: str) -> None:
     """One warm iteration is what ncu replays; an explicit other count is refused, not ignored."""
+    options.refuse_event_only(mode)
     if options.bench_runs not in (None, 1):
         raise BadParameter(f"--bench_runs {options.bench_runs}: {mode} mode profiles one warm iteration (ncu replays "
                            "each kernel once per metric pass); leave --bench_runs out, or use --prof_type event or "
@@ -63,6 +66,14 @@ def common_files(plan, run, trace, options, mode) -> dict:
     return files
 
 
+def device_spec(run) -> dict | None:
+    """The peaks of the GPU the worker ran on: its calibrated ones when cached for its UUID, else the table's."""
+    from app.analysis.calibration import spec_for
+
+    sel = run.worker["selection"]
+    return spec_for(sel["device_name"], (sel.get("info") or {}).get("uuid"))[1]
+
+
 def headline_prefix(trace: dict) -> str:
     """A CPU fallback or a planner override leads the headline: every figure below depends on it."""
     sel, meta = trace["selected_runtime"], trace["metadata"]
@@ -90,7 +101,13 @@ def profile_api(mode, plan, out_dir, version, bench_runs, options):
 
     if version is not None:
         plan = get_plan_class(plan.kernel, version)(plan.params)
-    profile = mode.profile(plan, ProfileOptions(bench_runs=bench_runs, **options))
+    try:
+        opts = ProfileOptions(bench_runs=bench_runs, **options)
+    except TypeError:
+        known = sorted(f.name for f in fields(ProfileOptions) if f.name != "argv")
+        raise BadParameter(f"{mode.name}_profile_plan got an unknown option among {sorted(options)}; known: "
+                           + ", ".join(known)) from None
+    profile = mode.profile(plan, opts)
     if out_dir is not None:
         profile.files_written_to = write_profile(profile_parent(out_dir, mode.name, plan.kernel, plan.slug()),
                                                  profile.files)

@@ -74,7 +74,8 @@ class EventMode(Mode):
         _add_occupancy(trace, compile_info)
         params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv,
                              clocks=clocks)
-        roof = plan_roofline(selection.device_name, selection.selected, trace["stages"])
+        roof = plan_roofline(selection.device_name, selection.selected, trace["stages"],
+                             uuid=selection.info.get("uuid"))
         trace["roofline"] = roof
         findings = advice.stage_findings(trace, roof)
         trace["summary"] = event_summary(trace, roof, findings, advice.opportunities(trace, roof, findings),

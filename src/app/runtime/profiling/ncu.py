@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 
-from app.analysis.devices import match_device
 from app.analysis.kernel_metrics import attribute_stages, kernel_table, opportunities, stage_table
 from app.analysis.summary import counter_summary
 from app.report.markdown import Section, fmt, render
@@ -52,11 +51,11 @@ class NcuMode(Mode):
             sources = parse_source(exports["source"])
             names = [s.name for s in plan.stages]
             device_name = run.worker["selection"]["device_name"]
-            kernels = kernel_table(raw, plan.kernel, names, device_name)
+            spec = counters.device_spec(run)
+            kernels = kernel_table(raw, plan.kernel, names, device_name, spec)
             stages = stage_table(kernels, names)
             trace = counters.measured_trace(plan, run, kernels, stages, self.name)
             files = counters.common_files(plan, run, trace, options, self.name)
-            _, spec = match_device(device_name)
             rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
             headline = counters.headline_prefix(trace) + (
                 f"`ncu --set full` on one warm iteration on {device_name}: "

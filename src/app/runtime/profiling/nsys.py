@@ -45,6 +45,7 @@ class NsysMode(Mode):
     def profile(self, plan, options: ProfileOptions) -> Profile:
         from app.report.timeline_report import nsys_report, stage_summary_line
 
+        options.refuse_event_only(self.name)
         if options.bench_runs == "auto":
             raise BadParameter("--bench_runs auto: nsys mode traces a fixed number of iterations; give a number "
                                "(default 10), or use auto with --prof_type event")

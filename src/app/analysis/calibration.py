@@ -1,0 +1,97 @@
+"""Calibrated peaks: what this very GPU sustains, measured by ``python -m app.kernel calibrate``.
+
+Datasheet peaks are what a model promises; a card sustains less (DRAM refresh and protocol
+overhead, its power limit, its clocks). A roofline against calibrated peaks says how far a
+kernel is from what is reachable here. Calibrations are cached per GPU UUID -- two cards of
+one model differ -- under ``$APP_CACHE_DIR/calibration/`` (default ``~/.cache/app-kernel``),
+and every roofline says which peaks it used.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from app.analysis.devices import match_device
+
+FIELDS = {"uuid": str, "name": str, "measured_at": str, "memory_gbps": float, "fp64_tflops": float,
+          "fp32_tflops": float}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("APP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "app-kernel")
+    return Path(root) / "calibration"
+
+
+def _path(uuid: str) -> Path:
+    return cache_dir() / (re.sub(r"[^A-Za-z0-9-]", "_", uuid) + ".json")
+
+
+def save(calibration: dict) -> Path:
+    """Write atomically: a reader sees the old file or the new one, never half of one."""
+    path = _path(calibration["uuid"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(calibration, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def load(uuid: str | None) -> tuple[dict | None, str | None]:
+    """(calibration, None), or (None, why) when there is none usable for this GPU (None when there is none)."""
+    if not uuid:
+        return None, None
+    path = _path(uuid)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"{path} is unreadable ({exc}); run calibrate again"
+    for key, kind in FIELDS.items():
+        value = doc.get(key) if isinstance(doc, dict) else None
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is float and not (math.isfinite(value) and value > 0)):
+            return None, f"{path} has no valid {key!r}; run calibrate again"
+    if doc["uuid"] != uuid:
+        return None, f"{path} records {doc['uuid']}, not {uuid}"
+    return doc, None
+
+
+def spec_for(device_name: str, uuid: str | None = None) -> tuple[str | None, dict | None]:
+    """match_device's (model, spec), with this GPU's calibrated peaks in place of the datasheet's when a
+    calibration of this UUID is cached. ``spec["peaks_source"]`` says which, and keeps the datasheet's."""
+    key, spec = match_device(device_name)
+    if spec is None:
+        return key, None
+    spec = dict(spec, peak_tflops=dict(spec["peak_tflops"]))
+    cal, why = load(uuid)
+    spec["datasheet"] = {"memory_gbps": spec["memory_gbps"], "fp64_tflops": spec["peak_tflops"].get("fp64"),
+                         "fp32_tflops": spec["peak_tflops"].get("fp32")}
+    if cal is None:
+        spec["peaks_source"] = "datasheet" + (f" (calibration ignored: {why})" if why else "")
+        return key, spec
+    spec["memory_gbps"] = cal["memory_gbps"]
+    spec["peak_tflops"]["fp64"], spec["peak_tflops"]["fp32"] = cal["fp64_tflops"], cal["fp32_tflops"]
+    spec["peaks_source"] = f"calibrated on this GPU, {cal['uuid'][:12]}…, at {cal['measured_at']}"
+    spec["calibration"] = cal
+    return key, spec
+
+
+def cached() -> list[dict]:
+    """Every valid calibration in the cache (for the devices listing)."""
+    out = []
+    for p in sorted(cache_dir().glob("*.json")) if cache_dir().is_dir() else []:
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        cal, _ = load(doc.get("uuid") if isinstance(doc, dict) else None)
+        if cal:
+            out.append(cal)
+    return out
