@@ -35,6 +35,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--l2", choices=L2_MODES, default="flush",
         help="event mode, GPU: flush (default) overwrites L2 before every timed run, so no run finds the previous "
              "run's data cached; keep leaves it warm")
+    add("--autotune", action="store_true", help="GPU: search the stages' tunables with event timing (once per "
+        "kernel, version, GPU, driver and parameters; cached and reused by every mode)")
+    add("--retune", action="store_true", help="search again even when the autotune cache has an answer")
+    add("--tiling", action="append", metavar="STAGE.KEY=VALUE", help="set one tunable by hand, e.g. "
+        "bounds.block=128 (repeatable; wins over the cache)")
     add("--graph", action="store_true", help="event mode: say whether the plan can be captured as a CUDA graph, "
         "and why not")
     add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
@@ -62,6 +67,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--worker", help=argparse.SUPPRESS)
     add("--worker-iterations", type=int, default=1, help=argparse.SUPPRESS)
     add("--worker-collect", choices=("none", "cupti"), default="none", help=argparse.SUPPRESS)
+    add("--worker-tiling", help=argparse.SUPPRESS)
 
 
 def _runs(text: str):
@@ -185,6 +191,45 @@ def _devices_command(argv: list[str]) -> int:
     return 0
 
 
+def _tuned(plan, args):
+    """The plan with its tiling from --tiling, the autotune cache or a search (see runtime/autotune.py)."""
+    from app.runtime import autotune
+
+    wants = args.autotune or args.retune or bool(args.tiling)
+    if not wants and not autotune.cache_root().is_dir():
+        return plan                             # nothing cached, nothing asked: the defaults
+    device = args.device if args.prof_type == "event" or args.device != "auto" else "gpu"
+    try:
+        selection = devmod.select(device)
+    except DeviceUnavailable:
+        if args.autotune or args.retune:
+            raise
+        selection = devmod.select("cpu")
+    return autotune.resolve(plan, selection, autotune=args.autotune, retune=args.retune, overrides=args.tiling,
+                            progress=_search_progress(plan))
+
+
+def _search_progress(plan):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    state = {}
+
+    def update(i, n, what):
+        if tqdm is not None:
+            bar = state.setdefault("bar", tqdm(total=n, desc=f"autotune {plan.kernel} {plan.version}",
+                                               unit="config", file=sys.stderr))
+            bar.set_postfix_str(what)
+            bar.update(1)
+            if i == n:
+                bar.close()
+        else:
+            print(f"[autotune {plan.kernel} {plan.version}] {i}/{n}: {what}", file=sys.stderr, flush=True)
+
+    return update
+
+
 def _terminate(signum, frame):
     raise Terminated()
 
@@ -239,9 +284,12 @@ def _main(argv: list[str]) -> int:
     if args.worker:
         from app.runtime.profiling.worker import run_worker
 
+        if args.worker_tiling:           # the parent's tiling (cache, search or --tiling), exactly
+            plan = type(plan)(plan.params, json.loads(args.worker_tiling))
         return run_worker(plan, args.device, args.warmup, args.worker, args.worker_iterations, args.worker_collect,
                           args.verify)
     mode = get_mode(args.prof_type)
+    plan = _tuned(plan, args)
     parent = profile_parent(args.out, mode.name, plan.kernel, plan.slug())
     check_writable(parent)
     options = ProfileOptions(device=args.device, bench_runs=args.bench_runs, warmup=args.warmup,

@@ -15,6 +15,7 @@ from app.analysis.summary import event_summary
 from app.analysis.trace import build_trace
 from app.report.event_report import build_report
 from app.runtime import device as devmod
+from app.runtime.autotune import tiling_files
 from app.runtime.clocks import clock_report, clock_snapshot, gpu_uuid, sampler_for
 from app.runtime.execute import backend_for, xp_for
 from app.runtime.lock import device_key, device_lock
@@ -88,10 +89,7 @@ class EventMode(Mode):
                  "report.md": build_report(trace, params, roof, options.baseline, stage_chart=chart is not None)}
         if chart is not None:
             files["stage_chart.png"] = chart
-        for spec in plan.stages:
-            files[f"tiling/{spec.name}.json"] = {
-                "stage": spec.name, "tiling": plan.tiling[spec.name], "source": "defaults (no autotune cache)",
-                "tunables": {k: list(v) for k, v in spec.tunables.items()}}
+        files |= tiling_files(plan)
         for stage, artifacts in backend.artifacts().items():
             for fname, content in artifacts.items():
                 files[f"compiled/{stage}/{fname}"] = content

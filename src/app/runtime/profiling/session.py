@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from app.errors import AppError, DeviceUnavailable
 from app.runtime import device as devmod
+from app.runtime.autotune import tiling_files
 from app.runtime.clocks import clock_report, clock_snapshot, gpu_uuid
 from app.runtime.lock import device_key, device_lock
 from app.runtime.memory import check_fits
@@ -25,6 +26,7 @@ from app.runtime.memory import check_fits
 def worker_command(plan, out_json: str, warmup: int, iterations: int = 1, collect: str = "none",
                    verify: bool = True) -> list[str]:
     args = [sys.executable, "-m", "app.kernel", plan.kernel, plan.version, "--worker", out_json,
+            "--worker-tiling", json.dumps(plan.tiling),
             "--device", "gpu", "--warmup", str(warmup), "--worker-iterations", str(iterations),
             "--worker-collect", collect] + ([] if verify else ["--no-verify"])
     for name, value in plan.params.items():
@@ -56,7 +58,7 @@ class Session:
 
 @contextmanager
 def gpu_session(plan, options, label: str):
-    """Check for a GPU and the default tiling, make a temporary folder, hold the device lock.
+    """Check for a GPU, make a temporary folder, hold the device lock.
 
     The folder (worker JSON, captures) is removed however the block ends."""
     try:
@@ -66,8 +68,6 @@ def gpu_session(plan, options, label: str):
     if selection.selected != "gpu":
         raise DeviceUnavailable(f"{label} needs a GPU; use --prof_type event on the CPU")
     check_fits(plan, selection.selected)
-    if plan.tiling != type(plan)(plan.params).tiling:
-        raise AppError(f"{label} runs the worker with default tiling; custom tiling is not passed through yet")
     tmpdir = tempfile.mkdtemp(prefix=f"app-{label.split()[0]}-")
     try:
         with device_lock(device_key(selection)):
@@ -86,9 +86,7 @@ def profile_files(plan, worker: dict, selection, options, mode: str, tools: dict
     params = params_json(plan, selection, mode=mode, options=options.as_dict(), argv=options.argv, tools=tools,
                          clocks=clocks)
     files = {"params.json": params}
-    for spec in plan.stages:
-        files[f"tiling/{spec.name}.json"] = {"stage": spec.name, "tiling": plan.tiling[spec.name],
-                                             "source": "defaults (no autotune cache)"}
+    files |= tiling_files(plan)
     for stage, arts in worker.get("artifacts", {}).items():
         for fname, content in arts.items():
             files[f"compiled/{stage}/{fname}"] = content
