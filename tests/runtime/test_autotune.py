@@ -63,7 +63,7 @@ def test_cache_is_reused_retuned_and_overridden(monkeypatch):
     assert files["tiling/bounds.json"]["source"].startswith("autotune cache")
 
 
-def test_a_cache_entry_that_no_longer_fits_the_plan_is_ignored(monkeypatch):
+def test_a_cache_entry_that_no_longer_fits_the_plan_is_dropped_with_a_warning(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(autotune, "gpu_measure", lambda cls, params, sel: fake_timer(calls))
     autotune.resolve(JOIN(), GPU, autotune=True, retune=False, overrides=[])
@@ -72,8 +72,31 @@ def test_a_cache_entry_that_no_longer_fits_the_plan_is_ignored(monkeypatch):
     doc["best"]["bounds"]["block"] = 96                                       # not a value the stage offers
     path.write_text(json.dumps(doc))
     assert autotune.resolve(JOIN(), GPU, autotune=False, retune=False, overrides=[]).tiling == JOIN().tiling
+    assert "no longer has" in capsys.readouterr().err
+    doc["best"]["bounds"]["block"], doc["sources"] = 128, "0" * 16          # searched with other kernel sources
+    path.write_text(json.dumps(doc))
+    assert autotune.resolve(JOIN(), GPU, autotune=False, retune=False, overrides=[]).tiling == JOIN().tiling
+    assert "searched with other kernel sources" in capsys.readouterr().err
     path.write_text("{torn")
-    assert autotune.load(autotune.cache_key(JOIN(), GPU), JOIN) is None
+    entry, why = autotune.load(autotune.cache_key(JOIN(), GPU), JOIN)
+    assert entry is None and "unreadable" in why
+
+
+def test_failing_or_wrong_configurations_are_recorded_never_chosen():
+    def measure(tiling):
+        if tiling["bounds"]["block"] == 128:
+            raise RuntimeError("CUDA_ERROR_INVALID_VALUE: too many resources requested for launch")
+        if tiling["output_sort"]["block"] == 512:
+            return 0.1, {}, False                     # fastest of all, but the oracle rejects its output
+        return 1.0 - 0.1 * (tiling["morton_sort"]["block"] == 512), {}
+    result = autotune.search(JOIN, JOIN().params, measure)
+    assert result["best"]["bounds"]["block"] == 256 and result["best"]["output_sort"]["block"] == 256
+    assert result["best"]["morton_sort"]["block"] == 512
+    notes = [h.get("note", "") for h in result["history"]["bounds"] + result["history"]["output_sort"]]
+    assert any(n.startswith("failed: RuntimeError: CUDA_ERROR_INVALID_VALUE") for n in notes)
+    assert "rejected: the output differs from the oracle's" in notes
+    with pytest.raises(BadParameter, match="the default configuration itself failed"):
+        autotune.search(JOIN, JOIN().params, lambda tiling: 1 / 0)
 
 
 @pytest.mark.parametrize("item,fragment", [("bounds.block", "expected STAGE.KEY=VALUE"),

@@ -17,6 +17,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -35,6 +36,18 @@ def cache_key(plan, selection) -> dict:
     info = selection.info or {}
     return {"kernel": plan.kernel, "version": plan.version, "gpu": info.get("uuid") or selection.device_name,
             "model": selection.device_name, "driver": info.get("driver_version"), "params": plan.params}
+
+
+def sources_hash(plan_cls) -> str:
+    """Of the CUDA sources the plan's GPU kernels are built from: a cached tiling found for other sources
+    may no longer build or be best, so it is dropped (with a warning) rather than trusted."""
+    kernel_dir = Path(__file__).resolve().parents[1] / "kernel"
+    files = sorted(kernel_dir.glob("*.cu")) + sorted(kernel_dir.glob("*.cuh")) + \
+        sorted((kernel_dir / plan_cls.kernel).glob("*.cu"))
+    h = hashlib.sha1()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def cache_path(key: dict) -> Path:
@@ -67,23 +80,27 @@ def parse_overrides(items: list[str], plan_cls) -> dict:
     return out
 
 
-def load(key: dict, plan_cls) -> dict | None:
-    """The cached entry, or None when there is none or it no longer fits the plan's tunables."""
+def load(key: dict, plan_cls) -> tuple[dict | None, str | None]:
+    """(the cached entry, None); (None, None) when there is none; (None, why) when one is there but is not
+    to be trusted: unreadable, made for other kernel sources, or naming values the plan no longer offers."""
+    path = cache_path(key)
     try:
-        doc = json.loads(cache_path(key).read_text())
-    except (OSError, ValueError):
-        return None
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"{path} is unreadable ({exc})"
     stages = {s.name: s.tunables for s in plan_cls.stages}
-    if not isinstance(doc, dict):
-        return None
-    best = doc.get("best")
-    if doc.get("key") != json.loads(json.dumps(key, default=str)) or not isinstance(best, dict):
-        return None
+    best = doc.get("best") if isinstance(doc, dict) else None
+    if not isinstance(best, dict) or doc.get("key") != json.loads(json.dumps(key, default=str)):
+        return None, f"{path} is not an autotune entry of this run's kernel, GPU and parameters"
+    if doc.get("sources") != sources_hash(plan_cls):
+        return None, f"{path} was searched with other kernel sources"
     for stage, tiling in best.items():
         if stage not in stages or not isinstance(tiling, dict) or any(
                 k not in stages[stage] or v not in stages[stage][k] for k, v in tiling.items()):
-            return None
-    return doc
+            return None, f"{path} names a stage or value {plan_cls.kernel} {plan_cls.version} no longer has"
+    return doc, None
 
 
 def save(key: dict, doc: dict) -> Path:
@@ -96,12 +113,27 @@ def save(key: dict, doc: dict) -> Path:
     return path
 
 
+def _trial(measure, tiling) -> tuple[float | None, dict, str | None]:
+    """(total, stage times, None), or (None, {}, why) for a configuration that fails to build or run, or
+    whose output the oracle rejects: such a configuration is recorded, never chosen, never a crash."""
+    try:
+        res = measure(tiling)
+    except Exception as exc:              # a launch shape the kernel cannot take: skip it, say why
+        return None, {}, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if len(res) > 2 and not res[2]:
+        return None, {}, "rejected: the output differs from the oracle's"
+    return res[0], res[1], None
+
+
 def search(plan_cls, params: dict, measure, progress=None) -> dict:
     """Coordinate descent over every stage's tunables. ``measure(tiling)`` -> (plan total seconds,
-    {stage: seconds}); the defaults are measured first. Returns best, history and both totals."""
+    {stage: seconds}[, output verified]); the defaults are measured first. Returns best, history and
+    both totals."""
     defaults = {s.name: {k: v[0] for k, v in s.tunables.items()} for s in plan_cls.stages if s.tunables}
     best = json.loads(json.dumps(defaults))
-    base_total, base_stages = measure(best)
+    base_total, base_stages, why = _trial(measure, best)
+    if why:
+        raise BadParameter(f"autotune: the default configuration itself {why}; nothing to tune against")
     best_total = base_total
     history = {stage: [{"tiling": dict(t), "total_seconds": base_total, "stage_seconds": base_stages.get(stage),
                         "note": "defaults"}] for stage, t in defaults.items()}
@@ -111,10 +143,10 @@ def search(plan_cls, params: dict, measure, progress=None) -> dict:
         trial[stage][key] = value
         if progress:
             progress(i, len(candidates), f"{stage}.{key}={value}")
-        total, stages = measure(trial)
+        total, stages, why = _trial(measure, trial)
         history[stage].append({"tiling": dict(trial[stage]), "total_seconds": total,
-                               "stage_seconds": stages.get(stage)})
-        if total < best_total:
+                               "stage_seconds": stages.get(stage)} | ({"note": why} if why else {}))
+        if total is not None and total < best_total:
             best, best_total = trial, total
     return {"best": best, "history": history, "default_total_seconds": base_total,
             "best_total_seconds": best_total, "method": "coordinate descent, one pass, stage by stage in plan "
@@ -145,7 +177,9 @@ def gpu_measure(plan_cls, params: dict, selection):
             runs.append(rec.run(plan, inputs, backend)[1])
         stages = {s["name"]: spread([r.stages[i]["seconds"] for r in runs])["median"]
                   for i, s in enumerate(runs[0].stages)}
-        return spread([r.total_seconds for r in runs])["median"], stages
+        output, _ = rec.run(plan, inputs, backend)
+        verified = plan.verify(inputs, tuple(backend.to_host(a) for a in output))["matches"]
+        return spread([r.total_seconds for r in runs])["median"], stages, verified
 
     return measure
 
@@ -156,7 +190,10 @@ def resolve(plan, selection, *, autotune: bool, retune: bool, overrides: list[st
     plan_cls = type(plan)
     hand = parse_overrides(overrides, plan_cls)
     key = cache_key(plan, selection) if selection.selected == "gpu" else None
-    doc = load(key, plan_cls) if key and not retune else None
+    doc, why = load(key, plan_cls) if key and not retune else (None, None)
+    if why:
+        print(f"warning: autotune cache entry dropped: {why}; using the defaults"
+              + ("" if autotune else " (--autotune searches again)"), file=sys.stderr)
     searched = False
     if (autotune or retune) and doc is None:
         if selection.selected != "gpu":
@@ -165,7 +202,7 @@ def resolve(plan, selection, *, autotune: bool, retune: bool, overrides: list[st
 
         with device_lock(device_key(selection)):
             result = search(plan_cls, plan.params, gpu_measure(plan_cls, plan.params, selection), progress)
-        doc = {"key": json.loads(json.dumps(key, default=str)),
+        doc = {"key": json.loads(json.dumps(key, default=str)), "sources": sources_hash(plan_cls),
                "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")} | result
         doc["path"] = str(save(key, doc))
         searched = True
