@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from app.analysis.devices import match_device
+from app.runtime import cache
 
 FIELDS = {"uuid": str, "name": str, "measured_at": str, "memory_gbps": float, "fp64_tflops": float,
           "fp32_tflops": float}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("APP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "app-kernel")
-    return Path(root) / "calibration"
+    return cache.cache_dir("calibration")
 
 
 def _path(uuid: str) -> Path:
@@ -31,14 +29,7 @@ def _path(uuid: str) -> Path:
 
 
 def save(calibration: dict) -> Path:
-    """Write atomically: a reader sees the old file or the new one, never half of one."""
-    path = _path(calibration["uuid"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(calibration, f, indent=2)
-    os.replace(tmp, path)
-    return path
+    return cache.write_json(_path(calibration["uuid"]), calibration)
 
 
 def load(uuid: str | None) -> tuple[dict | None, str | None]:
@@ -46,12 +37,9 @@ def load(uuid: str | None) -> tuple[dict | None, str | None]:
     if not uuid:
         return None, None
     path = _path(uuid)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as exc:
-        return None, f"{path} is unreadable ({exc}); run calibrate again"
+    doc, why = cache.read_json(path)
+    if doc is None:
+        return None, (f"{why}; run calibrate again" if why else None)
     for key, kind in FIELDS.items():
         value = doc.get(key) if isinstance(doc, dict) else None
         if kind is float and isinstance(value, int) and not isinstance(value, bool):

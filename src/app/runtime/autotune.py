@@ -16,20 +16,18 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from app.errors import BadParameter
+from app.runtime import cache
 
 TIMED_RUNS = 10
 WARMUP = 2
 
 
 def cache_root() -> Path:
-    root = os.environ.get("APP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "app-kernel")
-    return Path(root) / "autotune"
+    return cache.cache_dir("autotune")
 
 
 def cache_key(plan, selection) -> dict:
@@ -84,12 +82,9 @@ def load(key: dict, plan_cls) -> tuple[dict | None, str | None]:
     """(the cached entry, None); (None, None) when there is none; (None, why) when one is there but is not
     to be trusted: unreadable, made for other kernel sources, or naming values the plan no longer offers."""
     path = cache_path(key)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as exc:
-        return None, f"{path} is unreadable ({exc})"
+    doc, why = cache.read_json(path)
+    if doc is None:
+        return None, why
     stages = {s.name: s.tunables for s in plan_cls.stages}
     best = doc.get("best") if isinstance(doc, dict) else None
     if not isinstance(best, dict) or doc.get("key") != json.loads(json.dumps(key, default=str)):
@@ -104,13 +99,7 @@ def load(key: dict, plan_cls) -> tuple[dict | None, str | None]:
 
 
 def save(key: dict, doc: dict) -> Path:
-    path = cache_path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".autotune-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2, default=str)
-    os.replace(tmp, path)
-    return path
+    return cache.write_json(cache_path(key), doc)
 
 
 def _trial(measure, tiling) -> tuple[float | None, dict, str | None]:
