@@ -135,3 +135,21 @@ def test_bad_baseline_is_one_line(tmp_path, capsys):
     assert main([*ARGS, "--baseline", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a readable profile trace" in err[0]
+
+
+def test_end_to_end_and_after_build_come_from_the_same_runs(tmp_path):
+    import json
+
+    from app.kernel.cli import main
+
+    out = tmp_path / "out"
+    assert main(["join", "--points", "2000", "--polygons", "200", "--device", "cpu", "--bench_runs", "5",
+                 "--out", str(out)]) == 0
+    (d,) = list(out.glob("profiles/event/join/*/*"))
+    trace = json.loads((d / "trace.json").read_text())
+    tm = trace["timing"]
+    assert tm["build_stages"] == ["owned_buffer_build"]
+    build = trace["stages"][0]["spread"]["samples"]
+    per_run = [t - b for t, b in zip(tm["total"]["samples"], build)]
+    assert tm["after_build"]["samples"] == per_run and tm["after_build"]["median"] < tm["total"]["median"]
+    assert "after the host->device build (owned_buffer_build left out)" in (d / "report.md").read_text()

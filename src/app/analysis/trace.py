@@ -34,6 +34,11 @@ def build_trace(plan, inputs, selection, cold, runs, *, mode: str, nvtx: dict,
             "metadata": meta, "tiling": plan.tiling[spec.name], "cost": asdict(cost),
         })
     totals = spread([r.total_seconds for r in runs])
+    # End to end = host arrays in; "after build" leaves out the stages that copy the inputs to the device
+    # (their cost is on the host link), run by run, so both figures come from the same runs.
+    copies = [i for i, s in enumerate(stages) if s["cost"]["kind"] == "host_link"]
+    after_build = spread([r.total_seconds - sum(r.stages[i]["seconds"] for i in copies) for r in runs]) \
+        if copies else None
     sums = [r.stage_sum for r in runs]
     uncovered = [r.total_seconds - s for r, s in zip(runs, sums)]
     return {
@@ -52,6 +57,8 @@ def build_trace(plan, inputs, selection, cold, runs, *, mode: str, nvtx: dict,
             "clock": "CUDA events on the plan's stream" if selection.selected == "gpu"
                      else "time.perf_counter (monotonic)",
             "warmup_runs": warmup, "timed_runs": len(runs),
+            "after_build": after_build,
+            "build_stages": [stages[i]["name"] for i in copies],
         },
         "cold": {
             "compile_seconds": compile_info.get("total_seconds", 0.0),

@@ -47,7 +47,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 note=f"Gain = time above {advice.ATTAINABLE:.0%} of the stage's roofline, as a share of the plan."),
         baseline_section(trace, baseline),
         Section("Timing", columns=["what", "value"], rows=[
-            ["total, median of timed runs (us)", us(trace["total_elapsed_seconds"])],
+            ["total, median of timed runs (us): end to end, host arrays in", us(trace["total_elapsed_seconds"])],
+            *([[f"after the host->device build ({', '.join(timing['build_stages'])} left out) (us)",
+                us(timing["after_build"]["median"])]] if timing.get("after_build") else []),
             ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
             ["95% interval of the median (us)", " – ".join(us(v) for v in timing["total"]["median_ci95"])
              if "median_ci95" in timing["total"] else "n/a (not recorded in this trace)"],
