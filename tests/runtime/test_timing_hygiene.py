@@ -141,3 +141,8 @@ def test_counter_api_refuses_unknown_options():
 
     with pytest.raises(BadParameter, match="unknown option"):
         annotation_profile_plan(get_plan_class("join", None)(), clock_contrl="base")
+
+
+def test_overhead_pairs_stop_at_their_budget_after_the_minimum():
+    out = timing.instrumentation_overhead(_fake([1.1] * 10), _fake([1.0] * 10), _NoFlush(), pairs=10, budget_s=0.0)
+    assert out["pairs"] == timing.OVERHEAD_MIN_PAIRS and out["overhead_fraction"] == pytest.approx(0.1)

@@ -23,6 +23,8 @@ AUTO_BUDGET_SECONDS = 10.0
 AUTO_MIN_RUNS = 10
 AUTO_MAX_RUNS = 10_000
 OVERHEAD_PAIRS = 10
+OVERHEAD_MIN_PAIRS = 3
+OVERHEAD_SHARE = 0.25     # the overhead pairs may add at most this share of the timed runs' time (or 1 s)
 L2_MODES = ("flush", "keep")
 
 
@@ -111,10 +113,15 @@ def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tupl
 
 
 def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: int = OVERHEAD_PAIRS,
-                             progress: Progress | None = None) -> dict:
-    """Median total of runs with per-stage marks vs bare runs, interleaved pair by pair."""
+                             progress: Progress | None = None, budget_s: float | None = None) -> dict:
+    """Median total of runs with per-stage marks vs bare runs, interleaved pair by pair. With ``budget_s``
+    the pairs stop (after OVERHEAD_MIN_PAIRS) once they have taken that long: a slow plan -- a CPU run at
+    a million points -- must not double the profile's time to measure its marks."""
     marked, bare = [], []
+    t0 = time.monotonic()
     for i in range(pairs):
+        if budget_s is not None and i >= OVERHEAD_MIN_PAIRS and time.monotonic() - t0 > budget_s:
+            break
         if progress:
             progress.update(f"instrumentation overhead, pair {i + 1}/{pairs}")
         flush()
@@ -122,7 +129,7 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
         flush()
         bare.append(run_bare()[1].total_seconds)
     m, b = statistics.median(marked), statistics.median(bare)
-    return {"pairs": pairs, "instrumented_median_seconds": m, "bare_median_seconds": b,
+    return {"pairs": len(marked), "instrumented_median_seconds": m, "bare_median_seconds": b,
             "overhead_fraction": (m - b) / b if b > 0 else 0.0,
             "how": "the same plan with a pair of marks around every stage vs one pair around the whole plan, "
                    "runs interleaved"}

@@ -24,7 +24,8 @@ from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.provenance import params_json
 from app.runtime.recorder import Recorder
-from app.runtime.timing import L2Flush, Progress, graph_capturability, instrumentation_overhead, timed_runs
+from app.runtime.timing import (OVERHEAD_SHARE, L2Flush, Progress, graph_capturability, instrumentation_overhead,
+                                timed_runs)
 
 
 @register_mode
@@ -59,7 +60,8 @@ class EventMode(Mode):
             output, runs = done[-1][0], [r for _, r in done]
             bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
             overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
-                                                lambda: bare.run(plan, inputs, backend), flush, progress=progress)
+                                                lambda: bare.run(plan, inputs, backend), flush, progress=progress,
+                                                budget_s=max(1.0, OVERHEAD_SHARE * sum(r.wall_seconds for r in runs)))
             clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
                                   end=clock_snapshot(selection), samples=sampler.summary())
             host_output = tuple(backend.to_host(a) for a in output)
