@@ -8,6 +8,7 @@ import shapely
 from shapely.geometry import MultiPolygon, Point, Polygon, box
 
 from app.errors import BadParameter
+from app.kernel.cli import main
 from app.kernel.join import spatial_join
 from app.kernel.overlay import overlay_areas
 from tests.conftest import DEVICES
@@ -68,3 +69,17 @@ def test_make_valid_repairs_explicitly_and_matches_shapely(device):
         pts = np.random.default_rng(0).uniform(-0.2, 1.7, (500, 2))
         pt, _ = spatial_join(pts, [poly], device=device, make_valid=True)
         assert pt.tolist() == np.flatnonzero(shapely.within(shapely.points(pts), repaired)).tolist()
+
+
+@pytest.mark.parametrize("raw, value", [("2000", 2000), ("100k", 100_000), ("1M", 1_000_000), ("1.5m", 1_500_000),
+                                        ("10_000", 10_000), (7, 7), ("2G", 2_000_000_000)])
+def test_sizes_are_written_as_users_write_them(raw, value):
+    from app.kernel.plan import parse_count
+
+    assert parse_count(raw) == value
+
+
+@pytest.mark.parametrize("raw", ["1.5k7", "0.0001k", "nank", "infM", "k", "ten", True])
+def test_a_size_that_is_not_a_whole_number_is_one_line(raw, capsys):
+    assert main(["join", "--points", str(raw), "--device", "cpu"]) == 2
+    assert "--points expects int" in capsys.readouterr().err

@@ -59,7 +59,7 @@ def test_stale_partials_of_dead_writers_are_removed(tmp_path):
 def test_interrupt_during_the_write_leaves_nothing(tmp_path, monkeypatch):
     def interrupted(*a):
         raise KeyboardInterrupt
-    monkeypatch.setattr(writer, "_claim_name", interrupted)
+    monkeypatch.setattr(writer, "claim_folder", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_profile(tmp_path, {"trace.json": {}, "report.md": "x"})
     assert list(tmp_path.iterdir()) == []

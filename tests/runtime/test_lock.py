@@ -59,6 +59,35 @@ def test_profiles_on_two_gpus_do_not_refuse_each_other(holder):
             pass
 
 
+def test_app_lock_wait_waits_for_a_real_holder_then_takes_the_lock(holder, monkeypatch, capsys):
+    import threading
+    import time
+
+    p = holder("cpu")
+    threading.Timer(0.6, p.kill).start()          # the holder goes away while we wait
+    monkeypatch.setenv("APP_LOCK_WAIT", "20")
+    t0 = time.monotonic()
+    with device_lock("cpu"):
+        waited = time.monotonic() - t0
+    assert 0.5 < waited < 10
+    assert f"waiting for cpu: pid {p.pid} is profiling on it" in capsys.readouterr().err
+
+
+def test_app_lock_wait_gives_up_after_its_seconds(holder, monkeypatch):
+    holder("cpu")
+    monkeypatch.setenv("APP_LOCK_WAIT", "0.3")
+    with pytest.raises(ProfileBusy, match="after waiting 0.3 s"):
+        with device_lock("cpu"):
+            pass
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
+def test_a_bad_app_lock_wait_is_one_line(value, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("APP_LOCK_WAIT", value)
+    assert main(["join", "--points", "100", "--polygons", "10", "--device", "cpu", "--out", str(tmp_path)]) == 4
+    assert "APP_LOCK_WAIT" in capsys.readouterr().err
+
+
 def test_key_is_the_physical_gpu():
     sel = lambda info: Selection("gpu", "gpu", "gpu", "", "H200", info)  # noqa: E731
     assert device_key(sel({"uuid": "GPU-5e1f97fb-7fd8", "index": 0})) == "gpu-GPU-5e1f97fb-7fd8"
@@ -131,3 +160,18 @@ def test_gpu_identity_never_breaks_the_probe(raw, expected):
     assert _uuid(raw) == expected
     assert _pci({"pciDomainID": 0, "pciBusID": 6, "pciDeviceID": 0}) == "0000:06:00"
     assert _pci({}) is None and _pci({"pciDomainID": "x", "pciBusID": 1, "pciDeviceID": 2}) is None
+
+
+def test_measured_runs_wait_for_the_hosts_window_held_by_a_profile_on_another_device(holder, tmp_path, capsys):
+    """A profile on another GPU of this host holds the window: ours waits for it instead of timing beside it."""
+    import json
+    import threading
+
+    p = holder("host-measurement-window")
+    threading.Timer(1.0, p.kill).start()
+    out = tmp_path / "out"
+    assert main(["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2",
+                 "--out", str(out)]) == 0
+    assert f"waiting for host-measurement-window: pid {p.pid}" in capsys.readouterr().err
+    (trace,) = out.glob("profiles/event/join/*/*/trace.json")
+    assert 0.5 < json.loads(trace.read_text())["timing"]["window_waited_seconds"] < 30

@@ -3,4 +3,5 @@ import sys
 
 from app.kernel.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":        # Dask's spawned worker processes import this module too
+    sys.exit(main())

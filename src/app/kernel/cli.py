@@ -29,7 +29,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
              "nsys: timeline and wall-time accounting")
     add("--device", default="auto", choices=devmod.DEVICES, help="auto: GPU if usable; gpu: fail if not")
-    add("--bench_runs", "--bench-runs", type=_runs, default=None, metavar="{N,auto}",
+    add("--bench_runs", "--bench-runs", type=bench_runs_arg, default=None, metavar="{N,auto}",
         help="timed runs (default 10); auto (event mode): until the median's 95%% interval is within 1%% or "
              "10 s are spent; annotation and ncu profile one warm iteration and accept only 1")
     add("--l2", choices=L2_MODES, default="flush",
@@ -70,7 +70,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--worker-tiling", help=argparse.SUPPRESS)
 
 
-def _runs(text: str):
+def bench_runs_arg(text: str):
     if text == "auto":
         return "auto"
     try:
@@ -271,6 +271,10 @@ def _main(argv: list[str]) -> int:
         return _devlog_command(argv[1:])
     if argv and argv[0] == "devices":
         return _devices_command(argv[1:])
+    if argv and argv[0] == "sweep":
+        from app.sweep.command import run_sweep
+
+        return run_sweep(argv[1:])
     if argv and argv[0] == "calibrate":
         from app.runtime.calibrate import run_calibrate
 
@@ -278,7 +282,8 @@ def _main(argv: list[str]) -> int:
     parsed = parse(argv)
     if parsed is None:
         print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "
-              "--warmup --nvtx --out --json --baseline --no-verify")
+              "--warmup --nvtx --out --json --baseline --no-verify (python -m app.kernel <kernel> --help: all)\n"
+              "other commands: list, devices, calibrate, compare, devlog, timeline, sweep (each with --help)")
         return 0
     plan, args = parsed
     if args.worker:

@@ -26,7 +26,7 @@ class Param:
 
     def parse(self, raw: Any) -> Any:
         try:
-            value = self.type(raw)
+            value = parse_count(raw) if self.type is int else self.type(raw)
         except (TypeError, ValueError):
             raise BadParameter(f"--{self.name} expects {self.type.__name__}, got {raw!r}") from None
         if self.choices is not None and value not in self.choices:
@@ -34,6 +34,25 @@ class Param:
         if self.minimum is not None and value < self.minimum:
             raise BadParameter(f"--{self.name}={value} must be >= {self.minimum}")
         return value
+
+
+_SUFFIX = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
+
+
+def parse_count(raw: Any) -> int:
+    """A whole number as a user writes sizes: 2000, 100k, 1M, 1.5M (k, M, G by 1000)."""
+    if isinstance(raw, bool):
+        raise ValueError(raw)
+    if isinstance(raw, int):
+        return raw
+    text = str(raw).strip().replace("_", "")
+    scale = _SUFFIX.get(text[-1:].lower())
+    if scale is None:
+        return int(text)
+    value = float(text[:-1]) * scale
+    if not value.is_integer():
+        raise ValueError(raw)
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -97,7 +116,7 @@ class KernelPlan:
 
     def slug(self) -> str:
         """Stable, readable folder name for these parameters."""
-        parts = [self.version] + [f"{k}-{_human(v)}" for k, v in self.params.items()]
+        parts = [self.version] + [f"{k}-{human(v)}" for k, v in self.params.items()]
         return "_".join(parts)
 
     # --- what a kernel package provides -------------------------------------------
@@ -162,7 +181,8 @@ def kernels() -> dict[str, dict[str, type[KernelPlan]]]:
     return REGISTRY
 
 
-def _human(v) -> str:
+def human(v) -> str:
+    """A parameter value as folder names show it: 100000 -> 100k, 2000000 -> 2M."""
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, int) and not isinstance(v, bool):

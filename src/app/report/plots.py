@@ -147,7 +147,7 @@ def _pct(v: float) -> str:
     return f"{v:.1f}%" if v < 10 else f"{v:.0f}%"
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png")
@@ -212,7 +212,7 @@ def roofline_png(kernels, spec, title: str) -> bytes | None:
         ax.annotate(f"{r.name} ({r.precision})", (r.intensity, r.tflops), textcoords="offset points",
                     xytext=(dx, dy), fontsize=6.5, va="center", zorder=4,
                     arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey", "shrinkA": 1, "shrinkB": 3})
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _label_offsets(ax, xs, ys, gap: float = 9.0, width: float = 110.0) -> list[tuple[float, float]]:
@@ -266,7 +266,7 @@ def bandwidth_png(kernels, spec, title: str) -> bytes | None:
     if left_out:
         sub += f"; {left_out} shorter one(s) left out"
     ax.set_title(f"{title}\n{sub}", fontsize=8.5)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def stage_rows(trace: dict, roof: dict) -> pd.DataFrame:
@@ -353,7 +353,7 @@ def stage_chart_png(trace: dict, roof: dict, title: str) -> bytes | None:
     ax.legend(handles=handles, fontsize=6.5, loc="lower right", framealpha=0.85)
     ax.grid(True, axis="x", which="both", alpha=0.2)
     ax.set_title(f"{title}\n{stage_chart_subtitle(roof)}", fontsize=8.5)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 OP_COLORS = {"kernel": "#1f77b4", "HtoD": "#2ca02c", "DtoH": "#d62728", "DtoD": "#9467bd", "memset": "#7f7f7f"}

@@ -52,7 +52,7 @@ def write_profile(parent: Path, files: dict[str, str | bytes | dict | list]) -> 
                 path.write_bytes(content)
             else:
                 path.write_text(content)
-        final = _claim_name(parent, stamp)
+        final = claim_folder(parent, stamp)
         os.rename(tmp, final)             # onto the empty folder we own: atomic
     except BaseException as exc:  # KeyboardInterrupt too: never leave half a profile
         if final is not None and not tmp.exists():
@@ -68,7 +68,7 @@ def write_profile(parent: Path, files: dict[str, str | bytes | dict | list]) -> 
     return final
 
 
-def _claim_name(parent: Path, stamp: str) -> Path:
+def claim_folder(parent: Path, stamp: str) -> Path:
     """Create and return the first free ``stamp``, ``stamp-2``, ... folder: a concurrent writer that
     finishes in the same second gets the next one, so no finished profile is ever overwritten."""
     for n in range(1, 10_000):

@@ -187,9 +187,9 @@ def resolve(plan, selection, *, autotune: bool, retune: bool, overrides: list[st
     if (autotune or retune) and doc is None:
         if selection.selected != "gpu":
             raise BadParameter("--autotune/--retune search GPU launch shapes and need a GPU run (--device gpu)")
-        from app.runtime.lock import device_key, device_lock
+        from app.runtime.lock import device_key, device_lock, measurement_window
 
-        with device_lock(device_key(selection)):
+        with device_lock(device_key(selection)), measurement_window():     # candidates timed alone on the host
             result = search(plan_cls, plan.params, gpu_measure(plan_cls, plan.params, selection), progress)
         doc = {"key": json.loads(json.dumps(key, default=str)), "sources": sources_hash(plan_cls),
                "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")} | result

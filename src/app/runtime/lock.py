@@ -7,6 +7,12 @@ at a shared folder to serialise several users on one GPU), else
 links and must be a regular file owned by the user: a lock planted by someone
 else is refused, never written through. The key is the GPU's UUID, so profiles on
 two different GPUs (``CUDA_VISIBLE_DEVICES`` per worker) never refuse each other.
+
+One more lock is host-wide: ``measurement_window`` lets one profile at a time run its
+measured runs on this host, whatever GPU it uses (see there why). It is waited for.
+
+A busy device lock is refused at once, unless ``$APP_LOCK_WAIT`` gives seconds to wait for
+it: a sweep's points set it, so two points routed to one device take turns.
 """
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ import fcntl
 import os
 import re
 import stat
+import sys
+import time
 from contextlib import contextmanager
 
 from app.errors import LockUnusable, ProfileBusy
@@ -71,19 +79,68 @@ def _open_lock(path: str) -> int:
     return fd
 
 
-@contextmanager
-def device_lock(device_key: str):
-    path = os.path.join(lock_dir(), f"app-kernel-profile-{device_key}.lock")
-    fd = _open_lock(path)
+def lock_wait() -> float:
+    """Seconds to wait for a busy lock ($APP_LOCK_WAIT; 0, the default, refuses at once)."""
+    raw = os.environ.get("APP_LOCK_WAIT", "").strip()
+    if not raw:
+        return 0.0
     try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not wait >= 0 or wait == float("inf"):
+        raise LockUnusable(f"APP_LOCK_WAIT={raw!r} is not a number of seconds >= 0; fix or unset it")
+    return wait
+
+
+def _acquire(fd: int, path: str, device_key: str, wait: float) -> None:
+    deadline = time.monotonic() + wait
+    said = False
+    while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise ProfileBusy(f"another profile is running on {device_key} (pid {holder}, lock {path}); "
+        if time.monotonic() >= deadline:
+            waited = f" after waiting {wait:g} s" if wait else ""
+            raise ProfileBusy(f"another profile is running on {device_key} (pid {holder}, lock {path}){waited}; "
                               "wait for it to finish -- one profiling at a time per device") from None
+        if not said:
+            print(f"waiting for {device_key}: pid {holder} is profiling on it", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(0.1)
+
+
+@contextmanager
+def device_lock(device_key: str, wait: float | None = None):
+    """Hold the device's lock; a busy one is waited for ``wait`` seconds (default: $APP_LOCK_WAIT, else 0)."""
+    path = os.path.join(lock_dir(), f"app-kernel-profile-{device_key}.lock")
+    wait = lock_wait() if wait is None else wait
+    fd = _open_lock(path)
+    try:
+        _acquire(fd, path, device_key, wait)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield path
     finally:
         os.close(fd)  # closing releases the lock
+
+
+# Long enough for any one profile's measured runs (--bench_runs auto stops at 10 s of runs).
+WINDOW_WAIT_SECONDS = 900.0
+
+
+@contextmanager
+def measurement_window(wait: float | None = None):
+    """Hold the host's measurement window: the measured runs of one profile at a time on this host.
+
+    Profiles on different GPUs still share the host's cores, memory bandwidth and PCIe root, and
+    these plans are host-bound end to end: four sweep points timed side by side on four H200s
+    measured up to 2.3x their lone end-to-end times. Everything else a profile does (inputs,
+    compiling, verification, the report) runs concurrently; only the measured runs take turns.
+    Yields a dict whose ``waited_seconds`` says how long this profile waited for its turn."""
+    wait = max(lock_wait(), WINDOW_WAIT_SECONDS) if wait is None else wait
+    t0 = time.monotonic()
+    with device_lock("host-measurement-window", wait=wait):
+        yield {"waited_seconds": round(time.monotonic() - t0, 3)}

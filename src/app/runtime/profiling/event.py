@@ -18,7 +18,7 @@ from app.runtime import device as devmod
 from app.runtime.autotune import tiling_files
 from app.runtime.clocks import clock_report, clock_snapshot, gpu_uuid, sampler_for
 from app.runtime.execute import backend_for, xp_for
-from app.runtime.lock import device_key, device_lock
+from app.runtime.lock import device_key, device_lock, measurement_window
 from app.runtime.memory import check_fits
 from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
@@ -47,31 +47,34 @@ class EventMode(Mode):
             nvtx = Nvtx(options.nvtx, plan.kernel)
             xp = xp_for(selection.selected)
             rec = Recorder(selection.selected, xp, nvtx)
-            progress.update("cold run")
-            _, cold = rec.run(plan, inputs, backend)
-            flush = L2Flush(selection.selected, options.l2, selection.info.get("l2_bytes"))
-            for i in range(options.warmup):
-                progress.update(f"warm-up {i + 1}/{options.warmup}")
-                flush()
-                rec.run(plan, inputs, backend)
-            with sampler_for(selection) as sampler:     # GPU clocks every ~20 ms of the timed runs
-                done, stopped = timed_runs(lambda: rec.run(plan, inputs, backend), options.timed_runs(), flush,
-                                           progress)
-            output, runs = done[-1][0], [r for _, r in done]
-            bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
-            overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
-                                                lambda: bare.run(plan, inputs, backend), flush, progress=progress,
-                                                budget_s=max(1.0, OVERHEAD_SHARE * sum(r.wall_seconds for r in runs)))
-            clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
-                                  end=clock_snapshot(selection), samples=sampler.summary())
-            host_output = tuple(backend.to_host(a) for a in output)
+            with measurement_window() as window:     # host-wide: no other profile times beside these runs
+                progress.update("cold run")
+                _, cold = rec.run(plan, inputs, backend)
+                flush = L2Flush(selection.selected, options.l2, selection.info.get("l2_bytes"))
+                for i in range(options.warmup):
+                    progress.update(f"warm-up {i + 1}/{options.warmup}")
+                    flush()
+                    rec.run(plan, inputs, backend)
+                with sampler_for(selection) as sampler:     # GPU clocks every ~20 ms of the timed runs
+                    done, stopped = timed_runs(lambda: rec.run(plan, inputs, backend), options.timed_runs(), flush,
+                                               progress)
+                output, runs = done[-1][0], [r for _, r in done]
+                bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
+                budget = max(1.0, OVERHEAD_SHARE * sum(r.wall_seconds for r in runs))
+                overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
+                                                    lambda: bare.run(plan, inputs, backend), flush, progress=progress,
+                                                    budget_s=budget)
+                clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
+                                      end=clock_snapshot(selection), samples=sampler.summary())
+                host_output = tuple(backend.to_host(a) for a in output)
         if options.verify:
             progress.update("verifying against the oracle")
         verification = plan.verify(inputs, host_output) if options.verify else None
         progress.done()
         trace = build_trace(plan, inputs, selection, cold, runs, mode=self.name, nvtx=nvtx.report(),
                             compile_info=compile_info, warmup=options.warmup, verification=verification)
-        trace["timing"] |= {"stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead}
+        trace["timing"] |= {"stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead,
+                            "window_waited_seconds": window["waited_seconds"]}
         if options.graph:
             trace["timing"]["graph"] = graph_capturability(runs[-1], selection.selected)
         _add_occupancy(trace, compile_info)

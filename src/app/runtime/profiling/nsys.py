@@ -28,6 +28,7 @@ from app.analysis.audit import answers, audit
 from app.analysis.summary import nsys_summary
 from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise
 from app.errors import AppError, BadParameter
+from app.runtime.lock import measurement_window
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.profiling.cupti_trace import timeline_from_records
 from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite, strip_capture
@@ -52,10 +53,13 @@ class NsysMode(Mode):
         t0 = time.monotonic()
         capture = _cupti_capture if options.backend == "cupti" else _nsys_capture
         with gpu_session(plan, options, f"nsys mode ({options.backend})") as ses:
-            tl, worker, tool, capture_files = capture(plan, options, ses)
+            # The traced iterations' idle times are host time: no other profile on this host times beside them.
+            with measurement_window() as window:
+                tl, worker, tool, capture_files = capture(plan, options, ses)
         analysis = analyse_plan(plan, tl, worker)
         trace = nsys_trace(plan, worker, analysis, tool)
         trace["timing"]["mode_wall_seconds"] = time.monotonic() - t0
+        trace["timing"]["window_waited_seconds"] = window["waited_seconds"]
         trace["summary"] = nsys_summary(trace, analysis)
         files = profile_files(plan, worker, ses.selection, options, self.name, {options.backend: tool.get("version")})
         files["trace.json"] = trace

@@ -1,0 +1,231 @@
+"""Sweeps for real, on the CPU: Dask worker processes, a scheduler and workers started as separate
+processes, a worker killed mid-sweep, Ctrl-C then --resume, failing points retried elsewhere.
+
+Every point is a real profile (a child `python -m app.kernel` checked against shapely)."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GRID = ["--grid", "points=1500,3k", "--polygons", "150", "--device", "cpu", "--bench_runs", "2", "--warmup", "0"]
+
+
+def env(**extra):
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **extra)
+
+
+def sweep(tmp_path, *args, check=True, **kw):
+    proc = subprocess.run([sys.executable, "-m", "app.kernel", "sweep", "join", *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env(), timeout=300, **kw)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def folder(tmp_path) -> Path:
+    (found,) = (tmp_path / "sweeps" / "join").glob("*/*/")
+    return found
+
+
+def rows(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def check_points_are_real_profiles(sweep_dir: Path, table: list[dict]):
+    for r in table:
+        trace = json.loads((sweep_dir / r["profile"] / "trace.json").read_text())
+        assert trace["metadata"]["verification"]["matches"] is True
+        assert trace["metadata"]["params"]["points"] == int(r["points"])
+        assert float(r["e2e_us"]) == pytest.approx(trace["timing"]["total"]["median"] * 1e6)
+
+
+def test_local_cluster_of_two_workers_runs_every_point(tmp_path):
+    proc = sweep(tmp_path, "v1,v2", *GRID, "--cluster", "local", "--workers", "2")
+    d = folder(tmp_path)
+    table = rows(d)
+    assert len(table) == 4 and {r["status"] for r in table} == {"ok"}
+    assert {r["version"] for r in table} == {"v1", "v2"} and {r["points"] for r in table} == {"1500", "3000"}
+    assert all(r["worker"].startswith("tcp://") for r in table)
+    check_points_are_real_profiles(d, table)
+    report = (d / "report.md").read_text()
+    assert "Dask LocalCluster, 2 worker processes" in report and "## Best version per size" in report
+    assert "CPU points took turns" in report
+    assert (d / "scaling.png").read_bytes()[:4] == b"\x89PNG" and (d / "speedup.png").exists()
+    assert "sweep: 4 points, 4 ok" in proc.stdout
+
+
+@pytest.fixture
+def dask_cluster(tmp_path):
+    """A `dask scheduler` and two `dask worker` processes (no nanny: killing one kills the worker)."""
+    dask = Path(sys.executable).with_name("dask")
+    sched_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                               "--scheduler-file", str(sched_file), "--no-dashboard"], env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    deadline = time.monotonic() + 60
+    while not sched_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    address = json.loads(sched_file.read_text())["address"]
+    for _ in range(2):
+        procs.append(subprocess.Popen([str(dask), "worker", address, "--nthreads", "1", "--no-nanny",
+                                       "--no-dashboard"], env=env(), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+    yield address, procs[1:]
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_against_a_scheduler_and_two_workers_started_apart(tmp_path, dask_cluster):
+    address, _ = dask_cluster
+    sweep(tmp_path, "v1,v2", *GRID, "--cluster", address)
+    d = folder(tmp_path)
+    table = rows(d)
+    assert {r["status"] for r in table} == {"ok"} and len(table) == 4
+    assert f"Dask scheduler {address}, 2 workers" in (d / "report.md").read_text()
+    check_points_are_real_profiles(d, table)
+
+
+def _profiling_child(pid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"app.kernel" in cmd:
+            return True
+    return False
+
+
+def test_a_worker_killed_mid_point_is_replaced_and_the_sweep_completes(tmp_path, dask_cluster):
+    address, workers = dask_cluster
+    grid = ["--grid", "points=20k,40k,60k", "--polygons", "300", "--device", "cpu", "--bench_runs", "3"]
+    proc = subprocess.Popen([sys.executable, "-m", "app.kernel", "sweep", "join", "v1", *grid, "--cluster", address,
+                             "--out", str(tmp_path)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    victim, deadline = None, time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline:
+        victim = next((w for w in workers if _profiling_child(w.pid)), None)
+        time.sleep(0.05)
+    assert victim is not None, "no worker ever ran a point"
+    victim.kill()                                     # mid-point: its profile child dies with it
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    d = folder(tmp_path)
+    table = rows(d)
+    assert len(table) == 3 and {r["status"] for r in table} == {"ok"}
+    # the point it was profiling, and any it held waiting for the device, ran again elsewhere
+    lost = [r for r in table if int(r["worker_lost"]) > 0]
+    assert 1 <= len(lost) <= 2, table
+    survivor = next(w for w in workers if w is not victim)
+    assert survivor.poll() is None
+    assert "worker lost 1x" in (d / "report.md").read_text()
+    check_points_are_real_profiles(d, table)
+
+
+def _leftovers(mark: str) -> list[int]:
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"SWEEP_TEST_MARK={mark}".encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_ctrl_c_keeps_finished_points_stops_the_cluster_and_resume_runs_the_rest(tmp_path):
+    mark = uuid.uuid4().hex
+    grid = ["--grid", "points=1k,2k,3k,4k", "--polygons", "100", "--device", "cpu", "--bench_runs", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "app.kernel", "sweep", "join", "v1", *grid, "--workers", "2",
+                             "--out", str(tmp_path)], env=env(SWEEP_TEST_MARK=mark), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        found = list((tmp_path / "sweeps").glob("join/*/*/results.csv"))
+        if found and len(rows(found[0].parent)) >= 1:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    d = folder(tmp_path)
+    done = rows(d)
+    assert 1 <= len(done) < 4 and {r["status"] for r in done} == {"ok"}
+    assert f"interrupted: {len(done)} finished points are kept in {d}" in err
+    time.sleep(1.0)
+    assert _leftovers(mark) == [], "a worker or a profile outlived the interrupted sweep"
+    first = {r["point"]: r["profile"] for r in done}
+
+    resumed = subprocess.run([sys.executable, "-m", "app.kernel", "sweep", "--resume", str(d), "--workers", "1"],
+                             capture_output=True, text=True, env=env(), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{4 - len(done)} of 4 points to run ({len(done)} done before)" in resumed.stderr
+    table = rows(d)
+    assert len(table) == 4 and {r["status"] for r in table} == {"ok"}
+    for point, profile in first.items():             # finished points were not run again
+        assert next(r["profile"] for r in table if r["point"] == point) == profile
+        assert len(list((d / "points" / point).iterdir())) == 1
+
+
+def test_a_failing_point_is_retried_once_on_the_other_worker_and_listed(tmp_path):
+    # ncu mode cannot run here (no GPU in CI; on a GPU machine $NCU names no program): every point fails.
+    proc = subprocess.run([sys.executable, "-m", "app.kernel", "sweep", "join", "v1", "--grid", "points=1k,2k",
+                           "--polygons", "100", "--prof_type", "ncu", "--workers", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env(NCU="/nonexistent/ncu"), timeout=300)
+    assert proc.returncode == 1
+    d = folder(tmp_path)
+    table = rows(d)
+    assert {r["status"] for r in table} == {"failed"} and {r["attempts"] for r in table} == {"2"}
+    assert all(r["error"].startswith("error:") for r in table)
+    for r in table:
+        logs = sorted((d / "points" / r["point"]).glob("attempt-*-failed.log"))
+        assert [p.name for p in logs] == ["attempt-1-failed.log", "attempt-2-failed.log"]
+        first, second = (p.read_text().splitlines()[0] for p in logs)
+        assert first != second                        # the retry ran on the other worker
+    report = (d / "report.md").read_text()
+    assert "## Failures" in report and "No point finished with a verified result" in report
+    assert f"{table[0]['point']}: failed: error:" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grid", "pionts=1k"], "join has no parameter 'pionts'"),
+    (["--grid", "points"], "write NAME=V1,V2"),
+    (["--grid", "points=1k,1k"], "repeats a value"),
+    (["--grid", "points=1k", "--points", "5"], "both fixed and a --grid axis"),
+    (["--grid", "points=ten"], "--points expects int"),
+    (["--grid", "points=1k", "--cluster", "nowhere"], "use local, local-cuda or a scheduler address"),
+    (["--grid", "points=1k", "--cluster", "tcp://127.0.0.1:9"], "cannot reach a Dask scheduler"),
+    (["--grid", "points=1k", "--workers", "0"], "--workers expects a whole number >= 1"),
+    (["--resume", "/nonexistent/sweep"], "no sweep.json there"),
+    ([], "a sweep needs at least one --grid"),
+    (["--grid", "points=1k", "--prof_type", "ncu", "--bench_runs", "5"], "profiles one warm iteration"),
+    (["--grid", "points=1k", "--prof_type", "nsys", "--bench_runs", "auto"], "auto is event mode's"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "app.kernel", "sweep", "join", *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env(), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "sweeps").exists()
+
+
+def test_without_dask_the_points_run_one_after_another(tmp_path, monkeypatch, capsys):
+    from app.kernel.cli import main
+
+    monkeypatch.setitem(sys.modules, "distributed", None)        # import distributed -> ImportError
+    assert main(["sweep", "join", "v1", "--grid", "points=1k", "--polygons", "50", "--device", "cpu",
+                 "--bench_runs", "2", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "Dask is not installed, so the points run one after another" in err and "pip install -e '.[dask]'" in err
+    assert rows(folder(tmp_path))[0]["status"] == "ok"
