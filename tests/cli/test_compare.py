@@ -13,9 +13,11 @@ from app.kernel.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 # Large enough that one process's median is stable on a 2-core CI machine: measured there, ten
-# processes of this plan gave medians 302-334 ms (10% apart at most; smaller plans drift by 20%).
+# processes of this plan gave medians 302-334 ms (10% apart at most; smaller plans drift by 20%);
+# on another day seven gave 302-350 ms (16%), and two identical runs in CI read +12.1%.
 # No within-run statistic can see that drift, so the identical-runs test sets the floor to the
-# machine's known between-process variability (--floor 12), as a user of a shared CPU would.
+# machine's known between-process variability (--floor 20), as a user of a shared CPU would, and
+# the slowed run is slowed well beyond it.
 ARGS = ["join", "--points", "400000", "--polygons", "40000", "--device", "cpu", "--bench_runs", "7"]
 
 
@@ -32,13 +34,13 @@ def profile(out: Path, env=None) -> Path:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cmp")
     base, same = profile(root / "a"), profile(root / "b")
-    slow = profile(root / "c", {"APP_INJECT_STAGE_DELAY": "candidate_filter=0.1"})   # about +30%
+    slow = profile(root / "c", {"APP_INJECT_STAGE_DELAY": "candidate_filter=0.25"})   # about +80%
     return base, same, slow
 
 
 def test_two_runs_of_identical_code_are_noise(runs, capsys):
     base, same, _ = runs
-    assert main(["compare", str(base), str(same), "--json", "--fail-on-regression", "5", "--floor", "12"]) == 0
+    assert main(["compare", str(base), str(same), "--json", "--fail-on-regression", "5", "--floor", "20"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "noise" and doc["regression"] is False
     assert {s["name"] for s in doc["stages"]} >= {"bounds", "candidate_filter", "output_sort"}
@@ -49,7 +51,7 @@ def test_two_runs_of_identical_code_are_noise(runs, capsys):
 
 def test_a_slowed_run_is_slower_and_fails_the_gate(runs, capsys):
     base, _, slow = runs
-    assert main(["compare", str(base), str(slow), "--fail-on-regression", "5", "--floor", "12"]) == 1
+    assert main(["compare", str(base), str(slow), "--fail-on-regression", "5", "--floor", "20"]) == 1
     out = capsys.readouterr().out
     assert "end to end: SLOWER" in out and "regression: end to end is +" in out
     assert main(["compare", str(base), str(slow), "--json"]) == 0              # no gate asked: exit 0

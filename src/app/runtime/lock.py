@@ -8,8 +8,10 @@ links and must be a regular file owned by the user: a lock planted by someone
 else is refused, never written through. The key is the GPU's UUID, so profiles on
 two different GPUs (``CUDA_VISIBLE_DEVICES`` per worker) never refuse each other.
 
-One more lock is host-wide: ``measurement_window`` lets one profile at a time run its
-measured runs on this host, whatever GPU it uses (see there why). It is waited for.
+One more lock spans the host: ``measurement_window`` lets one profile at a time run its
+measured runs, whatever GPU it uses (see there why); it is waited for. It covers every
+profile that shares the lock folder: all of yours, or every user's with a shared
+``APP_LOCK_DIR``.
 
 A busy device lock is refused at once, unless ``$APP_LOCK_WAIT`` gives seconds to wait for
 it: a sweep's points set it, so two points routed to one device take turns.
