@@ -66,20 +66,26 @@ def test_local_cluster_of_two_workers_runs_every_point(tmp_path):
 
 @pytest.fixture
 def dask_cluster(tmp_path):
-    """A `dask scheduler` and two `dask worker` processes (no nanny: killing one kills the worker)."""
-    dask = Path(sys.executable).with_name("dask")
+    """A `dask scheduler` and two `dask worker` processes (no nanny: killing one kills the worker).
+
+    Started through the modules behind those commands, so a Dask installed without its scripts
+    (pip --target, as on the lent GPU machines) works too."""
     sched_file = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0",
-                               "--scheduler-file", str(sched_file), "--no-dashboard"], env=env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    scheduler = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+                 "--scheduler-file", str(sched_file), "--no-dashboard"]
+    procs = [subprocess.Popen(scheduler, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     deadline = time.monotonic() + 60
     while not sched_file.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     address = json.loads(sched_file.read_text())["address"]
     for _ in range(2):
-        procs.append(subprocess.Popen([str(dask), "worker", address, "--nthreads", "1", "--no-nanny",
-                                       "--no-dashboard"], env=env(), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
+        worker = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
+                  "--no-dashboard"]
+        procs.append(subprocess.Popen(worker, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    from distributed import Client
+
+    with Client(address, timeout=30) as client:       # both workers registered before the sweep starts
+        client.wait_for_workers(2, timeout=60)
     yield address, procs[1:]
     for p in procs:
         p.kill()
@@ -92,7 +98,7 @@ def test_against_a_scheduler_and_two_workers_started_apart(tmp_path, dask_cluste
     d = folder(tmp_path)
     table = rows(d)
     assert {r["status"] for r in table} == {"ok"} and len(table) == 4
-    assert f"Dask scheduler {address}, 2 workers" in (d / "report.md").read_text()
+    assert f"Dask scheduler {address}, 2 workers at start" in (d / "report.md").read_text()
     check_points_are_real_profiles(d, table)
 
 

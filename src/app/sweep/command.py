@@ -91,7 +91,8 @@ def _spec(kernel, versions_text, args) -> SweepSpec:
     if args.prof_type not in ("event", "annotation", "ncu", "nsys"):
         raise BadParameter(f"unknown --prof_type {args.prof_type!r}; use event, annotation, ncu or nsys")
     if args.prof_type in ("annotation", "ncu") and args.bench_runs not in (None, 1):
-        raise BadParameter(f"--bench_runs {args.bench_runs}: {args.prof_type} mode profiles one warm iteration; drop it")
+        raise BadParameter(f"--bench_runs {args.bench_runs}: {args.prof_type} mode profiles one warm iteration; "
+                           "drop it")
     if args.bench_runs == "auto" and args.prof_type != "event":
         raise BadParameter("--bench_runs auto is event mode's; give a number of runs")
     if args.prof_type != "event" and args.l2 != "flush":

@@ -169,7 +169,7 @@ def open_runner(cluster: str, workers: int | None):
                            "`dask scheduler` and workers with `dask worker ADDRESS`, or use --cluster local") from None
     _check_workers(client, cluster)
     n = len(client.scheduler_info()["workers"])
-    return DaskRunner(client, None, f"Dask scheduler {cluster}, {n} workers")
+    return DaskRunner(client, None, f"Dask scheduler {cluster}, {n} workers at start")
 
 
 def _check_workers(client, address: str) -> None:
