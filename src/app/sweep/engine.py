@@ -194,12 +194,11 @@ def run_points(spec, sweep_dir: Path, todo: list[dict], runner, rows: list[dict]
                progress=None) -> list[dict]:
     """Run ``todo``; every finished point's row goes into ``rows`` and results.csv at once."""
     axes = list(spec.axes)
-    attempts = {p["id"]: 0 for p in todo}
+    attempts = {p["id"]: 1 for p in todo}
     by_handle = {}
     if runner.parallel:
         todo = sorted(todo, key=_size, reverse=True)
     for p in todo:
-        attempts[p["id"]] = 1
         by_handle[runner.submit(p, spec.cli_args(p), timeout, spec.device)] = p
     finished = failed = 0
     while True:
