@@ -146,3 +146,30 @@ def test_counter_api_refuses_unknown_options():
 def test_overhead_pairs_stop_at_their_budget_after_the_minimum():
     out = timing.instrumentation_overhead(_fake([1.1] * 10), _fake([1.0] * 10), _NoFlush(), pairs=10, budget_s=0.0)
     assert out["pairs"] == timing.OVERHEAD_MIN_PAIRS and out["overhead_fraction"] == pytest.approx(0.1)
+
+
+def test_an_event_profile_waits_for_the_hosts_measurement_window_and_records_it(tmp_path, capsys):
+    """A second process (another profile, on any device of this host) holds the window; ours waits, says so,
+    and records the wait in trace.json."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    hold = ("import time; from app.runtime.lock import measurement_window\n"
+            "with measurement_window():\n    print('held', flush=True); time.sleep(30)\n")
+    p = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(root / "src")))
+    try:
+        assert p.stdout.readline().strip() == "held"
+        threading.Timer(0.8, p.kill).start()          # longer than a 300-point profile takes to reach its runs
+        assert main(["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2",
+                     "--out", str(tmp_path)]) == 0
+    finally:
+        p.kill()
+        p.wait()
+    assert f"waiting for host-measurement-window: pid {p.pid}" in capsys.readouterr().err
+    (trace,) = tmp_path.glob("profiles/event/join/*/*/trace.json")
+    assert 0.1 < json.loads(trace.read_text())["timing"]["window_waited_seconds"] < 30
