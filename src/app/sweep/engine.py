@@ -163,7 +163,7 @@ def open_runner(cluster: str, workers: int | None):
         n = len(client.scheduler_info()["workers"])
         return DaskRunner(client, lc, f"dask-cuda LocalCUDACluster, {n} workers, one per GPU")
     try:
-        client = Client(cluster, timeout=10)
+        client = Client(cluster, timeout=5)
     except (OSError, TimeoutError, ValueError) as exc:
         raise BadParameter(f"--cluster {cluster}: cannot reach a Dask scheduler there ({exc}); start one with "
                            "`dask scheduler` and workers with `dask worker ADDRESS`, or use --cluster local") from None
