@@ -73,6 +73,25 @@ def test_app_lock_wait_waits_for_a_real_holder_then_takes_the_lock(holder, monke
     assert capsys.readouterr().err.count(f"waiting for cpu: pid {p.pid} is profiling on it") == 1     # said once
 
 
+@pytest.mark.parametrize("value", [None, "0"])
+def test_a_busy_lock_is_refused_at_once_by_default_and_with_zero(holder, monkeypatch, value):
+    import time
+
+    p = holder("cpu")
+    if value is None:
+        monkeypatch.delenv("APP_LOCK_WAIT", raising=False)
+    else:
+        monkeypatch.setenv("APP_LOCK_WAIT", value)
+    t0 = time.monotonic()
+    with pytest.raises(ProfileBusy) as refused:
+        with device_lock("cpu"):
+            pass
+    assert time.monotonic() - t0 < 0.5
+    message = str(refused.value)
+    assert message.startswith(f"another profile is running on cpu (pid {p.pid}, lock ")
+    assert message.endswith("); wait for it to finish -- one profiling at a time per device")     # no wait named
+
+
 def test_app_lock_wait_gives_up_after_its_seconds(holder, monkeypatch):
     holder("cpu")
     monkeypatch.setenv("APP_LOCK_WAIT", "0.2")
