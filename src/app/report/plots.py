@@ -147,10 +147,13 @@ def _pct(v: float) -> str:
     return f"{v:.1f}%" if v < 10 else f"{v:.0f}%"
 
 
-def png_bytes(fig) -> bytes:
+def png_bytes(fig, layout: bool = True, **savefig) -> bytes:
+    """The figure as PNG bytes, closed. ``layout=False`` keeps a layout the caller set (a figure legend
+    beside the panels); ``savefig`` passes dpi or bbox_inches on."""
     buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
+    if layout:
+        fig.tight_layout()
+    fig.savefig(buf, format="png", **savefig)
     plt.close(fig)
     return buf.getvalue()
 

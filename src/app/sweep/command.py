@@ -52,7 +52,8 @@ def _parser(kernel: str | None) -> OneLineParser:
     add("--point-timeout", type=float, default=1800.0, metavar="SECONDS",
         help="a point still running after this is stopped and counts as failed (default 1800)")
     add("--out", default="out", metavar="DIR", help="output root (default out/)")
-    add("--resume", metavar="SWEEP_DIR", help="a sweep folder to finish: its points already done are skipped")
+    add("--resume", metavar="SWEEP_DIR", help="a sweep folder to finish: its points already done are skipped; the "
+        "rest run with the kernel, grid and profiling options the sweep was started with (its sweep.json)")
     if kernel is not None:
         for param in get_plan_class(kernel).params_spec:
             metavar = "{" + ",".join(map(str, param.choices)) + "}" if param.choices else param.type.__name__.upper()
@@ -88,6 +89,8 @@ def _spec(kernel, versions_text, args) -> SweepSpec:
     clash = sorted(set(fixed) & {n for axis in axes for n in axis.split(",")})
     if clash:
         raise BadParameter(f"--{clash[0]} is both fixed and a --grid axis; give it once")
+    if args.warmup < 0:
+        raise BadParameter("--warmup must be >= 0")
     if args.prof_type not in ("event", "annotation", "ncu", "nsys"):
         raise BadParameter(f"unknown --prof_type {args.prof_type!r}; use event, annotation, ncu or nsys")
     if args.prof_type in ("annotation", "ncu") and args.bench_runs not in (None, 1):

@@ -10,8 +10,6 @@ Only ``ok`` points are drawn; a missing time is a gap in its line, never a zero.
 """
 from __future__ import annotations
 
-import io
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -20,6 +18,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from app.kernel.plan import human  # noqa: E402
+from app.report.plots import png_bytes  # noqa: E402
 
 MAX_ROWS = 4
 
@@ -132,7 +131,4 @@ def _log_axes(ax, xs) -> None:
 
 
 def _save(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")     # the figure legend stays inside
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig, layout=False, dpi=110, bbox_inches="tight")     # the figure legend stays inside

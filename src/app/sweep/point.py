@@ -16,6 +16,7 @@ at a time, whatever the number of workers.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -116,8 +117,6 @@ def _run(args: list[str], timeout: float, environment: dict) -> dict:
         tail = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         result |= {"rc": None, "stderr": f"{tail[-_TAIL:]}\nstopped after the point timeout of {timeout:g} s"}
     finally:
-        import shutil
-
         shutil.rmtree(out, ignore_errors=True)
     result["seconds"] = time.perf_counter() - t0
     return result
