@@ -9,7 +9,10 @@ import pandas as pd
 
 from app.kernel.plan import human
 from app.sweep.plots import scaling_png, speedup_png
+from app.runtime.stats import STABLE_REL_SPREAD
 from app.sweep.scaling import FASTER_THAN_MODEL, best_per_size, crossovers, exponents
+
+UNSTABLE_PCT = 100 * STABLE_REL_SPREAD        # the profiles' own threshold for an unstable measurement
 
 
 def _us(v) -> str:
@@ -158,10 +161,13 @@ def _exponents(frame, axes, versions, stages) -> list[str]:
 
 
 def _points(frame, axes) -> list[str]:
-    out = ["## Points", "", "| point | status | end to end | spread | device | GPU | worker | profile |",
+    out = ["## Points", "", f"Spread is the robust relative spread of a point's timed runs (1.4826 MAD / median); over "
+           f"{UNSTABLE_PCT:g}% the point is marked unstable: its median is still the figure, and its 95% interval "
+           "(in results.csv) is what decides the ties above.", "", "| point | status | end to end | spread | device | GPU | worker | profile |",
            "|---|---|---|---|---|---|---|---|"]
     for r in frame.sort_values(["version", *axes]).to_dict("records"):
-        spread = f"±{r['e2e_spread_pct']:.1f}%" if pd.notna(r.get("e2e_spread_pct")) else "missing"
+        pct = r.get("e2e_spread_pct")
+        spread = (f"±{pct:.1f}%" + (" unstable" if pct > UNSTABLE_PCT else "")) if pd.notna(pct) else "missing"
         uuid = r.get("gpu_uuid") if isinstance(r.get("gpu_uuid"), str) else "-"
         link = f"[profile]({r['profile']}/report.md)" if isinstance(r.get("profile"), str) else "-"
         device = r.get("device") if isinstance(r.get("device"), str) else "-"
