@@ -31,17 +31,8 @@ set -euo pipefail
 
 readonly PROG="lock-gpu-clock"
 readonly BY="scripts/lock-gpu-clock.sh"
-
-usage() { # the header comment, without the '# '
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
-}
-
-die_usage() {
-    echo "$PROG: $1 (see --help)" >&2
-    exit 64
-}
-
-is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+# shellcheck source=smi-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/smi-common.sh"
 
 gpu="${GPU:-0}"
 clock=""
@@ -65,33 +56,22 @@ fi
 gpu=$((10#$gpu))
 
 state_file="${APP_CLOCK_STATE:-/tmp/app-kernel-clock-state.json}"
-smi="${NVIDIA_SMI:-nvidia-smi}"
-if ! command -v "$smi" >/dev/null 2>&1; then
-    echo "$PROG: nvidia-smi not found ('$smi'); install the NVIDIA driver or set NVIDIA_SMI to its path" >&2
-    exit 2
-fi
+smi_setup
 
 # smi_run KIND ARGS...: run nvidia-smi, output in $smi_out; on failure print one
 # line (the command, its exit status, its first line of output, the fix) and exit 1.
-smi_out=""
-smi_timeout="${SMI_TIMEOUT:-30}"
-is_uint "$smi_timeout" && ((10#$smi_timeout > 0)) || die_usage "SMI_TIMEOUT must be a positive integer, got '$smi_timeout'"
 smi_run() {
-    local kind="$1" rc=0 reason fix
+    local kind="$1" reason fix
     shift
-    smi_out="$(timeout "$smi_timeout" "$smi" "$@" 2>&1)" || rc=$?
-    if ((rc == 124)); then
-        echo "$PROG: 'nvidia-smi $*' did not answer within $smi_timeout s and was stopped; check the driver (is the GPU hung?) or raise SMI_TIMEOUT" >&2
-        exit 1
-    fi
-    if ((rc != 0)); then
-        reason="$(printf '%s\n' "$smi_out" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' | grep -m1 -v '^$' || true)"
+    smi_try "$@"
+    if ((smi_rc != 0)); then
+        reason="$(first_line "$smi_out")"
         if [[ "$kind" == change ]]; then
             fix="changing clocks or persistence needs root: run it as root or with sudo (sudo bash $BY)"
         else
             fix="check the NVIDIA driver and the GPU index (nvidia-smi -L)"
         fi
-        echo "$PROG: 'nvidia-smi $*' failed (exit $rc): ${reason:-no output}; $fix" >&2
+        echo "$PROG: 'nvidia-smi $*' failed (exit $smi_rc): ${reason:-no output}; $fix" >&2
         exit 1
     fi
 }
@@ -119,19 +99,6 @@ json_escape() {
     printf '%s' "$s" | tr -d '\000-\037'
 }
 
-# smi_try ARGS...: like smi_run, but a failure leaves its exit status in $smi_rc
-# (output in $smi_out) instead of exiting; a hang still exits 1.
-smi_rc=0
-smi_try() {
-    smi_rc=0
-    smi_out="$(timeout "$smi_timeout" "$smi" "$@" 2>&1)" || smi_rc=$?
-    if ((smi_rc == 124)); then
-        echo "$PROG: 'nvidia-smi $*' did not answer within $smi_timeout s and was stopped; check the driver (is the GPU hung?) or raise SMI_TIMEOUT" >&2
-        exit 1
-    fi
-}
-
-first_line() { printf '%s\n' "$1" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' | grep -m1 -v '^$' || true; }
 
 # Name last: it is the only field that could hold a comma.
 smi_run query -i "$gpu" \

@@ -20,17 +20,8 @@ set -euo pipefail
 
 readonly PROG="reset-gpu-clock"
 readonly BY="scripts/reset-gpu-clock.sh"
-
-usage() { # the header comment, without the '# '
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
-}
-
-die_usage() {
-    echo "$PROG: $1 (see --help)" >&2
-    exit 64
-}
-
-is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+# shellcheck source=smi-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/smi-common.sh"
 
 gpu="${GPU:-0}"
 persistence_off=0
@@ -49,28 +40,7 @@ is_uint "$gpu" || die_usage "GPU index must be a non-negative integer, got '$gpu
 gpu=$((10#$gpu))
 
 state_file="${APP_CLOCK_STATE:-/tmp/app-kernel-clock-state.json}"
-smi="${NVIDIA_SMI:-nvidia-smi}"
-if ! command -v "$smi" >/dev/null 2>&1; then
-    echo "$PROG: nvidia-smi not found ('$smi'); install the NVIDIA driver or set NVIDIA_SMI to its path" >&2
-    exit 2
-fi
-
-smi_timeout="${SMI_TIMEOUT:-30}"
-is_uint "$smi_timeout" && ((10#$smi_timeout > 0)) || die_usage "SMI_TIMEOUT must be a positive integer, got '$smi_timeout'"
-
-# smi ARGS...: run nvidia-smi, output in $out and exit status in $rc; a hang exits 1.
-out=""
-rc=0
-smi_call() {
-    rc=0
-    out="$(timeout "$smi_timeout" "$smi" "$@" 2>&1)" || rc=$?
-    if ((rc == 124)); then
-        echo "$PROG: 'nvidia-smi $*' did not answer within $smi_timeout s and was stopped; check the driver (is the GPU hung?) or raise SMI_TIMEOUT" >&2
-        exit 1
-    fi
-}
-
-first_line() { printf '%s\n' "$1" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' | grep -m1 -v '^$' || true; }
+smi_setup
 
 # change [--optional] ARGS...: a state-changing nvidia-smi call (printed only, under --dry-run);
 # on failure print one line (command, exit status, first line of output, fix), exit 1.
@@ -82,23 +52,23 @@ change() {
         echo "[dry-run] $smi $*"
         return 0
     fi
-    smi_call "$@"
-    reason="$(first_line "$out")"
-    if ((optional)) && { ((rc == 3)) || printf '%s\n' "$out" | grep -qi 'not supported'; }; then
-        echo "$PROG: GPU $gpu does not support 'nvidia-smi $*' (${reason:-exit $rc}): nothing to reset there"
+    smi_try "$@"
+    reason="$(first_line "$smi_out")"
+    if ((optional)) && { ((smi_rc == 3)) || printf '%s\n' "$smi_out" | grep -qi 'not supported'; }; then
+        echo "$PROG: GPU $gpu does not support 'nvidia-smi $*' (${reason:-exit $smi_rc}): nothing to reset there"
         return 0
     fi
-    if ((rc != 0)); then
-        echo "$PROG: 'nvidia-smi $*' failed (exit $rc): ${reason:-no output}; changing clocks or persistence needs root: run it as root or with sudo (sudo bash $BY)" >&2
+    if ((smi_rc != 0)); then
+        echo "$PROG: 'nvidia-smi $*' failed (exit $smi_rc): ${reason:-no output}; changing clocks or persistence needs root: run it as root or with sudo (sudo bash $BY)" >&2
         exit 1
     fi
 }
 
 # Which GPU this is, to match the state file by UUID (read-only, so also under --dry-run).
-smi_call -i "$gpu" --query-gpu=uuid --format=csv,noheader,nounits
+smi_try -i "$gpu" --query-gpu=uuid --format=csv,noheader,nounits
 gpu_uuid=""
-if ((rc == 0)); then
-    gpu_uuid="$(first_line "$out" | tr -d '[:space:]')"
+if ((smi_rc == 0)); then
+    gpu_uuid="$(first_line "$smi_out" | tr -d '[:space:]')"
 fi
 [[ "$gpu_uuid" =~ ^GPU-[0-9a-fA-F-]{36}$ ]] || gpu_uuid=""
 
