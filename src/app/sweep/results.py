@@ -77,10 +77,6 @@ def _pct(frac):
     return 100 * frac if isinstance(frac, (int, float)) and math.isfinite(frac) else None
 
 
-def stage_names(trace: dict) -> list[str]:
-    return [s["name"] for s in trace.get("stages", [])]
-
-
 def to_frame(rows: list[dict], axes: list[str]) -> pd.DataFrame:
     cols = ["point", "version", *axes] + [c for c in _FIRST if c not in ("point", "version")]
     extra = sorted({k for r in rows for k in r} - set(cols))

@@ -15,8 +15,6 @@ from app.errors import AppError, BadParameter
 from app.kernel.plan import human, get_plan_class, kernels
 
 SPEC_FILE = "sweep.json"
-# Profiling options a point passes on to the CLI; everything else about a point is its parameters.
-OPTIONS = ("prof_type", "device", "bench_runs", "warmup", "l2")
 
 
 @dataclass
