@@ -181,6 +181,35 @@ def test_gpu_identity_never_breaks_the_probe(raw, expected):
     assert _pci({}) is None and _pci({"pciDomainID": "x", "pciBusID": 1, "pciDeviceID": 2}) is None
 
 
+def test_a_uuid_cut_at_a_zero_byte_is_read_again_from_the_driver():
+    """CuPy returns the UUID as a C string: a GPU whose UUID holds a zero byte came back short."""
+    from app.runtime.device import _uuid
+
+    full = bytes.fromhex("6ac39380310 0f2652c683d94223eac8b".replace(" ", ""))
+    assert _uuid(full[:5], lambda: full) == "GPU-6ac39380-3100-f265-2c68-3d94223eac8b"
+    assert _uuid(b"", lambda: None) is None
+    assert _uuid(full[:5], lambda: 1 / 0) is None            # a failing driver call is not a crash
+    assert _uuid(full, lambda: 1 / 0) == "GPU-6ac39380-3100-f265-2c68-3d94223eac8b"
+
+
+@pytest.mark.gpu
+def test_the_probed_uuid_is_the_one_nvidia_smi_names_for_this_gpu():
+    import subprocess
+
+    from app.runtime.device import _driver_uuid, _uuid, probe_gpu
+
+    info = probe_gpu()[2]
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id,uuid", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30).stdout
+    by_bus = {}
+    for line in smi.splitlines():                         # 00000000:18:00.0, GPU-...
+        bus, uuid = (x.strip().lower() for x in line.split(","))
+        domain, bus_no, dev_fn = bus.split(":")
+        by_bus[f"{int(domain, 16):04x}:{bus_no}:{dev_fn.split('.')[0]}"] = uuid
+    assert info["uuid"].lower() == by_bus[info["pci_bus_id"].lower()]
+    assert _uuid(b"", _driver_uuid) == info["uuid"]          # the driver's own 16 bytes, read for real
+
+
 def test_the_measurement_window_waits_for_a_real_holder(holder, capsys):
     """Another profile of this host holds the window: ours waits for it instead of timing beside it."""
     import threading

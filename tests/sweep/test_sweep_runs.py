@@ -235,3 +235,19 @@ def test_without_dask_the_points_run_one_after_another(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert "Dask is not installed, so the points run one after another" in err and "pip install -e '.[dask]'" in err
     assert rows(folder(tmp_path))[0]["status"] == "ok"
+
+
+def test_a_gpu_point_sees_only_its_workers_own_gpu(monkeypatch):
+    """dask-cuda lists a worker's own GPU first, then the node's others: the profile gets the first only."""
+    from app.sweep.point import child_environment
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,0,1")
+    assert child_environment("gpu", {})["CUDA_VISIBLE_DEVICES"] == "2"
+    assert child_environment("auto", {"MALLOC_TRIM_THRESHOLD_": None})["CUDA_VISIBLE_DEVICES"] == "2"
+    assert child_environment("cpu", {})["CUDA_VISIBLE_DEVICES"] == "2,3,0,1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8afea666")
+    assert child_environment("gpu", {})["CUDA_VISIBLE_DEVICES"] == "GPU-8afea666"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    env = child_environment("gpu", {"MALLOC_TRIM_THRESHOLD_": "1", "OMP_NUM_THREADS": None})
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["MALLOC_TRIM_THRESHOLD_"] == "1" and "OMP_NUM_THREADS" not in env
+    assert env["APP_LOCK_WAIT"] == "3600"

@@ -64,7 +64,7 @@ def probe_gpu() -> tuple[bool, str, dict]:
             "runtime_version": _cuda_version(rt.runtimeGetVersion()),
             "cupy_version": cupy.__version__,
             # The physical GPU, whatever CUDA_VISIBLE_DEVICES renumbers: what the device lock is keyed by.
-            "uuid": _uuid(props.get("uuid")),
+            "uuid": _uuid(props.get("uuid"), _driver_uuid),
             "pci_bus_id": _pci(props),
         }
         # A trivial kernel proves the context and JIT path work, not just enumeration.
@@ -74,17 +74,33 @@ def probe_gpu() -> tuple[bool, str, dict]:
         return False, f"no usable CUDA device: {str(exc).splitlines()[0]}", {}
 
 
-def _uuid(raw) -> str | None:
+def _uuid(raw, fallback=None) -> str | None:
     """GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx from the 16 bytes CUDA reports, as nvidia-smi prints it.
 
-    Never raises: an identity the driver does not report must not make a usable GPU unusable."""
-    try:
-        h = bytes(raw).hex() if isinstance(raw, (bytes, bytearray, memoryview)) else bytes(list(raw)).hex()
-    except (TypeError, ValueError):
+    CuPy hands the 16 bytes over as a C string, cut at the first zero byte: a GPU whose UUID holds one
+    (GPU-6ac39380-3100-... on a lent H200 node) came back short. ``fallback`` then reads all 16 from the
+    driver. Never raises: an identity the driver does not report must not make a usable GPU unusable."""
+    for source in (lambda: raw, fallback):
+        try:
+            got = source() if source is not None else None
+            h = bytes(got).hex() if isinstance(got, (bytes, bytearray, memoryview)) else bytes(list(got)).hex()
+        except Exception:  # TypeError, ValueError, a driver call that failed
+            continue
+        if len(h) == 32:
+            return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return None
+
+
+def _driver_uuid() -> bytes | None:
+    """The 16 UUID bytes of CUDA device 0 from the driver API (cuDeviceGetUuid), zero bytes included."""
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    dev, buf = ctypes.c_int(), ctypes.create_string_buffer(16)
+    if lib.cuInit(0) != 0 or lib.cuDeviceGet(ctypes.byref(dev), 0) != 0:
         return None
-    if len(h) != 32:
-        return None
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    get = getattr(lib, "cuDeviceGetUuid_v2", None) or lib.cuDeviceGetUuid
+    return buf.raw if get(buf, dev) == 0 else None
 
 
 def _pci(props: dict) -> str | None:

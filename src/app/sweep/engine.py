@@ -23,6 +23,12 @@ from app.sweep.results import row_for, trace_of, write_results
 CLUSTERS = ("local", "local-cuda")          # or a scheduler address
 MAX_ATTEMPTS = 2                              # a failed point is retried once
 DASK_HINT = "pip install -e '.[dask]' (and '.[dask-cuda]' for --cluster local-cuda)"
+# For the clusters a sweep starts itself: a saturation of 1.0 hands a worker one point at a time, so the
+# scheduler keeps the rest and each worker that frees up takes the largest point left (no second point
+# parked behind a busy one while another worker idles). Dask's default, 1.1, queues two on a one-thread
+# worker. (Forking workers from a preloaded server instead of spawning them was tried: on a node of four
+# H200s the cluster then started in 4.4-4.9 s instead of 3.5 s.)
+LOCAL_CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0}
 
 
 class Sequential:
@@ -148,6 +154,10 @@ def open_runner(cluster: str, workers: int | None):
         print(f"sweep: Dask is not installed, so the points run one after another; for parallel points "
               f"{DASK_HINT}", file=sys.stderr)
         return Sequential()
+    if cluster in CLUSTERS:
+        import dask
+
+        dask.config.set(LOCAL_CLUSTER_CONFIG)   # read when the cluster's scheduler starts, in this process
     if cluster == "local":
         n = workers or 2
         lc = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)

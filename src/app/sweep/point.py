@@ -85,7 +85,7 @@ def run_point(args: list[str], timeout: float, device: str = "auto", environment
     t0 = time.perf_counter()
     with device_lock(point_lock_key(device), wait=LOCK_WAIT_SECONDS):
         waited = time.perf_counter() - t0
-        result = _run(args, timeout, environment or {})
+        result = _run(args, timeout, environment or {}, device)
     # Waits for a device another point held: expected where points share a device (CPU sweeps,
     # --cluster local on one GPU), never under local-cuda, where each worker has its own GPU.
     result["queued_seconds"] = round(waited, 3)
@@ -93,14 +93,28 @@ def run_point(args: list[str], timeout: float, device: str = "auto", environment
     return result
 
 
-def _run(args: list[str], timeout: float, environment: dict) -> dict:
-    out = tempfile.mkdtemp(prefix="app-kernel-sweep-")
+def child_environment(device: str, environment: dict) -> dict:
+    """The profile's environment: this worker's, with ``environment`` applied (None: unset).
+
+    A GPU profile uses one GPU, the first its worker sees (under local-cuda the worker's own: dask-cuda
+    lists it first, then the node's other GPUs). The profile is shown that one only: it cannot pick
+    another, and its CUDA start-up does not initialise the rest of the node's GPUs (on a node of four
+    H200s every point paid for all four)."""
     env = dict(os.environ, APP_LOCK_WAIT=str(LOCK_WAIT_SECONDS))
     for name, value in environment.items():
         if value is None:
             env.pop(name, None)
         else:
             env[name] = value
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    if device != "cpu" and "," in visible:
+        env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[0].strip()
+    return env
+
+
+def _run(args: list[str], timeout: float, environment: dict, device: str) -> dict:
+    out = tempfile.mkdtemp(prefix="app-kernel-sweep-")
+    env = child_environment(device, environment)
     result = {"worker": _where(), "host": socket.gethostname(), "files": {}, "profile_name": None,
               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     t0 = time.perf_counter()
