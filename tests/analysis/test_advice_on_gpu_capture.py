@@ -46,3 +46,17 @@ def test_report_renders_contract_from_capture(big):
     assert "**Bottleneck:** Transfer-bound (host->device copy)" in md
     assert "| total (us) | 9,926.8 | 9,926.8 | +0.0% |" in md
     assert md.count("\n1. ") == 1 and "\n3. " in md
+
+
+def test_a_build_already_staged_through_pinned_memory_is_told_to_overlap_not_to_pin(big):
+    """Captured after the build moved to pinned staging: still transfer-bound, but 'copy from pinned memory'
+    would be advice it already follows."""
+    staged = json.loads((DATA / "join_v1_1M_100k_h200_pinned.trace.json").read_text())
+    assert staged["stages"][0]["metadata"]["staging"].startswith("pinned")
+    for trace, expected in ((staged, "Overlap the pinned input copies with compute"),
+                            (big, "Keep inputs device-resident across calls, or copy from pinned memory")):
+        roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
+        findings = advice.stage_findings(trace, roof)
+        assert advice.overall(trace, findings, roof)[0] == "Transfer-bound (host->device copy)"
+        top = advice.opportunities(trace, roof, findings)[0]
+        assert top["name"].startswith(expected) and top["name"].endswith("(owned_buffer_build)")

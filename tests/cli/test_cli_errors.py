@@ -118,3 +118,18 @@ def test_subprocess_error_has_no_traceback(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == "error: --points=-1 must be >= 0"
     assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_run_without_a_version_gets_the_measured_default_and_list_says_why(tmp_path, capsys):
+    """join's default is v1 (measured faster at the default sizes), not its latest version; overlay's is v2."""
+    from app.kernel.plan import get_plan_class, kernels
+
+    assert get_plan_class("join").version == "v1" and max(kernels()["join"]) == "v2"
+    assert get_plan_class("overlay").version == "v2"
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "join  (default version v1: the faster at the default sizes" in out
+    assert main(["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2",
+                 "--out", str(tmp_path)]) == 0
+    (d,) = list(tmp_path.glob("profiles/event/join/*/*"))
+    assert d.parent.name.startswith("v1_")

@@ -8,7 +8,7 @@ from app.kernel.cli import main
 from app.runtime.timing import OVERHEAD_PAIRS
 from tests.conftest import DEVICES
 
-ARGS = ["join", "--points", "20000", "--polygons", "2000", "--bench_runs", "5", "--warmup", "1"]
+ARGS = ["join", "v2", "--points", "20000", "--polygons", "2000", "--bench_runs", "5", "--warmup", "1"]
 STAGES = ["owned_buffer_build", "bounds", "morton_sort", "candidate_filter", "predicate_refine", "output_sort"]
 
 

@@ -80,7 +80,8 @@ def test_graph_capturability_names_each_blocking_stage():
               {"name": "sort", "counters": counters}]
     g = timing.graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu")
     assert g["capturable"] is False
-    assert g["blockers"] == ["build: 2 copies from pageable host memory", "filter: 1 allocation-size read(s)"]
+    assert g["blockers"] == ["build: 2 copies of host arrays (host work: the arrays are copied into pinned staging "
+                             "buffers first)", "filter: 1 allocation-size read(s)"]
     assert timing.graph_capturability(RunRecord(stages, 1.0, 1.0), "cpu")["why"].startswith("CPU run")
 
 
@@ -141,6 +142,25 @@ def test_counter_api_refuses_unknown_options():
 
     with pytest.raises(BadParameter, match="unknown option"):
         annotation_profile_plan(get_plan_class("join", None)(), clock_contrl="base")
+
+
+def test_overhead_pairs_flip_their_order_and_pair_differences_beat_a_drifting_machine():
+    """The machine slows down run after run (a drift far larger than the marks' cost): the difference of two
+    medians would carry the drift, the median of paired differences does not, and its interval is reported."""
+    calls = []
+
+    def runner(name, extra):
+        def run():
+            calls.append(name)
+            return None, RunRecord([], 1.0 + 0.01 * len(calls) + extra, 1.0)
+        return run
+    out = timing.instrumentation_overhead(runner("marked", 0.02), runner("bare", 0.0), _NoFlush(), pairs=20)
+    assert calls[:4] == ["marked", "bare", "bare", "marked"]
+    # per pair: marked - bare = 0.02 -/+ 0.01 of drift by order, so the median difference is 0.02 (2% of ~1.0)
+    bare_median = out["bare_median_seconds"]
+    assert out["overhead_fraction"] == pytest.approx(0.02 / bare_median, rel=0.5)
+    lo, hi = out["overhead_ci95"]
+    assert lo <= out["overhead_fraction"] <= hi and 0 < lo
 
 
 def test_overhead_pairs_stop_at_their_budget_after_the_minimum():

@@ -14,7 +14,7 @@ import sys
 
 from app.analysis.baseline import latest_profile, load_baseline
 from app.errors import AppError, BadParameter, DeviceUnavailable, OneLineParser, Terminated
-from app.kernel.plan import get_plan_class, kernels, latest_version
+from app.kernel.plan import DEFAULTS, default_version, get_plan_class, kernels
 from app.report.writer import check_writable, profile_parent, write_profile
 from app.runtime import device as devmod
 from app.runtime.profiling import ProfileOptions, get_mode
@@ -85,8 +85,10 @@ def bench_runs_arg(text: str):
 def list_kernels() -> str:
     lines = []
     for kernel, versions in sorted(kernels().items()):
-        default = latest_version(versions)
-        lines.append(f"{kernel}  (default version {default})")
+        default = default_version(kernel, versions)
+        why = f": {DEFAULTS[kernel][1]}" if kernel in DEFAULTS and DEFAULTS[kernel][0] == default else \
+            " (the latest)"
+        lines.append(f"{kernel}  (default version {default}{why})")
         for v, cls in sorted(versions.items()):
             lines.append(f"  {v}: {cls.summary}")
         cls = versions[default]

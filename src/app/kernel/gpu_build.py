@@ -201,6 +201,7 @@ class GpuBackend:
         self.tiling = tiling
         self.version = version
         self.mod = CudaModule(self.SOURCE, self.STAGE_KERNELS, self.LIBRARY_CALLS, scan_stages=self.SCAN_STAGES)
+        self._staging = None          # pinned host buffers for the inputs, made on the first run
 
     def _blocks(self) -> dict:
         return {s: t.get("block", 256) for s, t in self.tiling.items()}
@@ -213,6 +214,14 @@ class GpuBackend:
 
     def to_host(self, array):
         return self.cp.asnumpy(array)
+
+    def stage_in(self, st, **arrays) -> dict:
+        """Host arrays to the device through pinned staging, ``name=(array, dtype)``; see app.kernel.staging."""
+        if self._staging is None:
+            from app.kernel.staging import PinnedStaging
+
+            self._staging = PinnedStaging(self.cp)
+        return self._staging.to_device(st, arrays)
 
     def _launch(self, name, n, block, args):
         if n > 0:

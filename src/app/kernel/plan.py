@@ -147,6 +147,18 @@ class KernelPlan:
 
 
 REGISTRY: dict[str, dict[str, type[KernelPlan]]] = {}
+# kernel -> (version, why): the version a run that names none gets, where it is not the latest.
+DEFAULTS: dict[str, tuple[str, str]] = {}
+
+
+def set_default(kernel: str, version: str, why: str) -> None:
+    """Make ``version`` the kernel's default: the fastest one measured at the default sizes, and say so."""
+    DEFAULTS[kernel] = (version, why)
+
+
+def default_version(kernel: str, versions) -> str:
+    chosen = DEFAULTS.get(kernel)
+    return chosen[0] if chosen and chosen[0] in versions else latest_version(versions)
 
 
 def register(cls: type[KernelPlan]) -> type[KernelPlan]:
@@ -166,7 +178,7 @@ def get_plan_class(kernel: str, version: str | None = None) -> type[KernelPlan]:
         raise BadParameter(f"unknown kernel {kernel!r}; available: {', '.join(sorted(REGISTRY))}")
     versions = REGISTRY[kernel]
     if version is None:
-        return versions[latest_version(versions)]
+        return versions[default_version(kernel, versions)]
     if version not in versions:
         raise BadParameter(f"unknown version {version!r} of {kernel}; available: {', '.join(sorted(versions))}")
     return versions[version]

@@ -122,10 +122,14 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         rows.append(["L2 between timed runs", f"{l2['mode']}: {l2['why']}"])
     if timing.get("instrumentation"):
         ins = timing["instrumentation"]
+        ci = ins.get("overhead_ci95")
+        within = f", 95% interval {fmt(100 * ci[0], 2, '%')} to {fmt(100 * ci[1], 2, '%')}" if ci else ""
         rows.append(["instrumentation overhead (per-stage marks)",
-                     f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan ({us(ins['bare_median_seconds'])}"
-                     f" us bare vs {us(ins['instrumented_median_seconds'])} us, median of {ins['pairs']} "
-                     "interleaved pairs)"])
+                     f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within} ({us(ins['bare_median_seconds'])}"
+                     f" us bare vs {us(ins['instrumented_median_seconds'])} us; "
+                     # traces made before the paired estimate carry no interval: theirs was a difference of medians
+                     + ("median difference of" if ci else "difference of the medians of")
+                     + f" {ins['pairs']} interleaved pairs)"])
     if timing.get("graph"):
         rows.append(["CUDA graph", timing["graph"]["why"]])
     return rows

@@ -29,7 +29,7 @@ STAGE_KERNELS = {
 }
 # CuPy library calls each stage also makes (kernels with no source of ours to show).
 LIBRARY_CALLS = {
-    "owned_buffer_build": "cupy.asarray (H2D copies), cupy.take",
+    "owned_buffer_build": "cudaMemcpyAsync from pinned staging buffers (H2D copies), cupy.take",
     "morton_sort": "cupy.zeros (bucket counts)",
     "candidate_filter": "cupy.zeros (stats)",
     "predicate_refine": "cupy.zeros (stats)",
@@ -51,10 +51,10 @@ class JoinGPU(GpuBackend):
         polys = inp.polygons
         if polys.n_coords >= 2**31 or len(inp.points) >= 2**31:
             raise ValueError("more than 2^31 points or vertices: the int32 offsets would overflow")
-        state["points"] = st.to_device(np.ascontiguousarray(inp.points, dtype=np.float64))
-        state["coords"] = st.to_device(np.ascontiguousarray(polys.coords, dtype=np.float64))
-        state["ring_offsets"] = st.to_device(polys.ring_offsets.astype(np.int32))
-        state["geom_ring_offsets"] = st.to_device(polys.geom_ring_offsets.astype(np.int32))
+        # Polygons first: bounds reads them before the points.
+        state.update(self.stage_in(st, coords=(polys.coords, np.float64), ring_offsets=(polys.ring_offsets, np.int32),
+                                   geom_ring_offsets=(polys.geom_ring_offsets, np.int32),
+                                   points=(inp.points, np.float64)))
         state["geom_coord_offsets"] = cp.take(state["ring_offsets"], state["geom_ring_offsets"])
         st.rows_in = st.rows_out = len(inp.points) + polys.n_geoms
         st.meta.update(points=len(inp.points), polygons=polys.n_geoms, rings=polys.n_rings,

@@ -175,7 +175,7 @@ class OverlayCPU:
         for side, L, O, geoms, other_geoms, cut in ((True, A, B, pa, pb, cut_a), (False, B, A, pb, pa, cut_b)):
             gro = L["geom_ring_offsets"]
             pair, ring = expand(gro[geoms], gro[geoms + 1] - gro[geoms])
-            is_cut = np.isin(_ring_key(pair, ring, L), cut)
+            is_cut = _member(_ring_key(pair, ring, L), cut)
             # Whole rings: one midpoint each, if the ring reaches the other polygon's bbox at all.
             whole = np.flatnonzero(~is_cut & _boxes_meet(L["ring_box"][ring], O["bbox"][other_geoms[pair]]))
             e0 = L["ring_edge_offsets"][ring[whole]]
@@ -211,21 +211,36 @@ class OverlayCPU:
         pa = state["pa"]
         E = L["edges"]
         n = len(slot)
-        # Piece bounds: 0 and 1 of every edge, plus its sorted split events.
-        ev_sel = np.isin(state["ev_slot"], slot)
-        order_slot = np.argsort(slot)
-        ev_row = order_slot[np.searchsorted(slot[order_slot], state["ev_slot"][ev_sel])]
-        f_row = np.concatenate([np.arange(n), np.arange(n), ev_row])
-        f_t = np.concatenate([np.zeros(n), np.ones(n), state["ev_t"][ev_sel]])
-        order = np.lexsort((f_t, f_row))
-        f_row, f_t = f_row[order], f_t[order]
+        # Rows in slot order, so the events (sorted by slot, then t, in reconstruction_event_sort) come
+        # out grouped by row and sorted within it, with no sort here.
+        by_slot = np.argsort(slot, kind="stable")
+        slot, epair, edge = slot[by_slot], epair[by_slot], edge[by_slot]
+        # Slot -> row of these edges (-1: not one of them). Slots are unique per side and dense, so one
+        # table lookup replaces a hashed isin and a sorted search for events and shared pieces alike.
+        ev_slot, ov_slot = state["ev_slot"], state["ov_slot"]
+        row_of = np.full(max(slot.max(initial=-1), ev_slot.max(initial=-1), ov_slot.max(initial=-1)) + 1, -1,
+                         dtype=np.int64)
+        row_of[slot] = np.arange(n)
+        # Piece bounds per row: 0, its split events in order (all within [0, 1]), then 1.
+        ev_row = row_of[ev_slot]
+        ev_sel = ev_row >= 0
+        ev_row, ev_t = ev_row[ev_sel], state["ev_t"][ev_sel]
+        per_row = np.bincount(ev_row, minlength=n) + 2
+        first = np.cumsum(per_row) - per_row
+        f_row = np.repeat(np.arange(n), per_row)
+        f_t = np.empty(len(f_row))
+        f_t[first] = 0.0
+        f_t[first + per_row - 1] = 1.0
+        rank = np.arange(len(ev_row)) - (np.cumsum(per_row - 2) - (per_row - 2))[ev_row]
+        f_t[first[ev_row] + 1 + rank] = ev_t
         nxt = np.flatnonzero((f_row[1:] == f_row[:-1]) & (f_t[1:] > f_t[:-1]))
         r, t0, t1 = f_row[nxt], f_t[nxt], f_t[nxt + 1]
         keep = np.zeros(len(r), dtype=bool)
         shared = np.zeros(len(r), dtype=bool)
-        ov = np.flatnonzero(np.isin(state["ov_slot"], slot))
+        ov_row = row_of[ov_slot]
+        ov = np.flatnonzero(ov_row >= 0)
         if len(ov):
-            ov_row = order_slot[np.searchsorted(slot[order_slot], state["ov_slot"][ov])]
+            ov_row = ov_row[ov]
             o_order = np.argsort(ov_row, kind="stable")
             ov_row, ov = ov_row[o_order], ov[o_order]
             lo = np.searchsorted(ov_row, r, side="left")
@@ -293,6 +308,12 @@ def _slot_edges(state, slots):
     edge = np.where(is_a, state["a"]["edges"].geom_offsets[state["pa"][pair]] + local,
                     state["b"]["edges"].geom_offsets[state["pb"][pair]] + local - state["ea"][pair])
     return pair, is_a, edge
+
+
+def _member(keys, sorted_unique):
+    """np.isin for a sorted, unique table: a binary search each, no hashing of either side."""
+    at = np.minimum(np.searchsorted(sorted_unique, keys), max(len(sorted_unique) - 1, 0))
+    return sorted_unique[at] == keys if len(sorted_unique) else np.zeros(len(keys), dtype=bool)
 
 
 def _ring_key(pair, ring, L):

@@ -25,7 +25,7 @@ STAGE_KERNELS = {
     "area_reconstruction": ("area_rings", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
-    "owned_buffer_build": "cupy.asarray (H2D copies), cupy.take",
+    "owned_buffer_build": "cudaMemcpyAsync from pinned staging buffers (H2D copies), cupy.take",
     "segment_mbr_filter": "cupy.zeros (bucket counts, stats)",
     "exact_intersection_refine": "cupy.zeros (stats)",
     "reconstruction_event_sort": "cupy.zeros (slot counts)",
@@ -39,12 +39,15 @@ class OverlayGPU(GpuBackend):
 
     def owned_buffer_build(self, state, st, tiling):
         cp, inp = self.cp, state["inputs"]
-        for side, layer in (("a", inp.left), ("b", inp.right)):
-            if layer.n_coords >= 2**31:
-                raise ValueError("more than 2^31 vertices in a layer: the int32 offsets would overflow")
-            ro = st.to_device(layer.ring_offsets.astype(np.int32))
-            gro = st.to_device(layer.geom_ring_offsets.astype(np.int32))
-            state[side] = {"coords": st.to_device(np.ascontiguousarray(layer.coords, dtype=np.float64)),
+        layers = (("a", inp.left), ("b", inp.right))
+        if max(layer.n_coords for _, layer in layers) >= 2**31:
+            raise ValueError("more than 2^31 vertices in a layer: the int32 offsets would overflow")
+        dev = self.stage_in(st, **{f"{what}_{side}": (getattr(layer, what), dtype) for side, layer in layers
+                                   for what, dtype in (("coords", np.float64), ("ring_offsets", np.int32),
+                                                       ("geom_ring_offsets", np.int32))})
+        for side, layer in layers:
+            ro, gro = dev[f"ring_offsets_{side}"], dev[f"geom_ring_offsets_{side}"]
+            state[side] = {"coords": dev[f"coords_{side}"],
                            "ring_offsets": ro, "geom_ring_offsets": gro, "gco": cp.take(ro, gro),
                            "n_geoms": layer.n_geoms, "n_rings": layer.n_rings,
                            "max_rings": int(np.diff(layer.geom_ring_offsets).max())}

@@ -7,7 +7,7 @@ import numpy as np
 
 from app.kernel import datagen
 from app.kernel.geometry import PolygonBuffers
-from app.kernel.plan import Cost, Footprint, KernelPlan, Param, StageSpec, register
+from app.kernel.plan import Cost, Footprint, KernelPlan, Param, StageSpec, register, set_default
 
 LAYOUTS = ("random", "shifted", "self", "grid")
 BLOCK_SIZES = (256, 128, 512)
@@ -127,3 +127,8 @@ class OverlayV2(OverlayPlan):
     version = "v2"
     summary = ("sort-and-sweep segment-MBR filter: per polygon pair, b's near edges sorted by lowest y; "
                "each near edge of a tests only the prefix that can reach it")
+
+
+set_default("overlay", "v2", "the faster after the build at the default sizes on an NVIDIA H200, if only just -- 100 "
+                             "interleaved runs each, L2 flushed: 1,182 us against v1's 1,187 us (whole plans 2,222 "
+                             "and 2,217 us: a tie) -- and clearly at 100k x 100k: 4.86 ms against 5.22 ms")
