@@ -40,8 +40,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--retune", action="store_true", help="search again even when the autotune cache has an answer")
     add("--tiling", action="append", metavar="STAGE.KEY=VALUE", help="set one tunable by hand, e.g. "
         "bounds.block=128 (repeatable; wins over the cache)")
-    add("--graph", action="store_true", help="event mode: say whether the plan can be captured as a CUDA graph, "
-        "and why not")
+    add("--graph", action="store_true", help="event mode: say whether the plan can be captured as a CUDA graph "
+        "and why not; on a GPU, also time the stages after the build replayed as one graph (with the sizes an "
+        "eager run read) next to the same stages launched eagerly")
     add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
     add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")

@@ -139,11 +139,15 @@ class KernelPlan:
 
     # --- the one code path ------------------------------------------------------------
     def run(self, inputs, backend, recorder):
-        state = {"inputs": inputs}
-        for spec in self.stages:
+        return self.run_stages({"inputs": inputs}, self.stages, backend, recorder)["output"]
+
+    def run_stages(self, state: dict, stages, backend, recorder) -> dict:
+        """Run ``stages`` in order on ``state`` (a whole run starts from {"inputs": ...}); returns the state.
+        A CUDA graph capture runs the stages after the host->device build this way."""
+        for spec in stages:
             with recorder.stage(spec) as st:
                 getattr(backend, spec.name)(state, st, self.tiling[spec.name])
-        return state["output"]
+        return state
 
 
 REGISTRY: dict[str, dict[str, type[KernelPlan]]] = {}

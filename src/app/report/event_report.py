@@ -132,6 +132,14 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
                      + f" {ins['pairs']} interleaved pairs)"])
     if timing.get("graph"):
         rows.append(["CUDA graph", timing["graph"]["why"]])
+        replay = timing["graph"].get("replay")
+        if replay and replay.get("replayed"):
+            rows.append(["graph replay vs eager, after the build (us)",
+                         f"{us(replay['graph_after_build_seconds'])} replayed vs {us(replay['eager_after_build_seconds'])}"
+                         f" eager ({fmt(replay['speedup'], 2, 'x')}; medians of {replay['runs']} interleaved runs): "
+                         + replay["why"]])
+        elif replay:
+            rows.append(["graph replay", replay["why"]])
     return rows
 
 

@@ -86,6 +86,31 @@ class GpuClock:
         return self._cp.cuda.get_elapsed_time(a, b) / 1e3
 
 
+class SizeTape:
+    """The allocation-size reads of one eager run, by stage, replayed in the same order by a run that must
+    not read the device: the capture of a CUDA graph, which can hold device work only. A graph captured
+    this way is valid for inputs of exactly these sizes (the same inputs, replayed)."""
+
+    def __init__(self):
+        self.reads: list[tuple[str, np.ndarray]] = []
+        self.replaying = False
+        self._next = 0
+
+    def record(self, stage: str, value: np.ndarray) -> None:
+        self.reads.append((stage, np.array(value, copy=True)))
+
+    def replay(self) -> None:
+        self.replaying, self._next = True, 0
+
+    def take(self, stage: str) -> np.ndarray:
+        if self._next >= len(self.reads) or self.reads[self._next][0] != stage:
+            had = f"{self.reads[self._next][0]}'s" if self._next < len(self.reads) else "none"
+            raise RuntimeError(f"{stage} reads a size where the eager run read {had}: the plan's size reads "
+                               "differ from run to run, so no graph can replay it")
+        self._next += 1
+        return self.reads[self._next - 1][1].copy()
+
+
 @dataclass
 class StageContext:
     name: str
@@ -101,6 +126,7 @@ class StageContext:
     d2h_bytes: int = 0
     syncs: int = 0
     size_reads: list = field(default_factory=list)
+    tape: SizeTape | None = None    # records the size reads, or replays them without touching the device
 
     @property
     def on_gpu(self) -> bool:
@@ -130,8 +156,12 @@ class StageContext:
 
     def read_size(self, array, why: str) -> np.ndarray:
         """A device->host read that sizes an allocation: the only kind allowed mid-pipeline."""
-        out = self.to_host(array)
         self.size_reads.append(why)
+        if self.tape is not None and self.tape.replaying:
+            return self.tape.take(self.name)
+        out = self.to_host(array)
+        if self.tape is not None:
+            self.tape.record(self.name, out)
         return out
 
     def counters(self) -> dict:
@@ -155,15 +185,15 @@ class Recorder:
     """``per_stage=False`` keeps only the pair of marks around the whole run: the bare plan, whose time
     next to the instrumented one measures what the per-stage marks cost."""
 
-    def __init__(self, device: str, xp, nvtx: Nvtx, per_stage: bool = True):
-        self.device, self.xp, self.nvtx, self.per_stage = device, xp, nvtx, per_stage
+    def __init__(self, device: str, xp, nvtx: Nvtx, per_stage: bool = True, tape: SizeTape | None = None):
+        self.device, self.xp, self.nvtx, self.per_stage, self.tape = device, xp, nvtx, per_stage, tape
         self.clock = GpuClock() if device == "gpu" else CpuClock()
         self._marks: list = []
         self._last = None               # the latest clock mark of this run
 
     @contextmanager
     def stage(self, spec):
-        st = StageContext(spec.name, spec.category, self.device, self.xp)
+        st = StageContext(spec.name, spec.category, self.device, self.xp, tape=self.tape)
         if not self.per_stage:
             yield st
             return

@@ -64,6 +64,8 @@ class EventMode(Mode):
                 overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
                                                     lambda: bare.run(plan, inputs, backend), flush, progress=progress,
                                                     budget_s=budget)
+                replay = _graph_replay(plan, inputs, backend, flush, len(runs), progress) \
+                    if options.graph and selection.selected == "gpu" else None
                 clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
                                       end=clock_snapshot(selection), samples=sampler.summary())
                 host_output = tuple(backend.to_host(a) for a in output)
@@ -77,6 +79,8 @@ class EventMode(Mode):
                             "window_waited_seconds": window["waited_seconds"]}
         if options.graph:
             trace["timing"]["graph"] = graph_capturability(runs[-1], selection.selected)
+            if replay is not None:
+                trace["timing"]["graph"]["replay"] = replay
         _add_occupancy(trace, compile_info)
         params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv,
                              clocks=clocks)
@@ -125,3 +129,13 @@ def _summary(trace: dict) -> str:
         lines.append(f"  verified against {v['oracle']}: {'OK' if v['matches'] else 'MISMATCH'} "
                      f"({v['pairs']:,} rows)")
     return "\n".join(lines)
+
+
+def _graph_replay(plan, inputs, backend, flush, runs: int, progress) -> dict:
+    """--graph on a GPU: graph replay of the stages after the build next to eager runs (runtime/graph.py)."""
+    from app.runtime.graph import graph_replay
+
+    try:
+        return graph_replay(plan, inputs, backend, flush, runs, progress)
+    except Exception as exc:  # a capture the driver refused is a finding of the profile, not a crash
+        return {"replayed": False, "why": f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"}
