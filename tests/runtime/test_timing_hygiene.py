@@ -75,13 +75,15 @@ def test_overhead_is_the_median_difference_of_interleaved_pairs():
 
 def test_graph_capturability_names_each_blocking_stage():
     counters = {"syncs": 0, "allocation_size_reads": 0, "h2d_copies": 0}
-    stages = [{"name": "build", "counters": counters | {"h2d_copies": 2}},
+    stages = [{"name": "build", "counters": counters | {"h2d_copies": 2}, "meta": {"staging": "pinned, 3 chunks"}},
+              {"name": "build2", "counters": counters | {"h2d_copies": 1}},
               {"name": "filter", "counters": counters | {"syncs": 1, "allocation_size_reads": 1}},
               {"name": "sort", "counters": counters}]
     g = timing.graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu")
     assert g["capturable"] is False
     assert g["blockers"] == ["build: 2 copies of host arrays (host work: the arrays are copied into pinned staging "
-                             "buffers first)", "filter: 1 allocation-size read(s)"]
+                             "buffers first)", "build2: 1 copies of host arrays (from pageable host memory)",
+                             "filter: 1 allocation-size read(s)"]
     assert timing.graph_capturability(RunRecord(stages, 1.0, 1.0), "cpu")["why"].startswith("CPU run")
 
 
