@@ -70,8 +70,8 @@ def measure(sizes: dict, runs: int, cpu_runs: int, shapely_runs: int, vertices: 
                        "cpu": cpu["total"], "cpu_ok": ok(cpu["out"])}
                 if gpu:
                     g = bench_join.time_plan(plan, inputs, "gpu", runs)
-                    row |= {"gpu_after": g["after"], "gpu_build": g["build"], "gpu_total": g["total"], "gpu_e2e": g["e2e"],
-                            "gpu_ok": ok(g["out"]), "card": g["device_name"]}
+                    row |= {"gpu_after": g["after"], "gpu_build": g["build"], "gpu_total": g["total"],
+                            "gpu_e2e": g["e2e"], "gpu_ok": ok(g["out"]), "card": g["device_name"]}
                 rows.append(row)
                 print(_line(row), file=sys.stderr, flush=True)
     return rows

@@ -104,7 +104,7 @@ def test_cpu_profile_records_how_it_was_timed(tmp_path):
     (d,) = list(out.glob("profiles/event/join/*/*"))
     tm = json.loads((d / "trace.json").read_text())["timing"]
     assert tm["stopped_by"]["rule"] in ("ci", "budget") and tm["timed_runs"] >= timing.AUTO_MIN_RUNS
-    assert tm["l2"]["mode"] == "n/a" and tm["instrumentation"]["pairs"] == timing.OVERHEAD_PAIRS
+    assert tm["l2"]["mode"] == "n/a" and tm["instrumentation"]["pairs"] == timing.OVERHEAD_PAIRS_CPU
     assert tm["graph"]["capturable"] is False and tm["total"]["median_ci95"][0] <= tm["total"]["median"]
     report = (d / "report.md").read_text()
     for row in ("--bench_runs auto stopped by", "L2 between timed runs", "instrumentation overhead",

@@ -124,19 +124,19 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         ins = timing["instrumentation"]
         ci = ins.get("overhead_ci95")
         within = f", 95% interval {fmt(100 * ci[0], 2, '%')} to {fmt(100 * ci[1], 2, '%')}" if ci else ""
+        # Traces made before the paired estimate carry no interval: theirs was a difference of medians.
+        how = "median difference of" if ci else "difference of the medians of"
         rows.append(["instrumentation overhead (per-stage marks)",
-                     f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within} ({us(ins['bare_median_seconds'])}"
-                     f" us bare vs {us(ins['instrumented_median_seconds'])} us; "
-                     # traces made before the paired estimate carry no interval: theirs was a difference of medians
-                     + ("median difference of" if ci else "difference of the medians of")
-                     + f" {ins['pairs']} interleaved pairs)"])
+                     f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within} "
+                     f"({us(ins['bare_median_seconds'])} us bare vs {us(ins['instrumented_median_seconds'])} us; "
+                     f"{how} {ins['pairs']} interleaved pairs)"])
     if timing.get("graph"):
         rows.append(["CUDA graph", timing["graph"]["why"]])
         replay = timing["graph"].get("replay")
         if replay and replay.get("replayed"):
             rows.append(["graph replay vs eager, after the build (us)",
-                         f"{us(replay['graph_after_build_seconds'])} replayed vs {us(replay['eager_after_build_seconds'])}"
-                         f" eager ({fmt(replay['speedup'], 2, 'x')}; medians of {replay['runs']} interleaved runs): "
+                         f"{us(replay['graph_after_build_seconds'])} replayed vs "
+                         f"{us(replay['eager_after_build_seconds'])} eager ({fmt(replay['speedup'], 2, 'x')}; medians of {replay['runs']} interleaved runs): "
                          + replay["why"]])
         elif replay:
             rows.append(["graph replay", replay["why"]])

@@ -24,8 +24,8 @@ from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.provenance import params_json
 from app.runtime.recorder import Recorder
-from app.runtime.timing import (OVERHEAD_SHARE, L2Flush, Progress, graph_capturability, instrumentation_overhead,
-                                timed_runs)
+from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, L2Flush, Progress,
+                                graph_capturability, instrumentation_overhead, timed_runs)
 
 
 @register_mode
@@ -61,9 +61,10 @@ class EventMode(Mode):
                 output, runs = done[-1][0], [r for _, r in done]
                 bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
                 budget = max(1.0, OVERHEAD_SHARE * sum(r.wall_seconds for r in runs))
+                pairs = OVERHEAD_PAIRS if selection.selected == "gpu" else OVERHEAD_PAIRS_CPU
                 overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
                                                     lambda: bare.run(plan, inputs, backend), flush, progress=progress,
-                                                    budget_s=budget)
+                                                    budget_s=budget, pairs=pairs)
                 replay = _graph_replay(plan, inputs, backend, flush, len(runs), progress) \
                     if options.graph and selection.selected == "gpu" else None
                 clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
