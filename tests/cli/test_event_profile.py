@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from app.kernel.cli import main
-from app.runtime.timing import OVERHEAD_PAIRS
+from app.runtime.timing import OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU
 from tests.conftest import DEVICES
 
 ARGS = ["join", "v2", "--points", "20000", "--polygons", "2000", "--bench_runs", "5", "--warmup", "1"]
@@ -95,11 +95,13 @@ def test_rows_metadata_and_counters(profile):
 
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)
 def test_nvtx_reported_as_emitted_only_when_emitted(profile):
-    _, _, trace, _ = profile
+    device, _, trace, _ = profile
     nv = trace["metadata"]["nvtx"]
     assert nv["requested"] and nv["emitted"] and nv["domain"] == "join"
     # cold + warm-up + timed runs + the instrumented half of the overhead pairs (the bare half has no ranges)
-    assert nv["ranges"] == len(STAGES) * (1 + 1 + 5 + OVERHEAD_PAIRS)
+    pairs = OVERHEAD_PAIRS if device == "gpu" else OVERHEAD_PAIRS_CPU
+    assert trace["timing"]["instrumentation"]["pairs"] == pairs
+    assert nv["ranges"] == len(STAGES) * (1 + 1 + 5 + pairs)
 
 
 def test_nvtx_off_and_disabled(tmp_path, monkeypatch):
