@@ -107,7 +107,9 @@ def test_cpu_profile_records_how_it_was_timed(tmp_path):
     assert tm["l2"]["mode"] == "n/a" and tm["instrumentation"]["pairs"] == timing.OVERHEAD_PAIRS_CPU
     assert tm["graph"]["capturable"] is False and tm["total"]["median_ci95"][0] <= tm["total"]["median"]
     report = (d / "report.md").read_text()
+    assert tm["end_to_end"]["runs"] >= 3 and tm["end_to_end"]["median"] > 0
     for row in ("--bench_runs auto stopped by", "L2 between timed runs", "instrumentation overhead",
+                "end to end, host arrays in and out",
                 "CUDA graph", "95% interval of the median", "outlier runs"):
         assert row in report, row
     params = json.loads((d / "params.json").read_text())
@@ -163,6 +165,14 @@ def test_overhead_pairs_flip_their_order_and_pair_differences_beat_a_drifting_ma
     assert out["overhead_fraction"] == pytest.approx(0.02 / bare_median, rel=0.5)
     lo, hi = out["overhead_ci95"]
     assert lo <= out["overhead_fraction"] <= hi and 0 < lo
+
+
+def test_end_to_end_copies_every_result_back_and_keeps_to_its_budget():
+    copied = []
+    out = timing.end_to_end(lambda: ("result", None), copied.append, _NoFlush(), runs=8, budget_s=60.0)
+    assert out["runs"] == 8 and copied == ["result"] * 8 and out["median"] >= 0
+    assert out["median_ci95"][0] <= out["median"] <= out["median_ci95"][1]
+    assert timing.end_to_end(lambda: (None, None), copied.append, _NoFlush(), runs=8, budget_s=0.0)["runs"] == 3
 
 
 def test_overhead_pairs_stop_at_their_budget_after_the_minimum():

@@ -47,9 +47,13 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 note=f"Gain = time above {advice.ATTAINABLE:.0%} of the stage's roofline, as a share of the plan."),
         baseline_section(trace, baseline),
         Section("Timing", columns=["what", "value"], rows=[
-            ["total, median of timed runs (us): end to end, host arrays in", us(trace["total_elapsed_seconds"])],
+            ["total, median of timed runs (us): host arrays in, result on the device",
+             us(trace["total_elapsed_seconds"])],
             *([[f"after the host->device build ({', '.join(timing['build_stages'])} left out) (us)",
                 us(timing["after_build"]["median"])]] if timing.get("after_build") else []),
+            *([["end to end, host arrays in and out (us): the bare plan and the copy of its result back, host clock, "
+                f"median of {timing['end_to_end']['runs']}", us(timing["end_to_end"]["median"])]]
+              if timing.get("end_to_end") else []),
             ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
             ["95% interval of the median (us)", " – ".join(us(v) for v in timing["total"]["median_ci95"])
              if "median_ci95" in timing["total"] else "n/a (not recorded in this trace)"],
@@ -136,7 +140,8 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         if replay and replay.get("replayed"):
             rows.append(["graph replay vs eager, after the build (us)",
                          f"{us(replay['graph_after_build_seconds'])} replayed vs "
-                         f"{us(replay['eager_after_build_seconds'])} eager ({fmt(replay['speedup'], 2, 'x')}; medians of {replay['runs']} interleaved runs): "
+                         f"{us(replay['eager_after_build_seconds'])} eager ({fmt(replay['speedup'], 2, 'x')}; "
+                         f"medians of {replay['runs']} interleaved runs): "
                          + replay["why"]])
         elif replay:
             rows.append(["graph replay", replay["why"]])

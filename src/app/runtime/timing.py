@@ -145,6 +145,25 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
                    "the same plan with a mark at every stage boundary vs one pair of marks around the whole plan"}
 
 
+def end_to_end(run_bare, to_host, flush: L2Flush, runs: int, budget_s: float) -> dict:
+    """Host arrays in, host arrays out: the bare plan plus copying its result back, on the host clock, after
+    the same L2 policy as the timed runs. The timed runs stop at the result on the device; a caller also
+    waits for the copy back. At least 3 runs; more (up to ``runs``) while within ``budget_s``."""
+    times = []
+    t_start = time.monotonic()
+    for i in range(max(runs, 3)):
+        if i >= 3 and time.monotonic() - t_start > budget_s:
+            break
+        flush()
+        t0 = time.perf_counter()
+        output, _ = run_bare()
+        to_host(output)
+        times.append(time.perf_counter() - t0)
+    lo, hi = median_interval(times)
+    return {"median": statistics.median(times), "median_ci95": [lo, hi], "runs": len(times),
+            "how": "host clock around the bare plan (one pair of marks) and the copy of its result to host arrays"}
+
+
 def graph_capturability(record, selected: str) -> dict:
     """Whether the plan could be captured as one CUDA graph and replayed, judged from what a run did.
 

@@ -24,7 +24,7 @@ from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.provenance import params_json
 from app.runtime.recorder import Recorder
-from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, L2Flush, Progress,
+from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, L2Flush, Progress, end_to_end,
                                 graph_capturability, instrumentation_overhead, timed_runs)
 
 
@@ -65,6 +65,8 @@ class EventMode(Mode):
                 overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
                                                     lambda: bare.run(plan, inputs, backend), flush, progress=progress,
                                                     budget_s=budget, pairs=pairs)
+                e2e = end_to_end(lambda: bare.run(plan, inputs, backend),
+                                 lambda out: tuple(backend.to_host(a) for a in out), flush, len(runs), budget)
                 replay = _graph_replay(plan, inputs, backend, flush, len(runs), progress) \
                     if options.graph and selection.selected == "gpu" else None
                 clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
@@ -77,6 +79,7 @@ class EventMode(Mode):
         trace = build_trace(plan, inputs, selection, cold, runs, mode=self.name, nvtx=nvtx.report(),
                             compile_info=compile_info, warmup=options.warmup, verification=verification)
         trace["timing"] |= {"stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead,
+                            "end_to_end": e2e,
                             "window_waited_seconds": window["waited_seconds"]}
         if options.graph:
             trace["timing"]["graph"] = graph_capturability(runs[-1], selection.selected)
