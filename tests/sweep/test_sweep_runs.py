@@ -47,6 +47,7 @@ def check_points_are_real_profiles(sweep_dir: Path, table: list[dict]):
         assert trace["metadata"]["verification"]["matches"] is True
         assert trace["metadata"]["params"]["points"] == int(r["points"])
         assert float(r["e2e_us"]) == pytest.approx(trace["timing"]["total"]["median"] * 1e6)
+        assert float(r["e2e_host_out_us"]) == pytest.approx(trace["timing"]["end_to_end"]["median"] * 1e6)
 
 
 def test_local_cluster_of_two_workers_runs_every_point(tmp_path):

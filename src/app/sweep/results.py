@@ -1,7 +1,8 @@
 """results.csv: one row per point -- its parameters, where it ran, its times and spread, its status.
 
-Times are medians in microseconds. ``e2e_us`` is the plan end to end (host arrays in, in
-event mode); ``after_build_us`` leaves out the host->device build where the mode measures
+Times are medians in microseconds. ``e2e_us`` is the plan end to end (host arrays in, result on
+the device, in event mode); ``e2e_host_out_us`` also copies the result back to host arrays (event
+mode, host clock); ``after_build_us`` leaves out the host->device build where the mode measures
 it. Each stage has ``<stage>_us``, ``<stage>_spread_pct`` (the robust relative spread,
 1.4826 MAD / median), ``<stage>_bytes`` (the cost model's minimum traffic) and, on a GPU
 with a roofline, ``<stage>_floor_us`` (those bytes at the peak memory bandwidth). A value
@@ -22,7 +23,7 @@ import pandas as pd
 RESULTS = "results.csv"
 DONE = ("ok", "wrong")            # statuses --resume does not run again
 _FIRST = ["point", "version", "status", "verified", "e2e_us", "e2e_spread_pct", "e2e_ci95_lo_us", "e2e_ci95_hi_us",
-          "after_build_us", "floor_us", "device", "runtime", "gpu_uuid", "worker", "host", "attempts", "worker_lost",
+          "e2e_host_out_us", "after_build_us", "floor_us", "device", "runtime", "gpu_uuid", "worker", "host", "attempts", "worker_lost",
           "error", "seconds", "queued_seconds", "window_waited_seconds", "profile_waited_for_lock", "profile"]
 
 
@@ -46,6 +47,8 @@ def row_for(point: dict, trace: dict | None, result: dict, status: str, attempts
         row["window_waited_seconds"] = timing["window_waited_seconds"]
     if timing.get("after_build"):
         row["after_build_us"] = _us(timing["after_build"].get("median"))
+    if timing.get("end_to_end"):
+        row["e2e_host_out_us"] = _us(timing["end_to_end"].get("median"))
     roof = trace.get("roofline") or {}
     floors = []
     for s in trace.get("stages", []):
