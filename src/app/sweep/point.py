@@ -98,8 +98,7 @@ def child_environment(device: str, environment: dict) -> dict:
 
     A GPU profile uses one GPU, the first its worker sees (under local-cuda the worker's own: dask-cuda
     lists it first, then the node's other GPUs). The profile is shown that one only: it cannot pick
-    another, and its CUDA start-up does not initialise the rest of the node's GPUs (on a node of four
-    H200s every point paid for all four)."""
+    another, and its CUDA start-up does not initialise the rest of the node's GPUs."""
     env = dict(os.environ, APP_LOCK_WAIT=str(LOCK_WAIT_SECONDS))
     for name, value in environment.items():
         if value is None:

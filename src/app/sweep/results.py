@@ -23,8 +23,8 @@ import pandas as pd
 RESULTS = "results.csv"
 DONE = ("ok", "wrong")            # statuses --resume does not run again
 _FIRST = ["point", "version", "status", "verified", "e2e_us", "e2e_spread_pct", "e2e_ci95_lo_us", "e2e_ci95_hi_us",
-          "e2e_host_out_us", "after_build_us", "floor_us", "device", "runtime", "gpu_uuid", "worker", "host", "attempts", "worker_lost",
-          "error", "seconds", "queued_seconds", "window_waited_seconds", "profile_waited_for_lock", "profile"]
+          "e2e_host_out_us", "after_build_us", "floor_us", "device", "runtime", "gpu_uuid", "worker", "host",
+          "attempts", "worker_lost", "error", "seconds", "queued_seconds", "window_waited_seconds", "profile_waited_for_lock", "profile"]
 
 
 def row_for(point: dict, trace: dict | None, result: dict, status: str, attempts: int, worker_lost: int,
