@@ -161,7 +161,8 @@ def end_to_end(run_bare, to_host, flush: L2Flush, runs: int, budget_s: float) ->
         times.append(time.perf_counter() - t0)
     lo, hi = median_interval(times)
     return {"median": statistics.median(times), "median_ci95": [lo, hi], "runs": len(times),
-            "how": "host clock around the bare plan (one pair of marks) and the copy of its result to host arrays"}
+            "how": "host clock around the bare plan (no per-stage marks) and the copy of its result to host arrays, "
+                   "in runs of their own"}
 
 
 def graph_capturability(record, selected: str) -> dict:
