@@ -13,6 +13,24 @@ def plan(kernel, **params):
     return get_plan_class(kernel, None)(params)
 
 
+def _meminfo_available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def test_free_host_memory_is_read_from_proc_meminfo():
+    assert abs(available_host_bytes() - _meminfo_available()) < 2**30     # it moves a little between reads
+
+
+def test_a_size_beyond_this_hosts_free_memory_is_refused_without_being_told_the_free_memory():
+    have = _meminfo_available()
+    points = have // 200                                                   # needs > 236 B a point on the host
+    if points >= INDEX_LIMIT:
+        pytest.skip(f"this host has {have / 1e9:.0f} GB free: a size past it passes the 32-bit index limit")
+    with pytest.raises(BadParameter, match="of host memory and"):
+        check_fits(plan("join", points=points, polygons=10), "cpu")
+
+
 def test_index_limit_of_the_kernels():
     with pytest.raises(BadParameter, match=r"points = 2,147,483,648 exceeds the kernels. 32-bit index limit"):
         check_fits(plan("join", points=INDEX_LIMIT + 1), "gpu", host_bytes=10**15, device_free=10**15)

@@ -16,9 +16,8 @@ def profile_parent(out_root: str | Path, mode: str, kernel: str, slug: str) -> P
 
 def check_writable(parent: Path) -> None:
     """Fail before any work is done -- and without creating anything."""
-    probe = Path(parent).absolute()
-    while not probe.exists():
-        probe = probe.parent
+    path = Path(parent).absolute()
+    probe = next(p for p in (path, *path.parents) if p.exists())      # the root always exists: bounded
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise OutputNotWritable(f"cannot write profiles under {parent} ({probe} is not a writable folder); "
                                 "pass --out DIR with a writable folder")
