@@ -1,13 +1,12 @@
 """Host arrays to the device through pinned staging buffers, the host copy overlapped with the DMA.
 
-(Inputs under MIN_STAGED_BYTES in all take the driver's pageable copy instead: measured faster there.)
-
 A copy from pageable host memory makes the driver stage it through a small pinned buffer of its own,
 one piece after another, with the host thread waiting: about 7 GB/s on an H200 node, 8-10x the
 join's compute at 1M x 100k. Here each input is copied in chunks, on a few threads at once, into a
 pinned buffer, and each chunk's DMA is queued on the plan's stream as soon as its bytes are in, so
 the host copy of the next chunks runs while the previous ones cross the link. A dtype change
-(int64 offsets to the kernels' int32) happens in the same host pass.
+(int64 offsets to the kernels' int32) happens in the same host pass. Inputs under MIN_STAGED_BYTES
+in all take the driver's pageable copy instead: measured faster there.
 
 The host copy is inside the timed build: the plan's inputs are ordinary (pageable) numpy arrays, as
 a caller has them. The pinned buffers themselves are allocated on the first run and reused (the cold
@@ -52,10 +51,7 @@ class PinnedStaging:
         cp = self.cp
         total = sum(np.asarray(host).size * np.dtype(dtype).itemsize for host, dtype in arrays.values())
         if total < MIN_STAGED_BYTES:
-            out = {}
-            for tag, (host, dtype) in arrays.items():
-                out[tag] = cp.asarray(np.ascontiguousarray(host, dtype=dtype))
-                st.count_h2d(out[tag].nbytes)
+            out = {tag: st.to_device(np.ascontiguousarray(host, dtype=dtype)) for tag, (host, dtype) in arrays.items()}
             st.meta["staging"] = (f"pageable copies ({total / 1e6:.1f} MB, under the {MIN_STAGED_BYTES >> 20} MiB "
                                   "from which pinned staging is faster)")
             return out
@@ -71,11 +67,10 @@ class PinnedStaging:
             for lo in range(0, flat_pin.size, step):
                 hi = min(lo + step, flat_pin.size)
                 jobs.append((flat_src[lo:hi], flat_pin[lo:hi], dev.data.ptr + lo * pinned.itemsize))
-        copy = _copy_into
-        pending = [self._pool.submit(copy, src, pin) for src, pin, _ in jobs] if self._pool else None
+        pending = [self._pool.submit(_copy_into, src, pin) for src, pin, _ in jobs] if self._pool else None
         for i, (src, pin, dst) in enumerate(jobs):
             if pending is None:
-                copy(src, pin)
+                _copy_into(src, pin)
             else:
                 pending[i].result()          # this chunk is in pinned memory: its DMA can start
             cp.cuda.runtime.memcpyAsync(dst, pin.ctypes.data, pin.nbytes, cp.cuda.runtime.memcpyHostToDevice,

@@ -60,8 +60,8 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None) -> dict
         if blockers:
             return {"replayed": False, "why": "no replay: " + "; ".join(blockers)}
         after = plan.stages[first:]
-        state = plan.run_stages({"inputs": inputs}, plan.stages[:first], backend,
-                                Recorder("gpu", cp, Nvtx(False, plan.kernel), per_stage=False))
+        bare = Recorder("gpu", cp, Nvtx(False, plan.kernel), per_stage=False)    # no marks, real size reads
+        state = plan.run_stages({"inputs": inputs}, plan.stages[:first], backend, bare)
         stream.synchronize()
         tape.replay()
         stream.begin_capture(mode=RELAXED_CAPTURE)
@@ -76,7 +76,6 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None) -> dict
             return {"replayed": False, "why": "the graph's output differs from the eager run's: no figure is given"}
         # Both sides alike: the build done and finished, L2 flushed, then one pair of events around the
         # stages after it -- launched one by one (eager, no per-stage marks) or as the graph.
-        bare = Recorder("gpu", cp, Nvtx(False, plan.kernel), per_stage=False)
         start, end = cp.cuda.Event(), cp.cuda.Event()
 
         def timed(run) -> float:

@@ -163,7 +163,8 @@ def _exponents(frame, axes, versions, stages) -> list[str]:
 def _points(frame, axes) -> list[str]:
     out = ["## Points", "", f"Spread is the robust relative spread of a point's timed runs (1.4826 MAD / median); over "
            f"{UNSTABLE_PCT:g}% the point is marked unstable: its median is still the figure, and its 95% interval "
-           "(in results.csv) is what decides the ties above.", "", "| point | status | end to end | spread | device | GPU | worker | profile |",
+           "(in results.csv) is what decides the ties above.", "",
+           "| point | status | end to end | spread | device | GPU | worker | profile |",
            "|---|---|---|---|---|---|---|---|"]
     for r in frame.sort_values(["version", *axes]).to_dict("records"):
         pct = r.get("e2e_spread_pct")
