@@ -60,3 +60,32 @@ def test_a_build_already_staged_through_pinned_memory_is_told_to_overlap_not_to_
         assert advice.overall(trace, findings, roof)[0] == "Transfer-bound (host->device copy)"
         top = advice.opportunities(trace, roof, findings)[0]
         assert top["name"].startswith(expected) and top["name"].endswith("(owned_buffer_build)")
+
+
+def test_a_plan_whose_only_read_cuts_the_result_is_not_told_to_remove_round_trips(big):
+    """join v3 captured with --graph: its one size read comes after output_sort's last launch, so no stage is
+    called a host round trip, the stages after the build are capturable, and the transfers table says which
+    read that was. An older capture without the counter shows it as not recorded, never as zero."""
+    from app.report.sections import transfers_section
+    from app.runtime.recorder import RunRecord
+    from app.runtime.timing import graph_capturability
+
+    v3 = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())
+    assert v3["metadata"]["verification"]["matches"] is True
+    reads = {s["name"]: (s["metadata"]["allocation_size_reads"], s["metadata"]["result_size_reads"])
+             for s in v3["stages"]}
+    assert reads == dict.fromkeys(reads, (0, 0)) | {"output_sort": (1, 1)}
+    graph = v3["timing"]["graph"]
+    assert graph["after_build"] is True and graph["replay"]["replayed"] is True
+    assert graph["replay"]["size_reads_replayed"] == 1
+    # The judgment is the capture's own: recomputed from its stage counters it is the same.
+    stages = [{"name": s["name"], "counters": s["metadata"], "meta": s["metadata"]} for s in v3["stages"]]
+    assert graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu") == {k: v for k, v in graph.items() if k != "replay"}
+    roof = plan_roofline(v3["device"]["name"], v3["selected_runtime"], v3["stages"])
+    findings = advice.stage_findings(v3, roof)
+    assert not any("host sync" in f["key_issue"] for f in findings)
+    assert not any(o["name"].startswith("Remove host round-trips") for o in advice.opportunities(v3, roof, findings))
+    table = {r[0]: r[-2:] for r in transfers_section(v3).rows}
+    assert table["output_sort"] == ["1", "1"] and table["candidate_filter"] == ["0", "0"]
+    old = json.loads((DATA / "join_v1_1M_100k_h200_pinned.trace.json").read_text())
+    assert {r[-1] for r in transfers_section(old).rows} == {"result_size_reads not recorded"}

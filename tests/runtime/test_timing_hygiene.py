@@ -3,6 +3,7 @@ graph capturability and progress -- each checked against inputs whose right answ
 import io
 import json
 import random
+import weakref
 
 import pytest
 
@@ -50,22 +51,38 @@ class _NoFlush:
 
 def test_auto_stops_when_the_interval_is_tight():
     flush = _NoFlush()
-    records, stopped = timing.timed_runs(_fake([1.0] * 100), "auto", flush, timing.Progress("t", after=1e9))
+    records, stopped, _ = timing.timed_runs(_fake([1.0] * 100), "auto", flush, timing.Progress("t", after=1e9))
     assert stopped["rule"] == "ci" and len(records) == timing.AUTO_MIN_RUNS and flush.calls == len(records)
 
 
 def test_auto_stops_at_the_budget_and_says_so(monkeypatch):
     monkeypatch.setattr(timing, "AUTO_BUDGET_SECONDS", 0.0)
     rng = random.Random(2)
-    records, stopped = timing.timed_runs(_fake([rng.uniform(1, 2) for _ in range(100)]), "auto", _NoFlush(),
-                                         timing.Progress("t", after=1e9))
+    records, stopped, _ = timing.timed_runs(_fake([rng.uniform(1, 2) for _ in range(100)]), "auto", _NoFlush(),
+                                            timing.Progress("t", after=1e9))
     assert stopped["rule"] == "budget" and stopped["ci_half_width"] > timing.AUTO_CI
     assert len(records) == timing.AUTO_MIN_RUNS
 
 
 def test_fixed_count_is_exact():
-    records, stopped = timing.timed_runs(_fake([1.0] * 10), 7, _NoFlush(), timing.Progress("t", after=1e9))
+    records, stopped, _ = timing.timed_runs(_fake([1.0] * 10), 7, _NoFlush(), timing.Progress("t", after=1e9))
     assert len(records) == 7 and stopped == {"rule": "count", "requested": 7}
+
+
+def test_only_the_last_runs_output_is_kept():
+    """Every run's result kept alive would make each timed run allocate new device memory for its result."""
+    class Out:
+        pass
+
+    made = []
+
+    def run_once():
+        made.append(weakref.ref(out := Out()))
+        return out, RunRecord([], 1.0, 1.0)
+
+    records, _, last = timing.timed_runs(run_once, 5, _NoFlush(), timing.Progress("t", after=1e9))
+    assert len(records) == 5 and all(isinstance(r, RunRecord) for r in records)
+    assert last is made[-1]() and [m() for m in made[:-1]] == [None] * 4
 
 
 def test_overhead_is_the_median_difference_of_interleaved_pairs():
@@ -85,6 +102,24 @@ def test_graph_capturability_names_each_blocking_stage():
                              "buffers first)", "build2: 1 copies of host arrays (from pageable host memory)",
                              "filter: 1 allocation-size read(s)"]
     assert timing.graph_capturability(RunRecord(stages, 1.0, 1.0), "cpu")["why"].startswith("CPU run")
+    assert g["after_build"] is False
+
+
+def test_only_the_results_length_read_after_the_last_launch_leaves_the_stages_after_the_build_capturable():
+    counters = {"syncs": 0, "allocation_size_reads": 0, "h2d_copies": 0, "result_size_reads": 0}
+    read = counters | {"syncs": 1, "allocation_size_reads": 1, "result_size_reads": 1}
+    build = {"name": "build", "counters": counters | {"h2d_copies": 2}, "meta": {"staging": "pinned, 3 chunks"}}
+    g = timing.graph_capturability(RunRecord([build, {"name": "filter", "counters": counters},
+                                              {"name": "sort", "counters": read}], 1.0, 1.0), "gpu")
+    assert (g["capturable"], g["after_build"]) == (False, True)
+    assert g["why"].startswith("the stages after the build can be captured as they are")
+    # The same read in a stage that is not the last is a mid-plan read: it blocks.
+    g = timing.graph_capturability(RunRecord([build, {"name": "filter", "counters": read},
+                                              {"name": "sort", "counters": counters}], 1.0, 1.0), "gpu")
+    assert (g["after_build"], g["blockers"][-1]) == (False, "filter: 1 allocation-size read(s)")
+    # No build at all: the whole plan is capturable.
+    assert timing.graph_capturability(RunRecord([{"name": "sort", "counters": read}], 1.0, 1.0),
+                                      "gpu")["capturable"] is True
 
 
 def test_progress_speaks_only_after_the_threshold():

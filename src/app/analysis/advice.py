@@ -41,8 +41,9 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
         else:
             bneck = classify(dram, flop)
             issues = []
-            if m.get("allocation_size_reads"):
-                issues.append(f"{m['allocation_size_reads']} host sync(s) for allocation sizes")
+            mid = _mid_plan_reads(m)
+            if mid:
+                issues.append(f"{mid} host sync(s) for allocation sizes")
             if dram is not None and bneck == "latency-bound":
                 issues.append(f"DRAM {dram:.1f}% of peak")
             if not s["spread"].get("stable", True) and s["spread"]["runs"] > 1:
@@ -77,7 +78,7 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
         saved = s["elapsed_seconds"] - target
         if saved <= 0:
             continue
-        reads = s["metadata"].get("allocation_size_reads", 0)
+        reads = _mid_plan_reads(s["metadata"])
         if f["bottleneck"] == "latency-bound" and reads:
             name = f"Remove host round-trips in {f['stage']} (fuse count+emit, upper-bound allocations)"
             trigger = f"allocation_size_reads={reads}, dram_pct={point['dram_pct']:.1f}"
@@ -130,3 +131,8 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
         cause += (" The GPU waits on launches, host round-trips and dependent steps rather than on "
                   "memory or arithmetic" + (f" ({top['key_issue']})." if top["key_issue"] != "-" else "."))
     return f"{kind}-bound", cause
+
+
+def _mid_plan_reads(meta: dict) -> int:
+    """Size reads that stall the plan: all but the result's length, read once every launch is queued."""
+    return meta.get("allocation_size_reads", 0) - meta.get("result_size_reads", 0)

@@ -34,8 +34,11 @@ SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64"
                 "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
 SCAN_TILE = 2048
 SMALL_SCAN_TILES = 4096   # up to here each tile sums its predecessors itself: two launches, not three
-_SCAN_SUFFIX = {("int32", "int32"): ("i32_i32", "i32"), ("int32", "int64"): ("i32_i64", "i64"),
-                ("int64", "int64"): ("i64_i64", "i64")}
+# (input dtype, output dtype) -> (tile kernel, sums kernel, add kernel). Keyed by dtype objects: formatting
+# dtype names on every call cost more host time than a kernel launch.
+_SCAN_KERNELS = {(np.dtype(a), np.dtype(b)): (f"scan_tiles_{ta}", f"scan_sums_{tb}", f"add_offsets_{tb}")
+                 for (a, b), (ta, tb) in {("int32", "int32"): ("i32_i32", "i32"), ("int32", "int64"): ("i32_i64", "i64"),
+                                          ("int64", "int64"): ("i64_i64", "i64")}.items()}
 
 
 class Workspace:
@@ -96,25 +99,27 @@ class CudaModule:
                 "kernels": sorted(self.fn), "occupancy": occupancy,
                 "note": "includes CuPy's on-disk kernel cache: a warm cache makes this a module load"}
 
-    def inclusive_scan(self, x, out_dtype, tag: str):
+    def inclusive_scan(self, x, out_dtype, tag: str, n_dev=None):
         """Inclusive prefix sum of a 1-D int array on the current stream (no host sync).
 
         The result lives in the workspace under ``tag``: valid until the next scan with that tag.
+        ``n_dev``, a one-element int64 device array, makes the scan cover only its first
+        ``n_dev[0]`` entries (at most ``len(x)``), a length the host never reads.
         """
-        cp = self.cp
         n = len(x)
         out = self.ws.empty(tag, n, out_dtype)
         if n == 0:
             return out
-        tiles_kernel, sums_kind = _SCAN_SUFFIX[(str(x.dtype), str(cp.dtype(out_dtype)))]
+        tiles_fn, sums_fn, add_fn = _SCAN_KERNELS[(x.dtype, out.dtype)]
         tiles = (n + SCAN_TILE - 1) // SCAN_TILE
         sums = self.ws.empty(tag + ".tile_sums", tiles, out_dtype)
-        self.fn[f"scan_tiles_{tiles_kernel}"]((tiles,), (1024,), (x, _i64(n), out, sums))
+        nd = np.intp(0) if n_dev is None else n_dev
+        self.fn[tiles_fn]((tiles,), (1024,), (x, _i64(n), nd, out, sums))
         if tiles > 1:
             scanned = tiles > SMALL_SCAN_TILES
             if scanned:
-                self.fn[f"scan_sums_{sums_kind}"]((1,), (1024,), (sums, _i64(tiles)))
-            self.fn[f"add_offsets_{sums_kind}"]((tiles,), (1024,), (out, _i64(n), sums, np.int32(scanned)))
+                self.fn[sums_fn]((1,), (1024,), (sums, _i64(tiles)))
+            self.fn[add_fn]((tiles,), (1024,), (out, _i64(n), nd, sums, np.int32(scanned)))
         return out
 
     def resources(self, fn) -> dict:

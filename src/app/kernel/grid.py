@@ -44,7 +44,9 @@ def grid_level(world, mean_w: float, mean_h: float, bias: int = 0) -> int:
     minx, miny, maxx, maxy = (float(v) for v in world[:4])
     extent = max(maxx - minx, maxy - miny, 1e-300)
     cell = max(mean_w, mean_h, extent / (1 << MAX_LEVEL))
-    level = int(math.floor(math.log2(extent / cell))) + bias if cell > 0 else 0
+    # floor(log2(r)) from the binary exponent: exact, where log2 can round up just below a power of
+    # two. join.cu's grid_params does the same on the device, so both pick the same level.
+    level = math.frexp(extent / cell)[1] - 1 + bias
     return int(min(max(level, 1), MAX_LEVEL))
 
 

@@ -1,6 +1,8 @@
 // Inclusive prefix sum in two launches (tiles, add) -- three past 4096 tiles --, replacing
 // cupy.cumsum whose ~30 us of host overhead per call dominated small stages.
-// Instantiated for the input/output integer types the kernels use.
+// Instantiated for the input/output integer types the kernels use. When n_dev is given the
+// length is read from the device (a sync-free plan sizes the launch for the most it can be,
+// and the blocks past the real length return at once).
 
 #define SCAN_THREADS 1024
 #define SCAN_ITEMS 2
@@ -31,8 +33,10 @@ __device__ __forceinline__ T block_inclusive_scan(T v, T* warp_totals, T& block_
 }
 
 template <typename In, typename Out>
-__device__ void scan_tiles(const In* x, long long n, Out* out, Out* tile_sums) {
+__device__ void scan_tiles(const In* x, long long n, const long long* n_dev, Out* out, Out* tile_sums) {
     __shared__ Out warp_totals[32];
+    if (n_dev) n = *n_dev;
+    if ((long long)blockIdx.x * SCAN_TILE >= n) return;     // block-uniform: no __syncthreads skipped
     long long base = (long long)blockIdx.x * SCAN_TILE + (long long)threadIdx.x * SCAN_ITEMS;
     Out items[SCAN_ITEMS];
     Out sum = 0;
@@ -68,8 +72,9 @@ __device__ void scan_sums(Out* sums, long long t) {
 // 0 when each block adds up the sums of the tiles before it itself (cheap for a
 // few thousand tiles, and it saves a launch).
 template <typename Out>
-__device__ void add_tile_offsets(Out* out, long long n, const Out* sums, int sums_scanned) {
-    if (blockIdx.x == 0) return;
+__device__ void add_tile_offsets(Out* out, long long n, const long long* n_dev, const Out* sums, int sums_scanned) {
+    if (n_dev) n = *n_dev;
+    if (blockIdx.x == 0 || (long long)blockIdx.x * SCAN_TILE >= n) return;
     __shared__ Out warp_totals[32];
     __shared__ Out prefix;
     if (sums_scanned) {
@@ -89,19 +94,22 @@ __device__ void add_tile_offsets(Out* out, long long n, const Out* sums, int sum
 }
 
 extern "C" {
-__global__ void scan_tiles_i32_i32(const int* x, long long n, int* out, int* s) { scan_tiles<int, int>(x, n, out, s); }
-__global__ void scan_tiles_i32_i64(const int* x, long long n, long long* out, long long* s) {
-    scan_tiles<int, long long>(x, n, out, s);
+__global__ void scan_tiles_i32_i32(const int* x, long long n, const long long* nd, int* out, int* s) {
+    scan_tiles<int, int>(x, n, nd, out, s);
 }
-__global__ void scan_tiles_i64_i64(const long long* x, long long n, long long* out, long long* s) {
-    scan_tiles<long long, long long>(x, n, out, s);
+__global__ void scan_tiles_i32_i64(const int* x, long long n, const long long* nd, long long* out, long long* s) {
+    scan_tiles<int, long long>(x, n, nd, out, s);
+}
+__global__ void scan_tiles_i64_i64(const long long* x, long long n, const long long* nd, long long* out,
+                                   long long* s) {
+    scan_tiles<long long, long long>(x, n, nd, out, s);
 }
 __global__ void scan_sums_i32(int* s, long long t) { scan_sums<int>(s, t); }
 __global__ void scan_sums_i64(long long* s, long long t) { scan_sums<long long>(s, t); }
-__global__ void add_offsets_i32(int* out, long long n, const int* s, int scanned) {
-    add_tile_offsets<int>(out, n, s, scanned);
+__global__ void add_offsets_i32(int* out, long long n, const long long* nd, const int* s, int scanned) {
+    add_tile_offsets<int>(out, n, nd, s, scanned);
 }
-__global__ void add_offsets_i64(long long* out, long long n, const long long* s, int scanned) {
-    add_tile_offsets<long long>(out, n, s, scanned);
+__global__ void add_offsets_i64(long long* out, long long n, const long long* nd, const long long* s, int scanned) {
+    add_tile_offsets<long long>(out, n, nd, s, scanned);
 }
 }

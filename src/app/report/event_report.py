@@ -161,7 +161,7 @@ def _stage_chart(roof):
 
 def _rows_and_meta(trace):
     skip = {"h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs", "allocation_size_reads",
-            "theoretical_occupancy_pct"}
+            "result_size_reads", "theoretical_occupancy_pct"}
     rows = []
     for s in trace["stages"]:
         meta = ", ".join(f"{k}={fmt(v) if not isinstance(v, list) else '; '.join(v)}"

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from app.report.markdown import Section, fmt
 
-TRANSFER_KEYS = ("h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs", "allocation_size_reads")
+TRANSFER_KEYS = ("h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs", "allocation_size_reads",
+                 "result_size_reads")
 
 
 def transfers_section(trace: dict) -> Section:
     residency = trace["metadata"].get("output_residency", "device")
     return Section("Transfers and syncs", columns=["Stage", "H2D copies", "H2D bytes", "D2H copies", "D2H bytes",
-                                                   "syncs", "allocation-size reads"],
-                   rows=[[s["name"]] + [fmt(s["metadata"].get(k, 0)) for k in TRANSFER_KEYS]
+                                                   "syncs", "allocation-size reads", "of them, result length"],
+                   rows=[[s["name"]] + [fmt(s["metadata"].get(k, 0)) for k in TRANSFER_KEYS[:-1]]
+                         + [fmt(s["metadata"]["result_size_reads"]) if "result_size_reads" in s["metadata"]
+                            else "result_size_reads not recorded"]
                          for s in trace["stages"]],
                    note=f"Counted per run of the plan. Output stays {residency}-resident; copying results to the "
-                        "host is outside the plan.")
+                        "host is outside the plan. A result-length read comes after the stage's last launch: "
+                        "nothing on the device waits for it.")
 
 
 def verification_section(trace: dict) -> Section:

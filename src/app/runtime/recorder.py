@@ -126,6 +126,7 @@ class StageContext:
     d2h_bytes: int = 0
     syncs: int = 0
     size_reads: list = field(default_factory=list)
+    result_reads: int = 0           # of the size reads, those that size the result after the plan's last launch
     tape: SizeTape | None = None    # records the size reads, or replays them without touching the device
 
     @property
@@ -164,10 +165,19 @@ class StageContext:
             self.tape.record(self.name, out)
         return out
 
+    def read_result_size(self, array, why: str) -> np.ndarray:
+        """A size read made after the plan has queued all its device work, to cut the result to length.
+
+        Nothing waits on it but the caller, so it does not keep the plan out of a CUDA graph: the graph
+        ends before it, and the host reads the size after the replay."""
+        self.result_reads += 1
+        return self.read_size(array, why)
+
     def counters(self) -> dict:
         return {"h2d_copies": self.h2d_copies, "h2d_bytes": self.h2d_bytes,
                 "d2h_copies": self.d2h_copies, "d2h_bytes": self.d2h_bytes,
-                "syncs": self.syncs, "allocation_size_reads": len(self.size_reads)}
+                "syncs": self.syncs, "allocation_size_reads": len(self.size_reads),
+                "result_size_reads": self.result_reads}
 
 
 @dataclass

@@ -86,19 +86,23 @@ class Progress:
             self.out.flush()
 
 
-def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tuple[list, dict]:
-    """(records, how the count was decided). ``bench_runs``: an int, or "auto"."""
-    records, t0 = [], time.monotonic()
+def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tuple[list, dict, object]:
+    """(run records, how the count was decided, the last run's output). ``bench_runs``: an int, or "auto".
+
+    Only the last output is kept, as in a caller's own loop: keeping every run's result would make each
+    run allocate fresh device memory for it (CuPy's pool grows instead of reusing), and that cudaMalloc
+    would be timed as part of the plan -- at the default join sizes it made output_sort 2.5x slower."""
+    records, t0, output = [], time.monotonic(), None
     auto = bench_runs == "auto"
     target = AUTO_MAX_RUNS if auto else int(bench_runs)
     stopped = {"rule": "count", "requested": bench_runs}
     while len(records) < target:
         flush()
         output, record = run_once()
-        records.append((output, record))
+        records.append(record)
         progress.update(f"timed run {len(records)}" + ("" if auto else f"/{target}"))
         if auto and len(records) >= AUTO_MIN_RUNS:
-            totals = [r.total_seconds for _, r in records]
+            totals = [r.total_seconds for r in records]
             med = statistics.median(totals)
             lo, hi = median_interval(totals)
             width = max(med - lo, hi - med) / med if med > 0 else 0.0
@@ -111,7 +115,7 @@ def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tupl
                 break
     if auto and stopped["rule"] == "count":
         stopped = {"rule": "max_runs", "requested": "auto", "max_runs": AUTO_MAX_RUNS}
-    return records, stopped
+    return records, stopped, output
 
 
 def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: int = OVERHEAD_PAIRS,
@@ -170,24 +174,42 @@ def graph_capturability(record, selected: str) -> dict:
 
     A graph holds device work only: a host read mid-plan (a size to allocate by, a result to branch
     on) or a copy of host arrays, which the host first copies into pinned staging, cannot be captured. Each
-    stage that does one is named."""
+    stage that does one is named. ``after_build`` says whether the stages after the leading ones that copy
+    host arrays in (the build) could be captured as they are: the build runs before such a graph, the
+    result's length is read after it."""
     if selected != "gpu":
-        return {"capturable": False, "why": "CPU run: CUDA graphs apply to GPU runs only"}
-    blockers = []
-    for s in record.stages:
+        return {"capturable": False, "after_build": False, "why": "CPU run: CUDA graphs apply to GPU runs only"}
+    copies, reads = [], []
+    last = len(record.stages) - 1
+    for i, s in enumerate(record.stages):
         c = s["counters"]
-        if c["syncs"]:
-            reads = f"{c['allocation_size_reads']} allocation-size read(s)" if c["allocation_size_reads"] else \
-                f"{c['syncs']} host read(s)"
-            blockers.append(f"{s['name']}: {reads}")
+        # The last stage's read of the result's length, after every launch, is not mid-plan: a graph ends there.
+        ending = c.get("result_size_reads", 0) if i == last else 0
+        if c["syncs"] > ending:
+            sizes = c["allocation_size_reads"] - ending
+            what = f"{sizes} allocation-size read(s)" if sizes else f"{c['syncs'] - ending} host read(s)"
+            reads.append(f"{s['name']}: {what}")
         if c["h2d_copies"]:
             how = "host work: the arrays are copied into pinned staging buffers first" \
                 if str(s.get("meta", {}).get("staging", "")).startswith("pinned") else "from pageable host memory"
-            blockers.append(f"{s['name']}: {c['h2d_copies']} copies of host arrays ({how})")
-    if blockers:
-        return {"capturable": False, "blockers": blockers,
-                "why": "not capturable: " + "; ".join(blockers) + ". A graph holds device work only; upper-bound "
-                       "allocations or device-side sizes, and pinned staging outside the graph, would make it "
-                       "capturable."}
-    return {"capturable": True, "why": "no host reads or host copies inside the plan: it can be captured as it "
-                                       "is (the replay figure, on a GPU, says what that saves)"}
+            copies.append((i, f"{s['name']}: {c['h2d_copies']} copies of host arrays ({how})"))
+    build = 0
+    while build < len(record.stages) and record.stages[build]["counters"]["h2d_copies"]:
+        build += 1
+    late_copies = [text for i, text in copies if i >= build]
+    blockers = [text for _, text in copies] + reads
+    after_build = not reads and not late_copies
+    if not blockers:
+        return {"capturable": True, "after_build": True,
+                "why": "no host reads or host copies inside the plan, only the result's length read after its last "
+                       "launch: it can be captured as it is (the replay figure, on a GPU, says what that saves)"}
+    if after_build:
+        return {"capturable": False, "after_build": True, "blockers": blockers,
+                "why": "the stages after the build can be captured as they are: no host read comes before the "
+                       "result's length, read after the last launch, so a replay needs no size from the host (the "
+                       "buffers sized before capture must still hold a new input's data). The build (" +
+                       "; ".join(blockers) + ") stays outside the graph"}
+    return {"capturable": False, "after_build": False, "blockers": blockers,
+            "why": "not capturable: " + "; ".join(blockers) + ". A graph holds device work only; upper-bound "
+                   "allocations or device-side sizes, and pinned staging outside the graph, would make it "
+                   "capturable."}

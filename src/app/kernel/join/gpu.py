@@ -1,11 +1,21 @@
 """The join's stages on the GPU: CuPy plus the RawKernels of join.cu.
 
-Nothing returns to the host inside the pipeline except three allocation-size
-reads (world box for the grid level in bounds, candidate total in the filter,
-hit total at the end of output_sort), each made through ``st.read_size`` so it
-is counted in the stage's metadata. CuPy's sorts
-(Thrust) are not used, so no library call can synchronise where the counters
-cannot see it; the two sorts here are counting sorts (points by grid cell,
+v1 and v2 read allocation sizes from the device mid-run, each through ``st.read_size``
+so it is counted in the stage's metadata: the grid level (the cell table's size) in
+morton_sort, the candidate total in the filter (v2 also its cell-list length), and the
+hit total at the end of output_sort. Each read stops the host until the GPU has caught
+up, and then the GPU waits for the host's next launches.
+
+v3 is v1 with no read before the end: the grid is chosen on the device (grid_params)
+and its cell table allocated for the largest level, and the candidate buffers have a
+room the backend keeps from run to run. The kernels read the real lengths from device
+memory. One read at the end sizes the result and checks the room; if the candidates
+did not fit, the room grows and the filter, refine and sort run again within that same
+run, which the output stage's metadata says (``candidate_room_grown``). The plan can
+therefore be captured as one CUDA graph (see app.runtime.graph).
+
+CuPy's sorts (Thrust) are not used, so no library call can synchronise where the
+counters cannot see it; the two sorts here are counting sorts (points by grid cell,
 hits by point) built from our kernels and scan.cu.
 """
 from __future__ import annotations
@@ -21,7 +31,7 @@ from app.kernel.robust import CCW_ERRBOUND_A
 SOURCE = Path(__file__).with_name("join.cu")
 STAGE_KERNELS = {
     "bounds": ("init_summary", "polygon_bounds", "point_extent"),
-    "morton_sort": ("point_cells", "point_scatter"),
+    "morton_sort": ("grid_params", "zero_table", "point_cells", "point_scatter"),
     "candidate_filter": ("candidate_count", "candidate_emit", "poly_cell_count", "poly_cell_fill",
                          "point_candidates"),
     "predicate_refine": ("refine",),
@@ -29,12 +39,20 @@ STAGE_KERNELS = {
 }
 # CuPy library calls each stage also makes (kernels with no source of ours to show).
 LIBRARY_CALLS = {
-    "owned_buffer_build": "cudaMemcpyAsync from pinned staging buffers (H2D copies), cupy.take",
-    "morton_sort": "cupy.zeros (bucket counts)",
-    "candidate_filter": "cupy.zeros (stats)",
-    "predicate_refine": "cupy.zeros (stats)",
-    "output_sort": "cupy.zeros (per-point counts)",
+    "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
+    "bounds": "cudaMemsetAsync (the run's ledger of grid parameters and counters)",
+    "morton_sort": "cudaMemsetAsync (bucket counts; v3 zeroes them in zero_table)",
+    "output_sort": "cudaMemsetAsync (per-point counts)",
 }
+# The run's ledger, one device array of 64-bit words: every kernel reads the grid from it, every counter
+# lands in it, and v3 reads it once, at the end.
+LEDGER_WORDS = 14
+GRID = slice(0, 8)        # join.cu's GridParams: ox, oy, sx, sy (fp64 bits), level, shift, cells, table length
+TABLE = slice(7, 8)
+FILTER = slice(8, 10)     # pairs examined, candidates
+CANDIDATES = slice(9, 10)
+REFINE = slice(10, 14)    # hits, exact orientations, edge tests, boundary pairs
+MIN_ROOM = 4096
 
 
 class JoinGPU(GpuBackend):
@@ -44,10 +62,21 @@ class JoinGPU(GpuBackend):
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
         self.sm_count = self.cp.cuda.Device().attributes["MultiProcessorCount"]
+        self._room: int | None = None     # v3: candidate pairs the buffers hold, kept from run to run
+        self._views: dict | None = None
+
+    def _ledger(self) -> dict:
+        """The run's ledger, zeroed, and its parts by name: views made once, since slicing a CuPy array
+        costs microseconds of host time and v3's launches are host-bound."""
+        arr = self.mod.ws.zeros("ledger", LEDGER_WORDS, self.cp.uint64)
+        if self._views is None or self._views["all"] is not arr:
+            self._views = {"all": arr, "grid": arr[GRID], "table": arr[TABLE], "filter": arr[FILTER],
+                           "candidates": arr[CANDIDATES], "refine": arr[REFINE]}
+        return self._views
 
     # --- stages ----------------------------------------------------------------------
     def owned_buffer_build(self, state, st, tiling):
-        cp, inp = self.cp, state["inputs"]
+        inp = state["inputs"]
         polys = inp.polygons
         if polys.n_coords >= 2**31 or len(inp.points) >= 2**31:
             raise ValueError("more than 2^31 points or vertices: the int32 offsets would overflow")
@@ -55,7 +84,6 @@ class JoinGPU(GpuBackend):
         state.update(self.stage_in(st, coords=(polys.coords, np.float64), ring_offsets=(polys.ring_offsets, np.int32),
                                    geom_ring_offsets=(polys.geom_ring_offsets, np.int32),
                                    points=(inp.points, np.float64)))
-        state["geom_coord_offsets"] = cp.take(state["ring_offsets"], state["geom_ring_offsets"])
         st.rows_in = st.rows_out = len(inp.points) + polys.n_geoms
         st.meta.update(points=len(inp.points), polygons=polys.n_geoms, rings=polys.n_rings,
                        vertices=polys.n_coords, owned_bytes=int(inp.points.nbytes + polys.nbytes()))
@@ -65,65 +93,79 @@ class JoinGPU(GpuBackend):
         g, pts = state["inputs"].polygons.n_geoms, state["points"]
         bbox = ws.empty("bbox", (g, 4), cp.float64)
         summary = ws.empty("summary", 8, cp.float64)
+        state["ledger"] = self._ledger()
         self.mod.fn["init_summary"]((1,), (32,), (summary,))
-        self._launch("polygon_bounds", g, tiling["block"], (state["coords"], state["geom_coord_offsets"],
-                                                            np.int64(g), bbox, summary))
+        self._launch("polygon_bounds", g, tiling["block"], (state["coords"], state["ring_offsets"],
+                                                            state["geom_ring_offsets"], np.int64(g), bbox, summary))
         if len(pts):   # fixed grid, grid-stride loop: few blocks, few atomics
             blocks = min((len(pts) + tiling["block"] - 1) // tiling["block"], 4 * self.sm_count)
             self.mod.fn["point_extent"]((blocks,), (tiling["block"],), (pts, np.int64(len(pts)), summary))
-        # One read sizes the grid: world box and mean bbox size choose the level.
-        host = st.read_size(summary, "world box + mean bbox size -> grid level")
-        state["bbox"], state["world"], state["mean_wh"] = bbox, host[:4], (host[4] / max(g, 1), host[5] / max(g, 1))
+        state["bbox"], state["summary"] = bbox, summary
         st.rows_in, st.rows_out = g + len(pts), g
 
     def morton_sort(self, state, st, tiling):
-        cp, ws, pts = self.cp, self.mod.ws, state["points"]
+        cp, ws, pts, led = self.cp, self.mod.ws, state["points"], state["ledger"]
+        ledger = led["all"]
         n, block = len(pts), tiling["block"]
-        level = grid.grid_level(state["world"], *state["mean_wh"], bias=tiling["level_bias"])
-        minx, miny, sx, sy = grid.world_scale(state["world"])
-        shift = np.int32(grid.BITS - level)
+        # World box and mean bbox size choose the level, on the device (same arithmetic as grid.grid_level).
+        self.mod.fn["grid_params"]((1,), (32,), (state["summary"], np.int64(len(state["bbox"])),
+                                                 np.int32(tiling["level_bias"]), np.int32(grid.MAX_LEVEL), ledger))
         pcell = ws.empty("pcell", n, cp.uint32)
         slot = ws.empty("point_slot", n, cp.int32)
-        counts = ws.zeros("cell_counts", (1 << 2 * level) + 1, cp.int32)
-        self._launch("point_cells", n, block, (pts, np.int64(n), minx, miny, sx, sy, shift, pcell, slot, counts))
-        cell_start = self.mod.inclusive_scan(counts, cp.int32, "cell_start")
+        if self.version == "v3":     # a table for the largest level; the kernels read the real length
+            counts = ws.empty("cell_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
+            self.mod.fn["zero_table"]((4 * self.sm_count,), (256,), (ledger, counts))
+            table = led["table"]
+        else:
+            level = int(st.read_size(led["grid"], "grid level -> cell table size")[4])
+            counts, table = ws.zeros("cell_counts", (1 << 2 * level) + 1, cp.int32), None
+            state["level"] = level
+            st.meta.update(grid_level=level, grid_cells=1 << 2 * level)
+        self._launch("point_cells", n, block, (pts, np.int64(n), ledger, pcell, slot, counts))
+        cell_start = self.mod.inclusive_scan(counts, cp.int32, "cell_start", n_dev=table)
         sorted_pt = ws.empty("sorted_pt", n, cp.int32)
         self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
-        state.update(level=level, cell_start=cell_start, sorted_pt=sorted_pt)
+        state.update(cell_start=cell_start, sorted_pt=sorted_pt, morton_st=st)
         st.rows_in = st.rows_out = n
-        st.meta.update(grid_level=level, grid_cells=1 << 2 * level)
 
     def candidate_filter(self, state, st, tiling):
         if self.version == "v2":
             return self._candidate_filter_cells(state, st, tiling)
-        cp, ws, bbox = self.cp, self.mod.ws, state["bbox"]
+        cp, ws, bbox, led = self.cp, self.mod.ws, state["bbox"], state["ledger"]
+        ledger = led["all"]
         g, block = len(bbox), tiling["block"]
-        minx, miny, sx, sy = grid.world_scale(state["world"])
         counts = ws.empty("poly_counts", g, cp.int64)
-        stats = ws.zeros("filter_stats", 2, cp.uint64)
-        args = (state["points"], bbox, np.int64(g), minx, miny, sx, sy, np.int32(grid.BITS - state["level"]),
-                state["cell_start"], state["sorted_pt"])
-        self._launch("candidate_count", 32 * g, block, args + (counts, stats))   # a warp per polygon
-        offsets = self.mod.inclusive_scan(counts, cp.int64, "poly_offsets")
-        examined, c = (int(v) for v in st.read_size(stats, "candidate pairs -> buffer size"))
-        if c >= 2**31:
-            raise ValueError(f"{c} candidate pairs: more than refine's int32 indexing allows; split the points")
-        cand_pt = ws.empty("cand_pt", c, cp.int32)
-        cand_poly = ws.empty("cand_poly", c, cp.int32)
-        self._launch("candidate_emit", 32 * g, block, args + (offsets, cand_pt, cand_poly))
+        args = (state["points"], bbox, np.int64(g), ledger, state["cell_start"], state["sorted_pt"])
+        self._launch("candidate_count", 32 * g, block, args + (counts, led["filter"]))   # a warp per polygon
+        state["poly_offsets"] = self.mod.inclusive_scan(counts, cp.int64, "poly_offsets")
+        state.update(filter_args=args, filter_block=block, filter_st=st)
+        if self.version == "v3":
+            room = self._room if self._room is not None else max(2 * len(state["points"]), MIN_ROOM)
+        else:
+            examined, room = (int(v) for v in st.read_size(led["filter"], "candidate pairs -> buffer size"))
+            _check_pairs(room)
+            st.rows_out = room
+            st.meta.update(pairs_examined=examined, candidates=room)
+        self._emit(state, room)
+        st.rows_in = g
+
+    def _emit(self, state, room: int):
+        """Candidate pairs into buffers with room for ``room``; the kernel writes none past it."""
+        cp, ws = self.cp, self.mod.ws
+        cand_pt = ws.empty("cand_pt", room, cp.int32)
+        cand_poly = ws.empty("cand_poly", room, cp.int32)
+        g = len(state["bbox"])
+        self._launch("candidate_emit", 32 * g, state["filter_block"],
+                     state["filter_args"] + (state["poly_offsets"], cand_pt, cand_poly, np.int64(room)))
         state["cand_pt"], state["cand_poly"] = cand_pt, cand_poly
-        st.rows_in, st.rows_out = g, c
-        st.meta.update(pairs_examined=examined, candidates=c)
 
     def _candidate_filter_cells(self, state, st, tiling):
         """v2: polygons listed per grid cell (counting sort), each point tests its own cell's list."""
-        cp, ws, bbox = self.cp, self.mod.ws, state["bbox"]
+        cp, ws, bbox, led = self.cp, self.mod.ws, state["bbox"], state["ledger"]
+        ledger = led["all"]
         g, n, block = len(bbox), len(state["points"]), tiling["block"]
-        level = state["level"]
-        cells = 1 << 2 * level
-        minx, miny, sx, sy = grid.world_scale(state["world"])
-        shift = np.int32(grid.BITS - level)
-        geo = (np.int64(g), minx, miny, sx, sy, shift)
+        cells = 1 << 2 * state["level"]
+        geo = (np.int64(g), ledger)
         counts = ws.zeros("poly_cell_counts", cells + 1, cp.int32)
         self._launch("poly_cell_count", g, block, (bbox, *geo, counts))
         cell_start = self.mod.inclusive_scan(counts, cp.int32, "poly_cell_start")
@@ -132,14 +174,13 @@ class JoinGPU(GpuBackend):
         fill = ws.zeros("poly_cell_fill", cells, cp.int32)
         self._launch("poly_cell_fill", g, block, (bbox, *geo, cell_start, fill, entries))
         pcounts = ws.empty("point_counts_v2", n, cp.int64)
-        stats = ws.zeros("filter_stats", 2, cp.uint64)
+        stats = led["filter"]
         null = np.intp(0)
-        args = (state["points"], state["sorted_pt"], np.int64(n), minx, miny, sx, sy, shift, cell_start, entries, bbox)
+        args = (state["points"], state["sorted_pt"], np.int64(n), ledger, cell_start, entries, bbox)
         self._launch("point_candidates", n, block, args + (pcounts, null, null, null, stats))
         offsets = self.mod.inclusive_scan(pcounts, cp.int64, "point_offsets_v2")
         examined, c = (int(v) for v in st.read_size(stats, "candidate pairs -> buffer size"))
-        if c >= 2**31:
-            raise ValueError(f"{c} candidate pairs: more than refine's int32 indexing allows; split the points")
+        _check_pairs(c)
         cand_pt = ws.empty("cand_pt", c, cp.int32)
         cand_poly = ws.empty("cand_poly", c, cp.int32)
         self._launch("point_candidates", n, block, args + (pcounts, offsets, cand_pt, cand_poly, stats))
@@ -148,22 +189,64 @@ class JoinGPU(GpuBackend):
         st.meta.update(pairs_examined=examined, candidates=c, grid_entries=e)
 
     def predicate_refine(self, state, st, tiling):
-        cp, ws = self.cp, self.mod.ws
-        c = len(state["cand_pt"])
-        hits = ws.empty("hits", c, cp.uint64)      # hits <= candidates: no size read needed up front
-        stats = ws.zeros("refine_stats", 4, cp.uint64)
-        within = np.int32(state["inputs"].predicate == "within")
-        self._launch("refine", c, tiling["block"], (state["points"], state["coords"], state["ring_offsets"],
-                                                    state["geom_ring_offsets"], state["cand_pt"], state["cand_poly"],
-                                                    np.int32(c), within, CCW_ERRBOUND_A, hits, stats))
+        state.update(refine_block=tiling["block"], refine_st=st)
+        self._refine(state)
         # The hit count stays on the device: output_sort reads it once, after queueing its own
         # kernels, and fills in this stage's rows_out and counters then.
-        state.update(hits=hits, refine_stats=stats, refine_st=st)
-        st.rows_in = c
+        st.rows_in = len(state["cand_pt"])
+
+    def _refine(self, state):
+        cp, ws, led = self.cp, self.mod.ws, state["ledger"]
+        c = len(state["cand_pt"])                   # v3: the room; the kernel reads the real count
+        hits = ws.empty("hits", c, cp.uint64)      # hits <= candidates: no size read needed up front
+        within = np.int32(state["inputs"].predicate == "within")
+        n_cand = led["candidates"] if self.version == "v3" else np.intp(0)
+        self._launch("refine", c, state["refine_block"],
+                     (state["points"], state["coords"], state["ring_offsets"], state["geom_ring_offsets"],
+                      state["cand_pt"], state["cand_poly"], np.int32(c), n_cand, within, CCW_ERRBOUND_A, hits,
+                      led["refine"]))
+        state["hits"] = hits
 
     def output_sort(self, state, st, tiling):
-        cp, ws, hits, stats = self.cp, self.mod.ws, state["hits"], state["refine_stats"]
-        c, n, block = len(hits), len(state["points"]), tiling["block"]
+        state["sort_block"] = tiling["block"]
+        self._sort_hits(state)
+        if self.version != "v3":
+            h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_result_size(state["ledger"]["refine"],
+                                                                                  "hits -> output size"))
+        else:
+            words = st.read_result_size(state["ledger"]["all"], "grid, candidates and hits -> result size, room check")
+            c, room = int(words[CANDIDATES][0]), len(state["cand_pt"])
+            if c > room:           # the candidates did not fit: grow the room, run filter to sort again
+                _check_pairs(c)
+                self._room = min(c + c // 4 + MIN_ROOM, 2**31 - 1)
+                st.meta["candidate_room_grown"] = f"{c} candidate pairs found room for {room}: grown to " \
+                                                  f"{self._room}, filter, refine and sort ran again"
+                state["ledger"]["refine"].fill(0)      # refine counts again from zero
+                self._emit(state, self._room)
+                self._refine(state)
+                self._sort_hits(state)
+                words = st.read_result_size(state["ledger"]["all"], "hits -> result size, after the room grew")
+            else:
+                self._room = room     # kept for the next run (a warm run of the same inputs fits)
+            level = int(words[4])
+            state["morton_st"].meta.update(grid_level=level, grid_cells=1 << 2 * level)
+            f = state["filter_st"]
+            f.rows_out = c
+            f.meta.update(pairs_examined=int(words[8]), candidates=c, candidate_room=len(state["cand_pt"]))
+            state["refine_st"].rows_in = c
+            h, n_exact, n_edges, n_boundary = (int(v) for v in words[REFINE])
+        pt, poly = state["sorted_pairs"]
+        state["output"] = (pt[:h], poly[:h])
+        st.rows_in = st.rows_out = h
+        refine = state["refine_st"]
+        refine.rows_out = h
+        refine.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges)
+
+    def _sort_hits(self, state):
+        """Counting sort of the hits by point, then each point's polygons: launched before the hit count is
+        known on the host, the kernels read it from the ledger."""
+        cp, ws, hits, stats = self.cp, self.mod.ws, state["hits"], state["ledger"]["refine"]
+        c, n, block = len(hits), len(state["points"]), state["sort_block"]
         slot = ws.empty("hit_slot", c, cp.int32)
         counts = ws.zeros("point_counts", n + 1, cp.int32)
         self._launch("pair_count", c, block, (hits, stats, slot, counts))
@@ -172,9 +255,9 @@ class JoinGPU(GpuBackend):
         poly = cp.empty(c, dtype=cp.int64)
         self._launch("pair_scatter", c, block, (hits, stats, slot, start, pt, poly))
         self._launch("segment_sort", n, block, (start, np.int64(n), poly))
-        h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_size(stats, "hits -> output size"))
-        state["output"] = (pt[:h], poly[:h])
-        st.rows_in = st.rows_out = h
-        refine = state["refine_st"]
-        refine.rows_out = h
-        refine.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges)
+        state["sorted_pairs"] = (pt, poly)
+
+
+def _check_pairs(c: int) -> None:
+    if c >= 2**31:
+        raise ValueError(f"{c} candidate pairs: more than refine's int32 indexing allows; split the points")

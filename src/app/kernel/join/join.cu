@@ -10,14 +10,55 @@ extern "C" __global__ void point_extent(const double* pts, long long N, double* 
     block_extent(summary, x0, y0, x1, y1);
 }
 
+// ---- grid parameters, chosen on the device -------------------------------------
+// The same fp64 operations as grid.py's world_scale and grid_level (frexp, not log2, so
+// the level is exact on both sides): the host never has to read the world box to pick
+// the grid, and v3 never does. Stored in the run's ledger (gpu.py), read by every
+// kernel below through a pointer.
+struct GridParams { double ox, oy, sx, sy; long long level, shift, cells, table; };
+
+extern "C" __global__ void grid_params(const double* summary, long long G, int bias, int max_level,
+                                       GridParams* gp) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double minx = summary[0], miny = summary[1], maxx = summary[2], maxy = summary[3];
+    double g = G > 1 ? (double)G : 1.0;
+    double mean_w = summary[4] / g, mean_h = summary[5] / g;
+    double extent = fmax(fmax(maxx - minx, maxy - miny), 1e-300);
+    double cell = fmax(fmax(mean_w, mean_h), extent / (double)(1 << max_level));
+    int e = 0;
+    frexp(extent / cell, &e);                   // extent / cell in [2^(e-1), 2^e)
+    int level = min(max(e - 1 + bias, 1), max_level);
+    gp->ox = minx; gp->oy = miny;
+    gp->sx = 65536.0 / fmax(maxx - minx, 1e-300); gp->sy = 65536.0 / fmax(maxy - miny, 1e-300);
+    gp->level = level; gp->shift = 16 - level;
+    gp->cells = 1ll << (2 * level); gp->table = gp->cells + 1;
+}
+
+// Zero the first gp->table entries of a cell table allocated for the largest level.
+extern "C" __global__ void zero_table(const GridParams* gp, int* counts) {
+    long long n = gp->table;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        counts[i] = 0;
+}
+
+__device__ __forceinline__ unsigned int point_cell(double x, double y, const GridParams* gp) {
+    int shift = (int)gp->shift;
+    return morton(quantise(x, gp->ox, gp->sx) >> shift, quantise(y, gp->oy, gp->sy) >> shift);
+}
+
+__device__ __forceinline__ void box_cells(const double* b, const GridParams* gp, unsigned int& x0, unsigned int& y0,
+                                          unsigned int& x1, unsigned int& y1) {
+    cell_range(b, gp->ox, gp->oy, gp->sx, gp->sy, (int)gp->shift, x0, y0, x1, y1);
+}
+
 // ---- Morton bucket sort: points grouped by their level-k Morton cell -------------
 // counts has cells + 1 entries: counting into cell + 1 makes its inclusive scan the
 // exclusive cell starts. The slot from the atomic places the point inside its cell.
-extern "C" __global__ void point_cells(const double* pts, long long N, double ox, double oy, double sx, double sy,
-                                       int shift, unsigned int* pcell, int* slot, int* counts) {
+extern "C" __global__ void point_cells(const double* pts, long long N, const GridParams* gp, unsigned int* pcell,
+                                       int* slot, int* counts) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= N) return;
-    unsigned int cell = morton(quantise(pts[2 * i], ox, sx) >> shift, quantise(pts[2 * i + 1], oy, sy) >> shift);
+    unsigned int cell = point_cell(pts[2 * i], pts[2 * i + 1], gp);
     pcell[i] = cell;
     slot[i] = atomicAdd(counts + cell + 1, 1);
 }
@@ -35,9 +76,9 @@ extern "C" __global__ void point_scatter(const unsigned int* pcell, const int* s
 
 // A warp per polygon: its lanes stride over the points of each covered cell, so
 // 32x more threads are in flight than with a thread per polygon.
-extern "C" __global__ void candidate_count(const double2* pts, const double* bbox, long long G, double ox, double oy,
-                                           double sx, double sy, int shift, const int* cell_start,
-                                           const int* sorted_pt, long long* counts, unsigned long long* stats) {
+extern "C" __global__ void candidate_count(const double2* pts, const double* bbox, long long G,
+                                           const GridParams* gp, const int* cell_start, const int* sorted_pt,
+                                           long long* counts, unsigned long long* stats) {
     long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
     int lane = threadIdx.x & 31;
     unsigned long long examined = 0, found = 0;
@@ -45,7 +86,7 @@ extern "C" __global__ void candidate_count(const double2* pts, const double* bbo
         const double* b = bbox + 4 * g;
         double bx0 = b[0], by0 = b[1], bx1 = b[2], by1 = b[3];
         unsigned int x0, y0, x1, y1;
-        cell_range(b, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+        box_cells(b, gp, x0, y0, x1, y1);
         for (unsigned int y = y0; y <= y1; ++y)
             for (unsigned int x = x0; x <= x1; ++x) {
                 unsigned int cell = morton(x, y);
@@ -64,17 +105,19 @@ extern "C" __global__ void candidate_count(const double2* pts, const double* bbo
     block_add<2>(stats, v);
 }
 
-extern "C" __global__ void candidate_emit(const double2* pts, const double* bbox, long long G, double ox, double oy,
-                                          double sx, double sy, int shift, const int* cell_start,
-                                          const int* sorted_pt, const long long* incl_offsets, int* cand_pt,
-                                          int* cand_poly) {
+// Pairs past ``cap`` (the buffers' room) are not written: v3 sizes the buffers before the
+// total is known, and checks the total against cap once, at the end of the run.
+extern "C" __global__ void candidate_emit(const double2* pts, const double* bbox, long long G,
+                                          const GridParams* gp, const int* cell_start, const int* sorted_pt,
+                                          const long long* incl_offsets, int* cand_pt, int* cand_poly,
+                                          long long cap) {
     long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
     int lane = threadIdx.x & 31;
     if (g >= G) return;
     const double* b = bbox + 4 * g;
     double bx0 = b[0], by0 = b[1], bx1 = b[2], by1 = b[3];
     unsigned int x0, y0, x1, y1;
-    cell_range(b, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+    box_cells(b, gp, x0, y0, x1, y1);
     long long out = g == 0 ? 0 : incl_offsets[g - 1];
     for (unsigned int y = y0; y <= y1; ++y)
         for (unsigned int x = x0; x <= x1; ++x) {
@@ -89,10 +132,8 @@ extern "C" __global__ void candidate_emit(const double2* pts, const double* bbox
                     hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
                 }
                 unsigned int ballot = __ballot_sync(FULL_MASK, hit);
-                if (hit) {
-                    long long pos = out + __popc(ballot & ((1u << lane) - 1));
-                    cand_pt[pos] = p; cand_poly[pos] = (int)g;
-                }
+                long long pos = out + __popc(ballot & ((1u << lane) - 1));
+                if (hit && pos < cap) { cand_pt[pos] = p; cand_poly[pos] = (int)g; }
                 out += __popc(ballot);
             }
         }
@@ -104,8 +145,10 @@ extern "C" __global__ void candidate_emit(const double2* pts, const double* bbox
 // tests, [3] += candidate pairs with the point on the polygon's boundary.
 extern "C" __global__ void __launch_bounds__(256, 4)
 refine(const double2* pts, const double2* coords, const int* ring_off, const int* geom_ring_off,
-       const int* cand_pt, const int* cand_poly, int C, int within, double errA, unsigned long long* hits,
-       unsigned long long* stats) {
+       const int* cand_pt, const int* cand_poly, int C, const unsigned long long* n_cand, int within, double errA,
+       unsigned long long* hits, unsigned long long* stats) {
+    // v3 launches over the buffers' room and reads the real count here (never past the room).
+    if (n_cand) C = (int)min(*n_cand, (unsigned long long)C);
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned long long n_exact = 0, n_edges = 0, n_boundary = 0;
     bool keep = false;
@@ -161,22 +204,21 @@ extern "C" __global__ void segment_sort(const long long* start, long long N, lon
 // Counting sort of (cell, polygon) entries: count per cell, scan, fill with an atomic
 // cursor per cell. Then a thread per point (Morton-bucketed order) tests the bboxes
 // of its own cell's list: point-major, one short loop per thread.
-extern "C" __global__ void poly_cell_count(const double* bbox, long long G, double ox, double oy, double sx,
-                                           double sy, int shift, int* cell_counts) {
+extern "C" __global__ void poly_cell_count(const double* bbox, long long G, const GridParams* gp, int* cell_counts) {
     long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (g >= G) return;
     unsigned int x0, y0, x1, y1;
-    cell_range(bbox + 4 * g, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+    box_cells(bbox + 4 * g, gp, x0, y0, x1, y1);
     for (unsigned int y = y0; y <= y1; ++y)
         for (unsigned int x = x0; x <= x1; ++x) atomicAdd(cell_counts + morton(x, y) + 1, 1);
 }
 
-extern "C" __global__ void poly_cell_fill(const double* bbox, long long G, double ox, double oy, double sx,
-                                          double sy, int shift, const int* cell_start, int* cell_fill, int* entries) {
+extern "C" __global__ void poly_cell_fill(const double* bbox, long long G, const GridParams* gp,
+                                          const int* cell_start, int* cell_fill, int* entries) {
     long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (g >= G) return;
     unsigned int x0, y0, x1, y1;
-    cell_range(bbox + 4 * g, ox, oy, sx, sy, shift, x0, y0, x1, y1);
+    box_cells(bbox + 4 * g, gp, x0, y0, x1, y1);
     for (unsigned int y = y0; y <= y1; ++y)
         for (unsigned int x = x0; x <= x1; ++x) {
             unsigned int c = morton(x, y);
@@ -186,8 +228,8 @@ extern "C" __global__ void poly_cell_fill(const double* bbox, long long G, doubl
 
 // Count pass (incl_offsets == 0): counts[i] and stats [examined, candidates];
 // emit pass: (point, polygon) at the point's offset.
-extern "C" __global__ void point_candidates(const double2* pts, const int* sorted_pt, long long N, double ox,
-                                            double oy, double sx, double sy, int shift, const int* cell_start,
+extern "C" __global__ void point_candidates(const double2* pts, const int* sorted_pt, long long N,
+                                            const GridParams* gp, const int* cell_start,
                                             const int* entries, const double* bbox, long long* counts,
                                             const long long* incl_offsets, int* cand_pt, int* cand_poly,
                                             unsigned long long* stats) {
@@ -196,7 +238,7 @@ extern "C" __global__ void point_candidates(const double2* pts, const int* sorte
     if (i < N) {
         int p = sorted_pt[i];
         double2 q = pts[p];
-        unsigned int c = morton(quantise(q.x, ox, sx) >> shift, quantise(q.y, oy, sy) >> shift);
+        unsigned int c = point_cell(q.x, q.y, gp);
         long long out = incl_offsets ? (i == 0 ? 0 : incl_offsets[i - 1]) : 0;
         for (int j = cell_start[c], j1 = cell_start[c + 1]; j < j1; ++j) {
             int g = entries[j];

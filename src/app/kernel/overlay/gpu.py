@@ -25,7 +25,7 @@ STAGE_KERNELS = {
     "area_reconstruction": ("area_rings", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
-    "owned_buffer_build": "cudaMemcpyAsync from pinned staging buffers (H2D copies), cupy.take",
+    "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
     "segment_mbr_filter": "cupy.zeros (bucket counts, stats)",
     "exact_intersection_refine": "cupy.zeros (stats)",
     "reconstruction_event_sort": "cupy.zeros (slot counts)",
@@ -38,7 +38,7 @@ class OverlayGPU(GpuBackend):
     SCAN_STAGES = ("segment_mbr_filter", "reconstruction_event_sort", "area_reconstruction")
 
     def owned_buffer_build(self, state, st, tiling):
-        cp, inp = self.cp, state["inputs"]
+        inp = state["inputs"]
         layers = (("a", inp.left), ("b", inp.right))
         if max(layer.n_coords for _, layer in layers) >= 2**31:
             raise ValueError("more than 2^31 vertices in a layer: the int32 offsets would overflow")
@@ -48,7 +48,7 @@ class OverlayGPU(GpuBackend):
         for side, layer in layers:
             ro, gro = dev[f"ring_offsets_{side}"], dev[f"geom_ring_offsets_{side}"]
             state[side] = {"coords": dev[f"coords_{side}"],
-                           "ring_offsets": ro, "geom_ring_offsets": gro, "gco": cp.take(ro, gro),
+                           "ring_offsets": ro, "geom_ring_offsets": gro,
                            "n_geoms": layer.n_geoms, "n_rings": layer.n_rings,
                            "max_rings": int(np.diff(layer.geom_ring_offsets).max())}
         st.rows_in = st.rows_out = inp.left.n_geoms + inp.right.n_geoms
@@ -64,7 +64,8 @@ class OverlayGPU(GpuBackend):
             L = state[side]
             g, r = L["n_geoms"], L["n_rings"]
             L["bbox"] = ws.empty(f"bbox_{side}", (g, 4), cp.float64)
-            self._launch("polygon_bounds", g, block, (L["coords"], L["gco"], np.int64(g), L["bbox"], summary))
+            self._launch("polygon_bounds", g, block, (L["coords"], L["ring_offsets"], L["geom_ring_offsets"],
+                                                      np.int64(g), L["bbox"], summary))
             L["ring_area2"] = ws.empty(f"ring_area2_{side}", r, cp.float64)
             L["ring_box"] = ws.empty(f"ring_box_{side}", (r, 4), cp.float64)
             self._launch("ring_tables", r, block, (L["coords"], L["ring_offsets"], np.int32(r), L["ring_area2"],

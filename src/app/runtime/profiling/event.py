@@ -56,9 +56,8 @@ class EventMode(Mode):
                     flush()
                     rec.run(plan, inputs, backend)
                 with sampler_for(selection) as sampler:     # GPU clocks every ~20 ms of the timed runs
-                    done, stopped = timed_runs(lambda: rec.run(plan, inputs, backend), options.timed_runs(), flush,
-                                               progress)
-                output, runs = done[-1][0], [r for _, r in done]
+                    runs, stopped, output = timed_runs(lambda: rec.run(plan, inputs, backend), options.timed_runs(),
+                                                       flush, progress)
                 bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
                 budget = max(1.0, OVERHEAD_SHARE * sum(r.wall_seconds for r in runs))
                 pairs = OVERHEAD_PAIRS if selection.selected == "gpu" else OVERHEAD_PAIRS_CPU

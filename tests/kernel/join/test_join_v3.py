@@ -1,0 +1,86 @@
+"""join v3: the grid chosen on the device, candidate room kept from run to run, one read at the end."""
+import math
+
+import numpy as np
+import pytest
+
+from app.kernel import grid
+from app.kernel.plan import get_plan_class
+
+
+def test_the_grid_level_is_the_exact_floor_of_log2_even_just_below_a_power_of_two():
+    # 1024 / (1 + 2^-52) lies just below 1024: its log2 rounds up to 10.0, the level must be 9.
+    m = float(np.nextafter(1.0, 2.0))
+    assert math.log2(1024 / m) == 10.0
+    assert grid.grid_level((0, 0, 1024, 1024), m, m) == 9
+    assert grid.grid_level((0, 0, 1024, 1024), 1.0, 1.0) == 10          # exactly 2^10
+    assert grid.grid_level((0, 0, 1024, 1024), 1.0, 1.0, bias=-1) == 9
+    assert grid.grid_level((0, 0, 1, 1), 2.0, 2.0) == 1                  # clamped below
+    assert grid.grid_level((0, 0, 1, 1), 0.0, 0.0) == grid.MAX_LEVEL     # a cell is never smaller than 4^-11
+
+
+def _run(plan, inputs, backend):
+    import cupy as cp
+
+    from app.runtime.nvtx import Nvtx
+    from app.runtime.recorder import Recorder
+
+    out, rec = Recorder("gpu", cp, Nvtx(False, "join")).run(plan, inputs, backend)
+    return tuple(cp.asnumpy(a) for a in out), {s["name"]: s for s in rec.stages}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world,mean,bias", [
+    ((0.0, 0.0, 1024.0, 1024.0), float(np.nextafter(1.0, 2.0)), 0),    # just below a power of two
+    ((0.0, 0.0, 1024.0, 1024.0), 1.0, 0), ((0.0, 0.0, 1024.0, 1024.0), 1.0, 1),
+    ((-3.5, 2.25, 7.0, 2.5), 0.01, -1),                                # flat world: x sets the extent
+    ((5.0, 5.0, 5.0, 5.0), 0.0, 0),                                    # a single point
+    ((0.0, 0.0, 1e-300, 1e-300), 0.0, 0)])
+def test_the_device_picks_the_hosts_grid(world, mean, bias):
+    import cupy as cp
+
+    from app.kernel.join.gpu import GRID, LEDGER_WORDS, JoinGPU
+
+    plan = get_plan_class("join", "v3")({"points": 10, "polygons": 10})
+    backend = JoinGPU(plan.tiling, "v3")
+    backend.compile()
+    g = 7
+    summary = cp.asarray([*world, mean * g, mean * g, 0.0, 0.0])
+    ledger = cp.zeros(LEDGER_WORDS, cp.uint64)
+    backend.mod.fn["grid_params"]((1,), (32,), (summary, np.int64(g), np.int32(bias), np.int32(grid.MAX_LEVEL),
+                                                ledger))
+    words = cp.asnumpy(ledger[GRID])
+    level = grid.grid_level(world, mean * g / g, mean * g / g, bias=bias)
+    assert words[:4].view(np.float64).tolist() == list(grid.world_scale(world))
+    assert words[4:].tolist() == [level, grid.BITS - level, 1 << 2 * level, (1 << 2 * level) + 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("predicate", ["within", "intersects"])
+def test_candidates_past_the_room_grow_it_and_run_again_exactly(predicate):
+    from app.kernel.join.gpu import JoinGPU
+    from app.kernel.join.oracle import shapely_join
+
+    plan = get_plan_class("join", "v3")({"points": 30_000, "polygons": 3_000, "layout": "clustered",
+                                         "predicate": predicate})
+    inputs = plan.make_inputs()
+    backend = JoinGPU(plan.tiling, "v3")
+    backend.compile()
+    backend._room = 100                        # far too small: the first run must find out and grow
+    expected = shapely_join(inputs.points, inputs.polygons, predicate)
+    (pt, poly), stages = _run(plan, inputs, backend)
+    np.testing.assert_array_equal(pt, expected[0])
+    np.testing.assert_array_equal(poly, expected[1])
+    c = stages["candidate_filter"]["meta"]["candidates"]
+    assert c > 100 and "ran again" in stages["output_sort"]["meta"]["candidate_room_grown"]
+    assert stages["candidate_filter"]["meta"]["candidate_room"] == backend._room >= c
+    # The next run fits the grown room: no regrowth, same result, and its only host read is the result's size.
+    (pt2, poly2), again = _run(plan, inputs, backend)
+    np.testing.assert_array_equal(pt2, expected[0])
+    np.testing.assert_array_equal(poly2, expected[1])
+    assert "candidate_room_grown" not in again["output_sort"]["meta"]
+    reads = {name: s["counters"]["allocation_size_reads"] for name, s in again.items()}
+    assert reads == dict.fromkeys(reads, 0) | {"output_sort": 1}
+    assert again["output_sort"]["counters"]["result_size_reads"] == 1
+    assert again["candidate_filter"]["rows_out"] == c == again["predicate_refine"]["rows_in"]
+    assert again["predicate_refine"]["rows_out"] == len(expected[0])
