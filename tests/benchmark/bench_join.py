@@ -3,8 +3,10 @@
     python -m tests.benchmark.bench_join [--sizes 100k:10k,1M:100k] [--runs 10] [--cpu-runs 3]
 
 GPU: warm time of the stages after the owned-buffer build (inputs already on the
-device), the host->device build on its own line, and end to end (host clock: host
-arrays in, result copied back to host arrays). CPU: the numpy plan, all
+device), the host->device build on its own line, end to end (host clock: host
+arrays in, result copied back to host arrays), and the stages after the build
+replayed as one CUDA graph (valid for any input that fits where the plan reads no
+size before the result's length, else for these inputs' sizes only). CPU: the numpy plan, all
 stages. shapely: STRtree build + query with the predicate (one thread).
 Every output is checked equal to shapely's before a ratio is printed.
 """
@@ -50,9 +52,30 @@ def time_plan(plan, inputs, device: str, runs: int):
         total.append(r.total_seconds)
     if not runs:
         host = tuple(backend.to_host(a) for a in out)
-    return {"build": statistics.median(build), "after": statistics.median(after),
-            "total": statistics.median(total), "after_min": min(after), "e2e": statistics.median(e2e),
-            "out": host, "device_name": sel.device_name}
+    res = {"build": statistics.median(build), "after": statistics.median(after),
+           "total": statistics.median(total), "after_min": min(after), "e2e": statistics.median(e2e),
+           "out": host, "device_name": sel.device_name}
+    if device == "gpu" and runs:
+        res |= graph_after_build(plan, inputs, backend, r, runs)
+    return res
+
+
+def graph_after_build(plan, inputs, backend, record, runs: int) -> dict:
+    """The stages after the build replayed as one CUDA graph (its output checked equal to an eager run's),
+    and whether that graph serves new inputs: only where the plan reads no size before the result's length."""
+    from app.runtime.graph import graph_replay
+    from app.runtime.timing import graph_capturability
+
+    g = graph_replay(plan, inputs, backend, lambda: None, runs)
+    return {"graph_after": g["graph_after_build_seconds"] if g["replayed"] else None,
+            "graph_new_inputs": graph_capturability(record, "gpu")["after_build"]}
+
+
+def graph_text(r) -> str:
+    if r.get("graph_after") is None:
+        return "graph replay -"
+    scope = "any input that fits" if r["graph_new_inputs"] else "these sizes only"
+    return f"graph replay {r['graph_after'] * 1e3:.3f} ms ({scope})"
 
 
 def time_shapely(inputs, runs: int):
@@ -96,7 +119,8 @@ def main(argv=None) -> int:
             if gpu:
                 gp = time_plan(plan, inputs, "gpu", args.runs)
                 res |= {"gpu_after": gp["after"], "gpu_after_min": gp["after_min"], "gpu_build": gp["build"],
-                        "gpu_e2e": gp["e2e"],
+                        "gpu_e2e": gp["e2e"], "graph_after": gp.get("graph_after"),
+                        "graph_new_inputs": gp.get("graph_new_inputs"),
                         "gpu_ok": all(np.array_equal(a, b) for a, b in zip(gp["out"], ref)),
                         "card": gp["device_name"]}
             rows.append(res)
@@ -114,7 +138,7 @@ def _row(r) -> str:
         s += (f"  gpu {r['gpu_after'] * 1e3:7.3f} ms (min {r['gpu_after_min'] * 1e3:.3f}) + H2D "
               f"{r['gpu_build'] * 1e3:.3f} ms  end to end {r['gpu_e2e'] * 1e3:.3f} ms  shapely/gpu "
               f"{r['shapely'] / r['gpu_after']:8.0f}x after build, {r['shapely'] / r['gpu_e2e']:6.0f}x end to end  "
-              f"ok={r['gpu_ok']}  [{r['card']}]")
+              f"{graph_text(r)}  ok={r['gpu_ok']}  [{r['card']}]")
     return s
 
 

@@ -18,3 +18,11 @@ def test_every_kernel_and_version_in_one_table(capsys):
 def test_bad_sizes_name_the_format():
     with pytest.raises(SystemExit, match="expected KERNEL=A:B"):
         bench_all.parse_sizes("joins=1k:1k")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_each_row_has_its_graph_replay_and_says_which_inputs_it_serves(capsys):
+    assert bench_all.main(["--sizes", "join=20k:2k", "--runs", "3", "--cpu-runs", "1", "--shapely-runs", "1"]) == 0
+    table = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if "shapely/cpu" in line}
+    assert "graph replay" in table["v3"] and "(any input that fits)" in table["v3"]
+    assert "(these sizes only)" in table["v1"] and "(these sizes only)" in table["v2"]
