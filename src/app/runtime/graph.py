@@ -102,6 +102,15 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None) -> dict
             "eager_after_build_seconds": e, "graph_after_build_seconds": g,
             "graph_ci95": list(median_interval(replay)), "eager_ci95": list(median_interval(eager)),
             "speedup": e / g if g > 0 else None, "size_reads_replayed": len(tape.reads),
-            "why": (f"the {len(after)} stages after the build captured as one CUDA graph with the "
-                    f"{len(tape.reads)} allocation sizes an eager run read (valid for these inputs' sizes "
-                    "only), output checked equal to the eager run's; eager and replay runs interleaved")}
+            "why": f"the {len(after)} stages after the build captured as one CUDA graph {_scope(ref, first, tape)}, "
+                   "output checked equal to the eager run's; eager and replay runs interleaved"}
+
+
+def _scope(record, first: int, tape) -> str:
+    """Which inputs the captured graph serves: any whose data fits, when nothing but the result's length was read."""
+    mid = sum(s["counters"]["allocation_size_reads"] - s["counters"].get("result_size_reads", 0)
+              for s in record.stages[first:])
+    if not mid:
+        return ("with no size read before the result's length (it serves any input whose data fits the buffers "
+                "sized before capture)")
+    return f"with the {len(tape.reads)} allocation sizes an eager run read (valid for these inputs' sizes only)"

@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 
+from app.runtime.graph import build_stages
 from app.runtime.stats import median_interval
 
 AUTO_CI = 0.01            # --bench_runs auto: stop when the median's 95% interval is within +-1%
@@ -193,9 +194,7 @@ def graph_capturability(record, selected: str) -> dict:
             how = "host work: the arrays are copied into pinned staging buffers first" \
                 if str(s.get("meta", {}).get("staging", "")).startswith("pinned") else "from pageable host memory"
             copies.append((i, f"{s['name']}: {c['h2d_copies']} copies of host arrays ({how})"))
-    build = 0
-    while build < len(record.stages) and record.stages[build]["counters"]["h2d_copies"]:
-        build += 1
+    build = build_stages(record)
     late_copies = [text for i, text in copies if i >= build]
     blockers = [text for _, text in copies] + reads
     after_build = not reads and not late_copies

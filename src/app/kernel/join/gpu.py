@@ -219,8 +219,8 @@ class JoinGPU(GpuBackend):
             if c > room:           # the candidates did not fit: grow the room, run filter to sort again
                 _check_pairs(c)
                 self._room = min(c + c // 4 + MIN_ROOM, 2**31 - 1)
-                st.meta["candidate_room_grown"] = f"{c} candidate pairs found room for {room}: grown to " \
-                                                  f"{self._room}, filter, refine and sort ran again"
+                st.meta["candidate_room_grown"] = f"{c} candidate pairs did not fit the room for {room}: grown " \
+                                                  f"to {self._room}; filter, refine and sort ran again"
                 state["ledger"]["refine"].fill(0)      # refine counts again from zero
                 self._emit(state, self._room)
                 self._refine(state)
