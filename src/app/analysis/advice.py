@@ -7,6 +7,7 @@ measured values through the same functions.
 """
 from __future__ import annotations
 
+from app.runtime.recorder import mid_plan_reads
 from app.runtime.stats import robust_of
 
 MEMORY_BOUND_PCT = 60.0      # "DRAM% high"
@@ -41,7 +42,7 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
         else:
             bneck = classify(dram, flop)
             issues = []
-            mid = _mid_plan_reads(m)
+            mid = mid_plan_reads(m)
             if mid:
                 issues.append(f"{mid} host sync(s) for allocation sizes")
             if dram is not None and bneck == "latency-bound":
@@ -78,7 +79,7 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
         saved = s["elapsed_seconds"] - target
         if saved <= 0:
             continue
-        reads = _mid_plan_reads(s["metadata"])
+        reads = mid_plan_reads(s["metadata"])
         if f["bottleneck"] == "latency-bound" and reads:
             name = f"Remove host round-trips in {f['stage']} (fuse count+emit, upper-bound allocations)"
             trigger = f"allocation_size_reads={reads}, dram_pct={point['dram_pct']:.1f}"
@@ -131,8 +132,3 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
         cause += (" The GPU waits on launches, host round-trips and dependent steps rather than on "
                   "memory or arithmetic" + (f" ({top['key_issue']})." if top["key_issue"] != "-" else "."))
     return f"{kind}-bound", cause
-
-
-def _mid_plan_reads(meta: dict) -> int:
-    """Size reads that stall the plan: all but the result's length, read once every launch is queued."""
-    return meta.get("allocation_size_reads", 0) - meta.get("result_size_reads", 0)

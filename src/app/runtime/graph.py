@@ -19,7 +19,7 @@ import statistics
 import numpy as np
 
 from app.runtime.nvtx import Nvtx
-from app.runtime.recorder import Recorder, SizeTape
+from app.runtime.recorder import Recorder, SizeTape, mid_plan_reads
 from app.runtime.stats import median_interval
 
 RELAXED_CAPTURE = 2      # cudaStreamCaptureModeRelaxed: a pool allocation during capture is allowed
@@ -108,9 +108,7 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None) -> dict
 
 def _scope(record, first: int, tape) -> str:
     """Which inputs the captured graph serves: any whose data fits, when nothing but the result's length was read."""
-    mid = sum(s["counters"]["allocation_size_reads"] - s["counters"].get("result_size_reads", 0)
-              for s in record.stages[first:])
-    if not mid:
+    if not sum(mid_plan_reads(s["counters"]) for s in record.stages[first:]):
         return ("with no size read before the result's length (it serves any input whose data fits the buffers "
                 "sized before capture)")
     return f"with the {len(tape.reads)} allocation sizes an eager run read (valid for these inputs' sizes only)"

@@ -180,6 +180,12 @@ class StageContext:
                 "result_size_reads": self.result_reads}
 
 
+def mid_plan_reads(counters: dict) -> int:
+    """A stage's size reads that stall the plan: all but the result's length, read once every launch is queued.
+    ``counters`` is StageContext.counters() or a trace stage's metadata (older traces lack result_size_reads)."""
+    return counters.get("allocation_size_reads", 0) - counters.get("result_size_reads", 0)
+
+
 @dataclass
 class RunRecord:
     stages: list[dict]
