@@ -89,3 +89,17 @@ def test_a_plan_whose_only_read_cuts_the_result_is_not_told_to_remove_round_trip
     assert table["output_sort"] == ["1", "1"] and table["candidate_filter"] == ["0", "0"]
     old = json.loads((DATA / "join_v1_1M_100k_h200_pinned.trace.json").read_text())
     assert {r[-1] for r in transfers_section(old).rows} == {"result_size_reads not recorded"}
+
+
+def test_the_report_says_why_the_overhead_pairs_stopped():
+    v3 = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())
+    params = {"command_line": "python -m app.kernel join v3 --graph", "clocks": {"locked": False, "detail": "no"}}
+    roof = plan_roofline(v3["device"]["name"], v3["selected_runtime"], v3["stages"])
+    assert "stopped" not in v3["timing"]["instrumentation"]           # captured before the rule: nothing said
+    row = next(line for line in build_report(v3, params, roof, None).splitlines() if "instrumentation overhead" in line)
+    assert "interleaved pairs)" in row and "stopped" not in row
+    for stop, text in (("interval", "stopped once the interval was within +-0.5%"),
+                       ("budget", "stopped by the time budget, short of the +-0.5% interval aimed at"),
+                       ("max_pairs", "stopped at the most pairs allowed, short of the +-0.5% interval")):
+        v3["timing"]["instrumentation"] |= {"stopped": stop, "target_ci": 0.005}
+        assert text in build_report(v3, params, roof, None)

@@ -88,6 +88,23 @@ def test_only_the_last_runs_output_is_kept():
 def test_overhead_is_the_median_difference_of_interleaved_pairs():
     out = timing.instrumentation_overhead(_fake([1.1] * 10), _fake([1.0] * 10), _NoFlush(), pairs=10)
     assert out["overhead_fraction"] == pytest.approx(0.1) and out["pairs"] == 10
+    assert out["stopped"] == "count" and out["target_ci"] is None
+
+
+def test_gpu_overhead_pairs_go_on_until_the_interval_is_narrow_or_time_runs_out(monkeypatch):
+    rng = random.Random(5)
+    steady = timing.instrumentation_overhead(_fake([1.01] * 500), _fake([1.0] * 500), _NoFlush(), pairs=30,
+                                             target_ci=0.005)
+    assert (steady["pairs"], steady["stopped"]) == (30, "interval")      # already exact at 30 pairs
+    noisy = [rng.uniform(1.0, 1.3) for _ in range(1000)]
+    monkeypatch.setattr(timing, "OVERHEAD_MAX_PAIRS", 120)
+    capped = timing.instrumentation_overhead(_fake(noisy[:500]), _fake(noisy[500:]), _NoFlush(), pairs=30,
+                                             target_ci=0.001)
+    assert (capped["pairs"], capped["stopped"]) == (120, "max_pairs")
+    assert capped["overhead_ci95"][1] - capped["overhead_ci95"][0] > 0.002
+    timed_out = timing.instrumentation_overhead(_fake(noisy[:500]), _fake(noisy[500:]), _NoFlush(), pairs=30,
+                                                target_ci=0.001, budget_s=0.0)
+    assert (timed_out["pairs"], timed_out["stopped"]) == (timing.OVERHEAD_MIN_PAIRS, "budget")
 
 
 def test_graph_capturability_names_each_blocking_stage():

@@ -133,7 +133,7 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         rows.append(["instrumentation overhead (per-stage marks)",
                      f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within} "
                      f"({us(ins['bare_median_seconds'])} us bare vs {us(ins['instrumented_median_seconds'])} us; "
-                     f"{how} {ins['pairs']} interleaved pairs)"])
+                     f"{how} {ins['pairs']} interleaved pairs{_pairs_stop(ins)})"])
     if timing.get("graph"):
         rows.append(["CUDA graph", timing["graph"]["why"]])
         replay = timing["graph"].get("replay")
@@ -178,3 +178,16 @@ def _cold(trace):
             ["first-run overhead over warm median (us)", us(c["first_run_overhead_seconds"])]]
     rows += [[f"first run: {s['name']} (us)", us(s["cold_seconds"])] for s in trace["stages"]]
     return Section("Cold start (not in the warm figures)", columns=["what", "value"], rows=rows)
+
+
+def _pairs_stop(ins: dict) -> str:
+    """Why the overhead pairs stopped where they did (traces before this rule carry none)."""
+    stop = ins.get("stopped")
+    if stop == "interval":
+        return f"; stopped once the interval was within +-{100 * ins['target_ci']:.1f}%"
+    if stop == "budget":
+        return "; stopped by the time budget" + (f", short of the +-{100 * ins['target_ci']:.1f}% interval aimed at"
+                                                 if ins.get("target_ci") else "")
+    if stop == "max_pairs":
+        return f"; stopped at the most pairs allowed, short of the +-{100 * ins['target_ci']:.1f}% interval aimed at"
+    return ""

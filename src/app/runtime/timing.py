@@ -24,6 +24,10 @@ AUTO_BUDGET_SECONDS = 10.0
 AUTO_MIN_RUNS = 10
 AUTO_MAX_RUNS = 10_000
 OVERHEAD_PAIRS = 30        # a 2% target needs more than a handful: the pairs' own spread is ~1%
+# On a GPU, pairs go on past OVERHEAD_PAIRS (within the budget) until the estimate's 95% interval is this narrow:
+# at the default sizes 30 pairs leave it +-2-4% wide, too wide to say whether the marks stay under 2%.
+OVERHEAD_TARGET_CI = 0.005
+OVERHEAD_MAX_PAIRS = 400
 # On the CPU a mark is a clock read (well under a microsecond): a few pairs show it, and the runs are slow.
 OVERHEAD_PAIRS_CPU = 10
 OVERHEAD_MIN_PAIRS = 3
@@ -120,7 +124,8 @@ def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tupl
 
 
 def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: int = OVERHEAD_PAIRS,
-                             progress: Progress | None = None, budget_s: float | None = None) -> dict:
+                             progress: Progress | None = None, budget_s: float | None = None,
+                             target_ci: float | None = None) -> dict:
     """What the per-stage marks cost: runs with them and bare runs (one pair of marks around the plan),
     interleaved pair by pair, the order flipped every pair so neither side always runs second.
 
@@ -129,25 +134,44 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
     difference is far steadier than the difference of two medians (on an H200 node the whole plan's
     quartiles lie +-15% apart at the default sizes, more than the marks cost). With ``budget_s`` the pairs
     stop (after OVERHEAD_MIN_PAIRS) once they have taken that long: a slow plan -- a CPU run at a million
-    points -- must not double the profile's time to measure its marks."""
+    points -- must not double the profile's time to measure its marks. With ``target_ci`` the pairs go on
+    past ``pairs``, within the budget and up to OVERHEAD_MAX_PAIRS, until the interval's half-width is at
+    most that fraction of the bare run; ``stopped`` says which rule ended them."""
     marked, bare = [], []
     t0 = time.monotonic()
-    for i in range(pairs):
+    limit = max(pairs, OVERHEAD_MAX_PAIRS) if target_ci else pairs
+    stopped = "count"
+    for i in range(limit):
         if budget_s is not None and i >= OVERHEAD_MIN_PAIRS and time.monotonic() - t0 > budget_s:
+            stopped = "budget"
+            break
+        if target_ci and i >= pairs and _half_width(marked, bare) <= target_ci:
+            stopped = "interval"
             break
         if progress:
-            progress.update(f"instrumentation overhead, pair {i + 1}/{pairs}")
+            progress.update(f"instrumentation overhead, pair {i + 1}")
         for side in ((run_instrumented, marked), (run_bare, bare))[::1 if i % 2 == 0 else -1]:
             flush()
             side[1].append(side[0]()[1].total_seconds)
+    else:
+        stopped = "max_pairs" if target_ci else "count"
     b = statistics.median(bare)
     diffs = [m - x for m, x in zip(marked, bare)]
     lo, hi = median_interval(diffs)
     return {"pairs": len(marked), "instrumented_median_seconds": statistics.median(marked), "bare_median_seconds": b,
             "overhead_fraction": statistics.median(diffs) / b if b > 0 else 0.0,
             "overhead_ci95": [lo / b, hi / b] if b > 0 else [0.0, 0.0],
+            "stopped": stopped, "target_ci": target_ci,
             "how": "median difference of interleaved pairs (order flipped every pair) over the median bare run: "
                    "the same plan with a mark at every stage boundary vs one pair of marks around the whole plan"}
+
+
+def _half_width(marked: list, bare: list) -> float:
+    """Half-width of the paired estimate's 95% interval, as a fraction of the median bare run."""
+    b = statistics.median(bare)
+    diffs = [m - x for m, x in zip(marked, bare)]
+    mid, (lo, hi) = statistics.median(diffs), median_interval(diffs)
+    return max(mid - lo, hi - mid) / b if b > 0 else 0.0
 
 
 def end_to_end(run_bare, to_host, flush: L2Flush, runs: int, budget_s: float) -> dict:

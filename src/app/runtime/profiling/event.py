@@ -24,8 +24,8 @@ from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.provenance import params_json
 from app.runtime.recorder import Recorder
-from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, L2Flush, Progress, end_to_end,
-                                graph_capturability, instrumentation_overhead, timed_runs)
+from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, OVERHEAD_TARGET_CI, L2Flush,
+                                Progress, end_to_end, graph_capturability, instrumentation_overhead, timed_runs)
 
 
 @register_mode
@@ -60,10 +60,12 @@ class EventMode(Mode):
                                                        flush, progress)
                 bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
                 budget = max(1.0, OVERHEAD_SHARE * sum(r.wall_seconds for r in runs))
-                pairs = OVERHEAD_PAIRS if selection.selected == "gpu" else OVERHEAD_PAIRS_CPU
+                on_gpu = selection.selected == "gpu"
                 overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
                                                     lambda: bare.run(plan, inputs, backend), flush, progress=progress,
-                                                    budget_s=budget, pairs=pairs)
+                                                    budget_s=budget,
+                                                    pairs=OVERHEAD_PAIRS if on_gpu else OVERHEAD_PAIRS_CPU,
+                                                    target_ci=OVERHEAD_TARGET_CI if on_gpu else None)
                 if selection.selected == "gpu":
                     e2e = end_to_end(lambda: bare.run(plan, inputs, backend),
                                      lambda out: tuple(backend.to_host(a) for a in out), flush, len(runs), budget)
