@@ -257,3 +257,16 @@ def test_an_event_profile_waits_for_the_hosts_measurement_window_and_records_it(
     assert f"waiting for host-measurement-window: pid {p.pid}" in capsys.readouterr().err
     (trace,) = tmp_path.glob("profiles/event/join/*/*/trace.json")
     assert 0.1 < json.loads(trace.read_text())["timing"]["window_waited_seconds"] < 30
+
+
+def test_overhead_quick_is_event_modes_and_sweeps_ask_for_it(tmp_path, capsys):
+    """--overhead quick keeps the GPU's overhead pairs at 30; another mode refuses it with one line."""
+    from app.sweep.spec import SweepSpec
+
+    assert main(["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--prof_type", "nsys",
+                 "--overhead", "quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--overhead quick: event mode's" in err[0]
+    spec = SweepSpec("join", ["v1"], {"points": [300]}, {}, "event", "cpu", None, 1, "flush")
+    args = spec.cli_args(spec.points()[0])
+    assert args[args.index("--overhead") + 1] == "quick"

@@ -43,6 +43,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--graph", action="store_true", help="event mode: say whether the plan can be captured as a CUDA graph "
         "and why not; on a GPU, also time the stages after the build replayed as one graph (with the sizes an "
         "eager run read) next to the same stages launched eagerly")
+    add("--overhead", choices=("precise", "quick"), default="precise",
+        help="event mode, GPU: what the per-stage marks cost, from pairs of runs with and without them. precise "
+             "(default): pairs until the estimate's 95%% interval is within 0.5%% (at most 400, or about 1 s); "
+             "quick: 30 pairs (sweeps use it: their points share one host's measurement window)")
     add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
     add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
@@ -304,7 +308,8 @@ def _main(argv: list[str]) -> int:
                              nvtx=args.nvtx, verify=args.verify, baseline=_baseline(args, plan),
                              argv=["python -m app.kernel", *argv], ncu=args.ncu, ncu_timeout=args.ncu_timeout,
                              clock_control=args.ncu_clock_control, nsys=args.nsys,
-                             nsys_timeout=args.nsys_timeout, backend=args.backend, l2=args.l2, graph=args.graph)
+                             nsys_timeout=args.nsys_timeout, backend=args.backend, l2=args.l2, graph=args.graph,
+                             overhead=args.overhead)
     profile = mode.profile(plan, options)
     out_dir = write_profile(parent, profile.files)
     try:

@@ -53,7 +53,9 @@ class SweepSpec:
         if self.bench_runs is not None:
             args += ["--bench_runs", str(self.bench_runs)]
         if self.prof_type == "event":
-            args += ["--l2", self.l2]
+            # --overhead quick: 30 pairs for the marks' cost, not up to ~1 s more of them. Those runs hold the
+            # host's measurement window, which the sweep's points take one at a time across all the GPUs.
+            args += ["--l2", self.l2, "--overhead", "quick"]
         return args
 
     def to_json(self) -> str:

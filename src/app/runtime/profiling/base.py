@@ -33,14 +33,19 @@ class ProfileOptions:
     backend: str = "nsys"             # --backend nsys|cupti (nsys mode's trace source)
     l2: str = "flush"                 # --l2 flush|keep: event mode's L2 policy between timed runs
     graph: bool = False               # --graph: event mode says whether the plan is CUDA-graph capturable
+    overhead: str = "precise"         # --overhead precise|quick: event mode's pairs for the marks' cost
 
     def refuse_event_only(self, mode: str) -> None:
-        """--l2 keep and --graph shape event mode's timed runs; another mode refuses them rather than ignore them."""
+        """--l2 keep, --graph and --overhead shape event mode's runs; another mode refuses them rather than ignore
+        them."""
         if self.l2 != "flush":
             raise BadParameter(f"--l2 {self.l2}: only event mode has an L2 policy between runs ({mode} mode runs "
                                "the plan under a profiler, which sets its own)")
         if self.graph:
             raise BadParameter(f"--graph: event mode's; {mode} mode does not time graph replay")
+        if self.overhead != "precise":
+            raise BadParameter(f"--overhead {self.overhead}: event mode's; {mode} mode does not time its marks "
+                               "in pairs")
 
     def timed_runs(self) -> int:
         return self.bench_runs or DEFAULT_BENCH_RUNS

@@ -65,7 +65,8 @@ class EventMode(Mode):
                                                     lambda: bare.run(plan, inputs, backend), flush, progress=progress,
                                                     budget_s=budget,
                                                     pairs=OVERHEAD_PAIRS if on_gpu else OVERHEAD_PAIRS_CPU,
-                                                    target_ci=OVERHEAD_TARGET_CI if on_gpu else None)
+                                                    target_ci=OVERHEAD_TARGET_CI
+                                                    if on_gpu and options.overhead == "precise" else None)
                 if selection.selected == "gpu":
                     e2e = end_to_end(lambda: bare.run(plan, inputs, backend),
                                      lambda out: tuple(backend.to_host(a) for a in out), flush, len(runs), budget)
