@@ -5,8 +5,9 @@ holds device work only. What can be captured is the run for *these* inputs: an e
 sizes it read (``SizeTape``), the build runs eagerly, and the stages after it are captured with the
 recorded sizes handed back instead of read. Replaying that graph does exactly the eager run's device
 work, with every kernel launch, memset and scan already queued: the difference between the two times
-is the host's share (launch calls, Python, the size round trips). It is valid for these sizes only; a
-caller with new inputs would need the size reads again, or upper-bound allocations.
+is the host's share (launch calls, Python, the size round trips). Where the stages read sizes mid-run the
+graph is valid for these sizes only; a plan whose only read is the result's length, after its last launch
+(join v3), replays for any input whose data fits the buffers sized before capture.
 
 The replay's output is checked equal to the eager run's before any time is reported. Eager and graph
 runs are interleaved on one stream, each timed the same way: inputs already on the device, the L2 policy

@@ -140,7 +140,6 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
     marked, bare = [], []
     t0 = time.monotonic()
     limit = max(pairs, OVERHEAD_MAX_PAIRS) if target_ci else pairs
-    stopped = "count"
     for i in range(limit):
         if budget_s is not None and i >= OVERHEAD_MIN_PAIRS and time.monotonic() - t0 > budget_s:
             stopped = "budget"
