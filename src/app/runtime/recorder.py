@@ -63,20 +63,23 @@ class GpuClock:
         import cupy
 
         self._cp = cupy
+        self._record = cupy.cuda.runtime.eventRecord
         self._pool: list = []
         self._next = 0
         self._stream = None
 
     def begin(self) -> None:
         self._next = 0
-        self._stream = self._cp.cuda.get_current_stream()
+        self._stream = self._cp.cuda.get_current_stream().ptr
 
     def mark(self):
         if self._next == len(self._pool):
             self._pool.append(self._cp.cuda.Event())
         ev = self._pool[self._next]
         self._next += 1
-        ev.record(self._stream)
+        # The runtime call itself, not Event.record: a mark is on the host's critical path in a launch-bound
+        # plan, and the wrapper's checks add to every stage's time.
+        self._record(ev.ptr, self._stream)
         return ev
 
     def finish(self) -> None:
@@ -204,6 +207,9 @@ class Recorder:
     def __init__(self, device: str, xp, nvtx: Nvtx, per_stage: bool = True, tape: SizeTape | None = None):
         self.device, self.xp, self.nvtx, self.per_stage, self.tape = device, xp, nvtx, per_stage, tape
         self.clock = GpuClock() if device == "gpu" else CpuClock()
+        # Ranges are pushed only when something records them (the nvtx package, or the range log of the
+        # in-process CUPTI trace): otherwise the calls would only add host time to every stage.
+        self._ranges = nvtx.active or nvtx.clock is not None
         self._marks: list = []
         self._last = None               # the latest clock mark of this run
 
@@ -218,14 +224,17 @@ class Recorder:
         # not two -- at the default sizes the plan is host-bound and every record adds to its time.
         # The marks still bracket the NVTX range: a trace's range holds the stage's own work only.
         start = self._last
+        ranges = self._ranges
         host0 = time.perf_counter()
-        self.nvtx.push(spec.name)
+        if ranges:
+            self.nvtx.push(spec.name)
         try:
             yield st
             if spec.name in _INJECTED_DELAY:
                 time.sleep(_INJECTED_DELAY[spec.name])
         finally:
-            self.nvtx.pop()
+            if ranges:
+                self.nvtx.pop()
             host = time.perf_counter() - host0
             end = self._last = self.clock.mark()
         self._marks.append((st, start, end, host))

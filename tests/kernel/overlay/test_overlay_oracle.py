@@ -9,7 +9,7 @@ from app.kernel.overlay.plan import OverlayV1
 from tests.conftest import DEVICES
 
 
-VERSIONS = ["v1", "v2"]
+VERSIONS = ["v1", "v2", "v3"]
 
 
 def assert_matches_shapely(left, right, device, version=None):
@@ -22,9 +22,11 @@ def assert_matches_shapely(left, right, device, version=None):
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout,seed", [("random", 0), ("random", 7), ("shifted", 1), ("self", 2), ("grid", 3)])
-def test_layouts(device, layout, seed, version):
-    plan = OverlayV1({"left": 1500, "right": 1200, "layout": layout, "seed": seed})
+@pytest.mark.parametrize("layout,seed,vertices", [("random", 0, 16), ("random", 7, 16), ("shifted", 1, 16),
+                                                  ("self", 2, 16), ("grid", 3, 16),
+                                                  ("shifted", 4, 45)])   # rings longer than a warp
+def test_layouts(device, layout, seed, vertices, version):
+    plan = OverlayV1({"left": 1500, "right": 1200, "layout": layout, "seed": seed, "vertices": vertices})
     inp = plan.make_inputs()
     left, right = inp.left.to_shapely(), inp.right.to_shapely()
     got = assert_matches_shapely(left, right, device, version)
@@ -63,6 +65,35 @@ def test_shared_borders_holes_and_touching(device, version):
     assert pairs[(2, 5)] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_boundaries_through_vertices(device, version):
+    # Where one boundary meets the other at a vertex, no split falls inside a segment: v3's walk along a ring
+    # must not carry its inside/outside status past such a point. A crossing exactly through a corner, a
+    # vertex touching an edge from inside (no crossing), a square inscribed in a diamond (every corner on the
+    # other boundary), and the reverse.
+    P = shapely.Polygon
+    left = np.array([
+        shapely.box(0, 0, 4, 4),
+        shapely.box(20, 0, 24, 4),
+        shapely.box(30, 0, 34, 4),
+        P([(42, -2), (46, 2), (42, 6), (38, 2)]),
+        shapely.box(50, 0, 54, 4),
+    ], dtype=object)
+    right = np.array([
+        P([(2, 2), (6, 2), (6, 6)]),                      # its hypotenuse crosses left[0] through (4, 4)
+        P([(22, 0), (23, 2), (21, 2)]),                   # a vertex on left[1]'s bottom edge, inside it
+        P([(32, -2), (36, 2), (32, 6), (28, 2)]),         # left[2] inscribed: all four corners on its edges
+        shapely.box(40, 0, 44, 4),                        # inscribed in left[3]
+        P([(52, 0), (53, -2), (56, 2), (53, 2)]),         # a vertex on left[4]'s edge, crossing it there
+    ], dtype=object)
+    got = assert_matches_shapely(left, right, device, version)
+    pairs = dict(zip(zip(got[0].tolist(), got[1].tolist()), got[2].tolist()))
+    assert pairs[(0, 0)] == pytest.approx(2.0) and pairs[(1, 1)] == pytest.approx(2.0)
+    assert pairs[(2, 2)] == pytest.approx(16.0) and pairs[(3, 3)] == pytest.approx(16.0)
+    assert (4, 4) in pairs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("layout", ["random", "self", "grid"])
@@ -88,3 +119,29 @@ def test_gpu_and_cpu_stage_metadata_agree(layout, version):
         for k in keys:
             assert by["cpu"][stage]["meta"][k] == by["gpu"][stage]["meta"][k], (stage, k)
     assert by["cpu"]["area_reconstruction"]["rows_out"] == by["gpu"]["area_reconstruction"]["rows_out"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["random", "self"])
+def test_v3_candidates_past_the_room_grow_it_and_run_again_exactly(layout):
+    """v3 writes edge pairs into a room kept from run to run: a run that finds more grows it, runs the pass
+    again in that same run (and says so), and the next run fits with one read."""
+    import cupy as cp
+
+    from app.kernel.overlay.gpu import OverlayGPU
+    from app.kernel.plan import get_plan_class
+    from app.runtime.nvtx import Nvtx
+    from app.runtime.recorder import Recorder
+
+    plan = get_plan_class("overlay", "v3")({"left": 800, "right": 700, "layout": layout, "seed": 5})
+    inp = plan.make_inputs()
+    backend = OverlayGPU(plan.tiling, "v3")
+    backend.compile()
+    backend._room = 100
+    for first in (True, False):
+        out, rec = Recorder("gpu", cp, Nvtx(False, "overlay")).run(plan, inp, backend)
+        assert plan.verify(inp, tuple(cp.asnumpy(a) for a in out))["matches"]
+        filt = {s["name"]: s for s in rec.stages}["segment_mbr_filter"]
+        assert ("candidate_room_grown" in filt["meta"]) == first
+        assert filt["counters"]["allocation_size_reads"] == (3 if first else 2)   # polygon pairs, candidates (x2)
+        assert filt["meta"]["candidates"] <= filt["meta"]["candidate_room"]

@@ -4,6 +4,18 @@ Device->host reads inside the pipeline are allocation-size reads only: the world
 box (grid level) after segment extraction, the polygon-pair and candidate-pair
 totals in the filter, and the output count at the end of area reconstruction
 (which also brings back the refine's counters, queued without a read).
+
+v3 keeps v1's stages with two kernels changed. The edge-pair filter gives each polygon
+pair a warp whose lanes hold a's edges, and broadcasts b's near edges to them by
+shuffles (v1's tests and candidates, with no lane looping over b on its own); it writes
+the candidates in one pass into buffers with a room kept from run to run, so v1's count
+pass goes, and its read comes after the pass to check the room (a pass that overflowed
+runs again in a grown room, and the filter's metadata says so). Area
+reconstruction walks each cut ring carrying its inside/outside status: refine records
+which splits are proper crossings (the status flips there) and marks touches at a
+segment's own ends (the status is unknown past them), so a point-in-polygon test is
+needed only where the status is unknown -- about one a cut ring instead of one a piece.
+On the CPU, v3 runs v1's stages.
 """
 from __future__ import annotations
 
@@ -16,13 +28,18 @@ from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
 SOURCE = Path(__file__).with_name("overlay.cu")
+# v3's first candidate room: 8 edge pairs a polygon pair (random layers find about 4.5).
+MIN_ROOM_PER_PAIR = 8
+MIN_ROOM = 4096
+# refine_pairs' counters: proper, touch, collinear overlap, ambiguous pairs, split events, v3's end marks.
+REFINE_STATS = 6
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
     "segment_mbr_filter": ("corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs", "edge_pairs",
-                           "edge_pairs_sweep"),
+                           "edge_pairs_sweep", "edge_pairs_warp", "pair_slots"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
-    "area_reconstruction": ("area_rings", "pair_area", "emit_areas"),
+    "area_reconstruction": ("area_rings", "area_rings_flip", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
@@ -36,6 +53,10 @@ LIBRARY_CALLS = {
 class OverlayGPU(GpuBackend):
     SOURCE, STAGE_KERNELS, LIBRARY_CALLS = SOURCE, STAGE_KERNELS, LIBRARY_CALLS
     SCAN_STAGES = ("segment_mbr_filter", "reconstruction_event_sort", "area_reconstruction")
+
+    def __init__(self, tiling: dict, version: str = "v1"):
+        super().__init__(tiling, version)
+        self._room: int | None = None     # v3: candidate edge pairs the buffers hold, kept from run to run
 
     def owned_buffer_build(self, state, st, tiling):
         inp = state["inputs"]
@@ -107,12 +128,23 @@ class OverlayGPU(GpuBackend):
         pair_b = ws.empty("pair_b", npairs, cp.int32)
         self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, poffsets, pair_b, pstats))
         self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), pair_a, pair_b))
-        # Edge pairs of each polygon pair: count (and slots), scan, read, emit.
+        geo = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"],
+               B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], pair_a, pair_b, np.int32(npairs))
+        if self.version == "v3":
+            tests, c, n_slots, slot_incl, cand = self._edge_pairs_in_room(st, geo, npairs, block)
+        else:
+            tests, c, n_slots, slot_incl, cand = self._edge_pairs_counted(st, geo, npairs, block)
+        state.update(level=level, pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
+        st.rows_in, st.rows_out = ga + gb, c
+        st.meta.update(polygon_pairs=npairs, pairs_examined=tests, candidates=c, grid_level=level,
+                       bbox_tests=bbox_tests)
+
+    def _edge_pairs_counted(self, st, geo, npairs, block):
+        """v1, v2: edge pairs of each polygon pair counted (with the pair's slots), scanned, read, then emitted."""
+        cp, ws, null = self.cp, self.mod.ws, np.intp(0)
         ecounts = ws.empty("edge_counts", npairs, cp.int64)
         slots = ws.empty("pair_slots", npairs, cp.int64)
         estats = ws.zeros("edge_stats", 2, cp.uint64)
-        geo = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"],
-               B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], pair_a, pair_b, np.int32(npairs))
         # v2's sweep keeps 8 warps' edge lists in shared memory: its block is fixed at 256.
         kernel, eblock = ("edge_pairs_sweep", 256) if self.version == "v2" else ("edge_pairs", block)
         self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, null, null, null, null, estats))
@@ -121,14 +153,37 @@ class OverlayGPU(GpuBackend):
         tail = slot_incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
         tests, c, n_slots = (int(v) for v in st.read_size(cp.concatenate([estats.view(cp.int64), tail]),
                                                            "candidate edge pairs -> buffer size"))
-        if c >= 2**31 or n_slots >= 2**31:
-            raise ValueError(f"{c} candidate edge pairs / {n_slots} edge slots exceed int32 indexing")
+        _check_int32(c, n_slots)
         cand = [ws.empty(f"cand_{k}", c, cp.int32) for k in ("p", "ka", "kb")]
         self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, eoffsets, *cand, estats))
-        state.update(level=level, pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
-        st.rows_in, st.rows_out = ga + gb, c
-        st.meta.update(polygon_pairs=npairs, pairs_examined=tests, candidates=c, grid_level=level,
-                       bbox_tests=bbox_tests)
+        return tests, c, n_slots, slot_incl, cand
+
+    def _edge_pairs_in_room(self, st, geo, npairs, block):
+        """v3: edge pairs found and written in one pass into buffers with a room kept from run to run; the
+        read after it checks the room. Candidates past it grow the room and the pass runs again, in this same
+        run (the stage's metadata says so): v1's count pass and its scan are gone."""
+        cp, ws = self.cp, self.mod.ws
+        pair_a, pair_b = geo[8], geo[9]
+        slots = ws.empty("pair_slots", npairs, cp.int64)
+        self._launch("pair_slots", npairs, block, (geo[1], geo[2], geo[5], geo[6], pair_a, pair_b, np.int32(npairs),
+                                                   slots))
+        slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl")
+        tail = slot_incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
+        room = self._room or max(MIN_ROOM_PER_PAIR * npairs, MIN_ROOM)
+        while True:
+            cand = [ws.empty(f"cand_{k}", room, cp.int32) for k in ("p", "ka", "kb")]
+            estats = ws.zeros("edge_stats", 2, cp.uint64)
+            self._launch("edge_pairs_warp", 32 * npairs, block, geo + (np.int64(room), *cand, estats))
+            tests, c, n_slots = (int(v) for v in st.read_size(cp.concatenate([estats.view(cp.int64), tail]),
+                                                               "candidate edge pairs -> room check"))
+            _check_int32(c, n_slots)
+            if c <= room:
+                break
+            room = c + c // 4 + MIN_ROOM
+            st.meta["candidate_room_grown"] = room
+        self._room = room
+        st.meta["candidate_room"] = room
+        return tests, c, n_slots, slot_incl, [x[:c] for x in cand]
 
     def exact_intersection_refine(self, state, st, tiling):
         cp, ws = self.cp, self.mod.ws
@@ -137,13 +192,17 @@ class OverlayGPU(GpuBackend):
         ev_slot, ev_t = ws.empty("ev_slot", 4 * c, cp.int32), ws.empty("ev_t", 4 * c, cp.float64)
         ov_slot, ov_lo = ws.empty("ov_slot", 2 * c, cp.int32), ws.empty("ov_lo", 2 * c, cp.float64)
         ov_hi, ov_keep = ws.empty("ov_hi", 2 * c, cp.float64), ws.empty("ov_keep", 2 * c, cp.int32)
-        stats = ws.zeros("refine_stats", 5, cp.uint64)
+        # v3 also records whether each split is a proper crossing, and marks touches at segment ends.
+        ev_kind = ws.empty("ev_kind", 4 * c, cp.int8) if self.version == "v3" else None
+        stats = ws.zeros("refine_stats", REFINE_STATS, cp.uint64)
         self._launch("refine_pairs", c, tiling["block"], (
             A["coords"], A["geom_ring_offsets"], A["ring_offsets"], B["coords"], B["geom_ring_offsets"],
             B["ring_offsets"], state["pair_a"], state["pair_b"], state["slot_incl"], *state["cand"], np.int32(c),
-            CCW_ERRBOUND_A, ev_slot, ev_t, ov_slot, ov_lo, ov_hi, ov_keep, stats))
+            CCW_ERRBOUND_A, ev_slot, ev_t, ov_slot, ov_lo, ov_hi, ov_keep,
+            np.intp(0) if ev_kind is None else ev_kind, stats))
         # Counters come back with the final read (area_reconstruction fills rows_out and meta).
-        state.update(ev=(ev_slot, ev_t), ov=(ov_slot, ov_lo, ov_hi, ov_keep), refine_stats=stats, refine_st=st)
+        state.update(ev=(ev_slot, ev_t), ev_kind=ev_kind, ov=(ov_slot, ov_lo, ov_hi, ov_keep), refine_stats=stats,
+                     refine_st=st)
         st.rows_in = c
 
     def reconstruction_event_sort(self, state, st, tiling):
@@ -174,12 +233,18 @@ class OverlayGPU(GpuBackend):
         max_rings = max(A["max_rings"], B["max_rings"])
         contrib = ws.empty("contrib", npairs * 2 * max_rings, cp.float64)
         stats = ws.zeros("area_stats", 4, cp.uint64)
-        self._launch("area_rings", npairs * 2 * max_rings, block, (
+        # v3 carries each cut ring's inside/outside status from piece to piece (flipped at proper crossings),
+        # so a midpoint test is needed only where the status is unknown; v1 and v2 test every piece.
+        events = (state["ev_start"], state["ev_order"], state["ev"][1])
+        kernel = "area_rings" if state["ev_kind"] is None else "area_rings_flip"
+        if state["ev_kind"] is not None:
+            events += (state["ev_kind"],)
+        self._launch(kernel, npairs * 2 * max_rings, block, (
             A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"], A["ring_area2"], A["ring_box"],
             B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], B["ring_area2"], B["ring_box"],
             state["pair_a"], state["pair_b"], np.int32(npairs), np.int32(max_rings), state["slot_incl"],
-            state["ev_start"], state["ev_order"], state["ev"][1], state["ov_start"], state["ov_order"],
-            state["ov"][1], state["ov"][2], state["ov"][3], CCW_ERRBOUND_A, contrib, stats))
+            *events, state["ov_start"], state["ov_order"], state["ov"][1], state["ov"][2], state["ov"][3],
+            CCW_ERRBOUND_A, contrib, stats))
         area = ws.empty("pair_area", npairs, cp.float64)
         keep = ws.empty("pair_keep", npairs, cp.int32)
         self._launch("pair_area", npairs, block, (contrib, np.int32(npairs), np.int32(max_rings), area, keep))
@@ -194,12 +259,19 @@ class OverlayGPU(GpuBackend):
         self._launch("emit_areas", npairs, block, (keep, incl, np.int32(npairs), state["pair_a"], state["pair_b"],
                                                    area, out_a, out_b, out_area))
         state["output"] = (out_a, out_b, out_area)
-        proper, touch, overlap, amb, events = (int(v) for v in vals[1:6])
+        proper, touch, overlap, amb, events, marks = (int(v) for v in vals[1:1 + REFINE_STATS])
         refine = state["refine_st"]
-        refine.rows_out = events
-        state["sort_st"].rows_in = state["sort_st"].rows_out = events
+        refine.rows_out = events + marks
+        state["sort_st"].rows_in = state["sort_st"].rows_out = events + marks
         refine.meta.update(proper=proper, touch=touch, collinear_overlap=overlap, ambiguous_pairs=amb,
                            split_events=events)
-        pip, pieces, kept, cut = (int(v) for v in vals[6:10])
+        if state["ev_kind"] is not None:
+            refine.meta["end_marks"] = marks
+        pip, pieces, kept, cut = (int(v) for v in vals[1 + REFINE_STATS:5 + REFINE_STATS])
         st.rows_in, st.rows_out = npairs, h
         st.meta.update(cut_rings=cut, fragments=pieces, fragments_kept=kept, pip_tests=pip)
+
+
+def _check_int32(candidates: int, slots: int) -> None:
+    if candidates >= 2**31 or slots >= 2**31:
+        raise ValueError(f"{candidates} candidate edge pairs / {slots} edge slots exceed int32 indexing")

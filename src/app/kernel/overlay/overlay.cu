@@ -194,7 +194,9 @@ extern "C" __global__ void edge_pairs(const double2* ca, const int* ro_a, const 
 // dominant axis, so its own endpoints sit at exactly 0 and 1. Each candidate writes
 // four split records (slot, t; slot -1 when none) and two overlap records
 // (slot, lo, hi, keep; slot -1 when none). stats: [0] proper, [1] touch,
-// [2] collinear overlap, [3] ambiguous pairs, [4] split events.
+// [2] collinear overlap, [3] ambiguous pairs, [4] split events, [5] v3's marks at segment ends.
+// With ev_kind (v3) each split record also says whether it is a proper crossing (1) or
+// not (0: a touch, or an end of a shared stretch).
 __device__ __forceinline__ double seg_param(double px, double py, double2 s0, double2 s1) {
     return fabs(s1.x - s0.x) >= fabs(s1.y - s0.y) ? (px - s0.x) / (s1.x - s0.x) : (py - s0.y) / (s1.y - s0.y);
 }
@@ -218,9 +220,9 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
                                         const long long* slot_incl, const int* cand_p, const int* cand_ka,
                                         const int* cand_kb, int C, double errA, int* ev_slot, double* ev_t,
                                         int* ov_slot, double* ov_lo, double* ov_hi, int* ov_keep,
-                                        unsigned long long* stats) {
+                                        signed char* ev_kind, unsigned long long* stats) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    unsigned long long n_proper = 0, n_touch = 0, n_overlap = 0, n_amb = 0, n_events = 0;
+    unsigned long long n_proper = 0, n_touch = 0, n_overlap = 0, n_amb = 0, n_events = 0, n_marks = 0;
     if (c < C) {
         int p = cand_p[c], ka = cand_ka[c], kb = cand_kb[c];
         int a = pair_a[p], b = pair_b[p];
@@ -258,8 +260,12 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
             n_proper = 1;
             double dex = e1.x - e0.x, dey = e1.y - e0.y, dfx = f1.x - f0.x, dfy = f1.y - f0.y;
             double wx = f0.x - e0.x, wy = f0.y - e0.y, den = dex * dfy - dey * dfx;
-            te[0] = inside_split(fmin(fmax((wx * dfy - wy * dfx) / den, 0.0), 1.0));
-            tf[0] = inside_split(fmin(fmax((wx * dey - wy * dex) / den, 0.0), 1.0));
+            double ue = fmin(fmax((wx * dfy - wy * dfx) / den, 0.0), 1.0);
+            double uf = fmin(fmax((wx * dey - wy * dex) / den, 0.0), 1.0);
+            // v3 keeps a crossing whose parameter rounds to an end of the segment (at 0 or 1): the walk in
+            // area_rings_flip flips its inside/outside status at every proper crossing, so none may go missing.
+            te[0] = ev_kind ? ue : inside_split(ue);
+            tf[0] = ev_kind ? uf : inside_split(uf);
         } else if (!col || lo == hi) {
             bool hit = false;
             if (o1 == 0 && in_box(f0.x, f0.y, e0, e1)) { te[0] = inside_split(seg_param(f0.x, f0.y, e0, e1)); hit = true; }
@@ -267,15 +273,31 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
             if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) { tf[0] = inside_split(seg_param(e0.x, e0.y, f0, f1)); hit = true; }
             if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) { tf[1] = inside_split(seg_param(e1.x, e1.y, f0, f1)); hit = true; }
             n_touch = hit;
+            if (ev_kind && hit) {
+                // v3: a touch at a segment's own end splits nothing, but the other boundary meets this ring
+                // there, so the walk's status is unknown past it: mark the end (t = 0 or 1). Two segments
+                // that are not collinear meet in one point, so a segment with no split has at most one mark.
+                if (te[0] < 0.0 && te[1] < 0.0) {
+                    if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) te[0] = 0.0;
+                    else if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) te[0] = 1.0;
+                }
+                if (tf[0] < 0.0 && tf[1] < 0.0) {
+                    if (o1 == 0 && in_box(f0.x, f0.y, e0, e1)) tf[0] = 0.0;
+                    else if (o2 == 0 && in_box(f1.x, f1.y, e0, e1)) tf[0] = 1.0;
+                }
+            }
         }
         for (int i = 0; i < 2; ++i) {
             ev_slot[4 * c + i] = te[i] >= 0.0 ? slot_e : -1; ev_t[4 * c + i] = te[i];
             ev_slot[4 * c + 2 + i] = tf[i] >= 0.0 ? slot_f : -1; ev_t[4 * c + 2 + i] = tf[i];
-            n_events += (te[i] >= 0.0) + (tf[i] >= 0.0);
+            // Split events are the records strictly inside a segment; v3's records at its ends are marks.
+            n_events += (te[i] > 0.0 && te[i] < 1.0) + (tf[i] > 0.0 && tf[i] < 1.0);
+            n_marks += (te[i] == 0.0 || te[i] == 1.0) + (tf[i] == 0.0 || tf[i] == 1.0);
+            if (ev_kind) { ev_kind[4 * c + i] = n_proper; ev_kind[4 * c + 2 + i] = n_proper; }
         }
     }
-    unsigned long long v[5] = {n_proper, n_touch, n_overlap, n_amb, n_events};
-    block_add<5>(stats, v);
+    unsigned long long v[6] = {n_proper, n_touch, n_overlap, n_amb, n_events, n_marks};
+    block_add<6>(stats, v);
 }
 
 // ---- reconstruction-event sort: records grouped by slot, then ordered by t -----------
@@ -549,4 +571,208 @@ edge_pairs_sweep(const double2* ca, const int* ro_a, const int* gro_a, const dou
     }
     unsigned long long v[2] = {tests, found};
     if (!incl_offsets) block_add<2>(stats, v);
+}
+
+// ---- v3 filter, part 2: a warp per polygon pair, b's edges broadcast by shuffles ------
+// Lanes hold 32 of a's edges at a time (those that reach b's bbox); b's edges that reach
+// a's bbox are found 32 at a time by a ballot and each is broadcast to every lane: the
+// same tests as edge_pairs, with no lane looping over b on its own. One pass: the warp
+// counts a chunk's candidates, reserves room for them with one atomic add on stats[1],
+// and writes those that fit in ``room`` (the caller grows the room and runs it again if
+// stats[1] comes back larger). Candidates land in no particular order across pairs:
+// refine's records are grouped by slot and sorted by t afterwards anyway.
+// stats[0] += MBR tests, stats[1] += candidates.
+extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const double* box_a,
+                                           const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+                                           const int* pair_a, const int* pair_b, int P, long long room, int* out_p,
+                                           int* out_ka, int* out_kb, unsigned long long* stats) {
+    int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
+    int lane = threadIdx.x & 31;
+    unsigned long long tests = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double* BA = box_a + 4 * (long long)a;
+        const double* BB = box_b + 4 * (long long)b;
+        double bax0 = BA[0], bay0 = BA[1], bax1 = BA[2], bay1 = BA[3];
+        int a0 = ro_a[gro_a[a]], a1 = ro_a[gro_a[a + 1]];
+        int b0 = ro_b[gro_b[b]], b1 = ro_b[gro_b[b + 1]];
+        int ring = gro_a[a], ring_end = ro_a[ring + 1] - 1;
+        for (int abase = a0; abase < a1; abase += 32) {
+            int k = abase + lane;
+            double ex0 = 0, ey0 = 0, ex1 = 0, ey1 = 0;
+            bool live = false;
+            if (k < a1) {
+                while (k >= ring_end + 1) { ++ring; ring_end = ro_a[ring + 1] - 1; }
+                if (k < ring_end) {   // a ring's last coordinate starts no edge
+                    double2 e0 = ca[k], e1 = ca[k + 1];
+                    ex0 = fmin(e0.x, e1.x); ey0 = fmin(e0.y, e1.y); ex1 = fmax(e0.x, e1.x); ey1 = fmax(e0.y, e1.y);
+                    live = boxes_meet(ex0, ey0, ex1, ey1, BB);
+                }
+            }
+            if (!__any_sync(FULL_MASK, live)) continue;
+            int mine = 0;
+            long long pos = 0;
+            for (int pass = 0; pass < 2; ++pass) {
+                if (pass == 1) {   // this lane's place: the chunk's room, reserved once, plus the lanes before
+                    int incl = mine;
+                    for (int off = 1; off < 32; off <<= 1) {
+                        int up = __shfl_up_sync(FULL_MASK, incl, off);
+                        if (lane >= off) incl += up;
+                    }
+                    int total = __shfl_sync(FULL_MASK, incl, 31);
+                    if (total == 0) break;
+                    unsigned long long base = 0;
+                    if (lane == 0) base = atomicAdd(stats + 1, (unsigned long long)total);
+                    pos = (long long)__shfl_sync(FULL_MASK, base, 0) + incl - mine;
+                }
+                int rb = gro_b[b], rb_end = ro_b[rb + 1] - 1;
+                for (int bbase = b0; bbase < b1; bbase += 32) {
+                    int kb = bbase + lane;
+                    double fx0 = 0, fy0 = 0, fx1 = 0, fy1 = 0;
+                    bool near = false;
+                    if (kb < b1) {
+                        while (kb >= rb_end + 1) { ++rb; rb_end = ro_b[rb + 1] - 1; }
+                        if (kb < rb_end) {
+                            double2 f0 = cb[kb], f1 = cb[kb + 1];
+                            fx0 = fmin(f0.x, f1.x); fy0 = fmin(f0.y, f1.y); fx1 = fmax(f0.x, f1.x); fy1 = fmax(f0.y, f1.y);
+                            near = fx0 <= bax1 && bax0 <= fx1 && fy0 <= bay1 && bay0 <= fy1;
+                        }
+                    }
+                    unsigned int nb = __ballot_sync(FULL_MASK, near);
+                    while (nb) {
+                        int j = __ffs(nb) - 1;
+                        nb &= nb - 1;
+                        double gx0 = __shfl_sync(FULL_MASK, fx0, j), gy0 = __shfl_sync(FULL_MASK, fy0, j);
+                        double gx1 = __shfl_sync(FULL_MASK, fx1, j), gy1 = __shfl_sync(FULL_MASK, fy1, j);
+                        if (live) {
+                            bool hit = ex0 <= gx1 && gx0 <= ex1 && ey0 <= gy1 && gy0 <= ey1;
+                            if (pass == 0) { ++tests; mine += hit; }
+                            else if (hit) {
+                                if (pos < room) { out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = bbase + j; }
+                                ++pos;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    unsigned long long v[1] = {tests};
+    block_add<1>(stats, v);
+}
+
+// v3: each polygon pair's edge slots, coords(a) + coords(b) (edge_pairs' count pass writes them in v1 and v2).
+extern "C" __global__ void pair_slots(const int* ro_a, const int* gro_a, const int* ro_b, const int* gro_b,
+                                      const int* pair_a, const int* pair_b, int P, long long* slots) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= P) return;
+    int a = pair_a[p], b = pair_b[p];
+    slots[p] = (long long)(ro_a[gro_a[a + 1]] - ro_a[gro_a[a]]) + (ro_b[gro_b[b + 1]] - ro_b[gro_b[b]]);
+}
+
+// ---- v3 area reconstruction: inside/outside carried along the ring -----------------
+// As area_rings, but a cut ring's pieces do not each need a point-in-polygon test. Along
+// the ring the status (inside or outside the other polygon) changes only where the other
+// boundary meets it, and every such point has a record: a proper crossing flips the
+// status; a touch, a mark at a segment's end or a shared stretch makes it unknown, and
+// the next piece is classified by its midpoint as in area_rings. A status is carried only
+// from a classification that can be trusted: outside the other polygon's bbox, or a
+// midpoint test off the boundary on a piece at least TRUST_T of its edge long (a tiny
+// piece's rounded midpoint can land on the wrong side of a boundary it nearly touches).
+#define TRUST_T 1e-6
+
+extern "C" __global__ void area_rings_flip(
+        const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
+        const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+        const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P, int max_rings,
+        const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
+        const signed char* ev_kind, const int* ov_start, const int* ov_order, const double* ov_lo,
+        const double* ov_hi, const int* ov_keep, double errA, double* contrib, unsigned long long* stats) {
+    long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long per_pair = 2LL * max_rings;
+    int p = (int)(tid / per_pair);
+    int rem = (int)(tid % per_pair), side = rem / max_rings, lr = rem % max_rings;
+    double acc = 0.0;
+    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, n_cut = 0, ex = 0, edges = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double2* C = side ? cb : ca;
+        const int *ro = side ? ro_b : ro_a, *gro = side ? gro_b : gro_a;
+        const double2* CO = side ? ca : cb;
+        const int *roO = side ? ro_a : ro_b, *groO = side ? gro_a : gro_b;
+        int g = side ? b : a, go = side ? a : b;
+        const double* boxO = (side ? box_a : box_b) + 4 * (long long)go;
+        int r = gro[g] + lr;
+        if (r < gro[g + 1]) {
+            long long base = p == 0 ? 0 : slot_incl[p - 1];
+            int a_coords = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
+            long long slot0 = base + (side ? a_coords : 0) - ro[gro[g]];     // slot of coordinate k: slot0 + k
+            int k0 = ro[r], k1 = ro[r + 1] - 1;
+            bool cut = ev_start[slot0 + k1] != ev_start[slot0 + k0] || ov_start[slot0 + k1] != ov_start[slot0 + k0];
+            const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
+            if (!cut) {
+                if (boxes_meet(rb[0], rb[1], rb[2], rb[3], boxO)) {
+                    double2 e0 = C[k0], e1 = C[k0 + 1];
+                    double2 m = make_double2(0.5 * (e0.x + e1.x), 0.5 * (e0.y + e1.y));
+                    if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
+                        bool bnd = false;
+                        ++n_pip;
+                        if (classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd)
+                            acc += (side ? ra2_b : ra2_a)[r];
+                    }
+                }
+            } else {
+                n_cut = 1;
+                const double* BA = box_a + 4 * (long long)a;
+                double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
+                int status = -1;   // -1 unknown, 0 outside, 1 inside
+                for (int k = k0; k < k1; ++k) {
+                    long long s = slot0 + k;
+                    int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
+                    double2 e0 = C[k], e1 = C[k + 1];
+                    if (status < 0 && e_lo == e_hi && o_lo == o_hi &&
+                        !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
+                        status = 0;   // no records and away from the other polygon: outside
+                    double t0 = 0.0;
+                    for (int i = e_lo; i <= e_hi; ++i) {
+                        double t1 = i < e_hi ? ev_t[ev_order[i]] : 1.0;
+                        if (t1 > t0) {
+                            ++n_pieces;
+                            double tm = 0.5 * (t0 + t1);
+                            bool shared = false, keep = false;
+                            for (int j = o_lo; j < o_hi; ++j) {
+                                int rec = ov_order[j];
+                                if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
+                            }
+                            if (shared) {
+                                status = -1;
+                            } else if (status >= 0) {
+                                keep = status;
+                            } else {
+                                double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
+                                if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
+                                    bool bnd = false;
+                                    ++n_pip;
+                                    keep = classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd;
+                                    status = (!bnd && t1 - t0 >= TRUST_T) ? (int)keep : -1;
+                                } else {
+                                    status = 0;
+                                }
+                            }
+                            if (keep) {
+                                ++n_kept;
+                                double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
+                                acc += (q0.x - ox) * (q1.y - oy) - (q1.x - ox) * (q0.y - oy);
+                            }
+                            t0 = t1;
+                        }
+                        if (i < e_hi) status = (ev_kind[ev_order[i]] && status >= 0) ? status ^ 1 : -1;
+                    }
+                }
+            }
+        }
+    }
+    if (p < P) contrib[tid] = acc;
+    unsigned long long v[4] = {n_pip, n_pieces, n_kept, n_cut};
+    block_add<4>(stats, v);
 }
