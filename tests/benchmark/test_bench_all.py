@@ -26,3 +26,5 @@ def test_on_a_gpu_each_row_has_its_graph_replay_and_says_which_inputs_it_serves(
     table = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if "shapely/cpu" in line}
     assert "graph replay" in table["v3"] and "(any input that fits)" in table["v3"]
     assert "(these sizes only)" in table["v1"] and "(these sizes only)" in table["v2"]
+    # Each GPU row also gives end to end with the inputs in pinned memory, its output checked too (ok=True).
+    assert all("(inputs in pinned memory " in line and "ok=True" in line for line in table.values())

@@ -57,3 +57,44 @@ def test_small_inputs_take_the_pageable_copy_and_say_so():
     assert got.dtype == cp.int32 and cp.asnumpy(got).tolist() == list(range(11))
     assert st.meta["staging"].startswith("pageable") and st.h2d_copies == 1 and st.h2d_bytes == 44
     stager.close()
+
+
+def test_inputs_in_pinned_memory_go_straight_to_the_device_and_say_so():
+    """A plan's inputs copied into pinned memory (pin_inputs, nested dataclasses too) skip the host copy: their
+    DMA reads the caller's arrays. An array that needs a dtype change is still staged."""
+    import cupy as cp
+
+    from app.kernel.plan import get_plan_class
+
+    inputs = get_plan_class("join", "v3")({"points": 2000, "polygons": 50}).make_inputs()
+    pinned = staging.pin_inputs(inputs)
+    assert staging.is_pinned(cp, pinned.points) and staging.is_pinned(cp, pinned.polygons.coords)
+    assert not staging.is_pinned(cp, inputs.points)
+    np.testing.assert_array_equal(pinned.points, inputs.points)
+    assert pinned.predicate == inputs.predicate
+    stager = staging.PinnedStaging(cp)
+    st = _context(cp)
+    got = stager.to_device(st, {"points": (pinned.points, np.float64), "coords": (pinned.polygons.coords, np.float64),
+                                "offsets": (pinned.polygons.ring_offsets, np.int32)})
+    np.testing.assert_array_equal(cp.asnumpy(got["points"]), inputs.points)
+    np.testing.assert_array_equal(cp.asnumpy(got["coords"]), inputs.polygons.coords)
+    np.testing.assert_array_equal(cp.asnumpy(got["offsets"]), inputs.polygons.ring_offsets.astype(np.int32))
+    assert st.meta["staging"].startswith("2 of 3 arrays straight from the caller's pinned memory; pageable")
+    assert st.h2d_copies == 3
+    stager.close()
+
+
+def test_large_results_come_back_in_pinned_memory():
+    import cupy as cp
+
+    from app.kernel.gpu_build import PINNED_RESULT_BYTES
+    from app.kernel.join.gpu import JoinGPU
+    from app.kernel.plan import get_plan_class
+
+    backend = JoinGPU(get_plan_class("join", "v3")({}).tiling, "v3")
+    big = cp.arange(PINNED_RESULT_BYTES // 8 + 1, dtype=cp.int64)
+    small = cp.arange(10, dtype=cp.int64)
+    host_big, host_small = backend.to_host(big), backend.to_host(small)
+    assert staging.is_pinned(cp, host_big) and not staging.is_pinned(cp, host_small)
+    np.testing.assert_array_equal(host_big, np.arange(big.size))
+    assert host_small.tolist() == list(range(10))

@@ -68,7 +68,9 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
             # Inputs the backend copied pageable because they are small were measured slower through pinned
             # staging: advising it would contradict that measurement.
             staging = str(s["metadata"].get("staging", ""))
-            if staging.startswith("pinned"):
+            if "straight from the caller's pinned memory" in staging:
+                what = "Keep inputs device-resident across calls (they already go straight from pinned memory)"
+            elif staging.startswith("pinned"):
                 what = "Overlap the pinned input copies with compute (a second stream), or keep inputs " \
                     "device-resident across calls"
             elif staging.startswith("pageable"):     # the backend's choice for inputs under its staging threshold

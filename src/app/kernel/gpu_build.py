@@ -33,7 +33,8 @@ COMMON_SOURCE = Path(__file__).with_name("common.cuh")
 SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64", "scan_sums_i32",
                 "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
 SCAN_TILE = 2048
-SMALL_SCAN_TILES = 4096   # up to here each tile sums its predecessors itself: two launches, not three
+SMALL_SCAN_TILES = 4096
+PINNED_RESULT_BYTES = 1 << 20   # up to here each tile sums its predecessors itself: two launches, not three
 # (input dtype, output dtype) -> (tile kernel, sums kernel, add kernel). Keyed by dtype objects: formatting
 # dtype names on every call cost more host time than a kernel launch.
 _SCAN_KERNELS = {(np.dtype(a), np.dtype(b)): (f"scan_tiles_{ta}", f"scan_sums_{tb}", f"add_offsets_{tb}")
@@ -218,7 +219,16 @@ class GpuBackend:
         return self.mod.artifacts(self._blocks())
 
     def to_host(self, array):
-        return self.cp.asnumpy(array)
+        """A result to a host array. From PINNED_RESULT_BYTES up, into pinned memory from CuPy's pinned pool:
+        the copy runs at the link's speed instead of through the driver's pageable staging (a 5 MB join result
+        took about 0.6 ms that way on an H200 node), and the pool keeps the pages pinned for the next result."""
+        if array.nbytes < PINNED_RESULT_BYTES:
+            return self.cp.asnumpy(array)
+        import cupyx
+
+        out = cupyx.empty_pinned(array.shape, array.dtype)
+        array.get(out=out)     # synchronous for the caller, as cupy.asnumpy is
+        return out
 
     def stage_in(self, st, **arrays) -> dict:
         """Host arrays to the device through pinned staging, ``name=(array, dtype)``; see app.kernel.staging."""

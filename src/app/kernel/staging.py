@@ -8,6 +8,11 @@ the host copy of the next chunks runs while the previous ones cross the link. A 
 (int64 offsets to the kernels' int32) happens in the same host pass. Inputs under MIN_STAGED_BYTES
 in all take the driver's pageable copy instead: measured faster there.
 
+An input that already lives in pinned (page-locked) host memory -- ``pin_inputs`` makes such copies,
+as a loader that reads into pinned buffers would -- with the kernel's dtype is not copied on the host at
+all: its DMA is queued straight from the caller's array. On an H200 node the host copy is the bound:
+about 34 GB/s with 4-8 threads against 55 GB/s for the DMA from pinned memory.
+
 The host copy is inside the timed build: the plan's inputs are ordinary (pageable) numpy arrays, as
 a caller has them. The pinned buffers themselves are allocated on the first run and reused (the cold
 run pays for them, and it is reported apart); reuse is safe because every run ends with a
@@ -49,13 +54,32 @@ class PinnedStaging:
         The copies are counted in the stage context ``st`` (one per array, with its bytes).
         """
         cp = self.cp
-        total = sum(np.asarray(host).size * np.dtype(dtype).itemsize for host, dtype in arrays.values())
-        if total < MIN_STAGED_BYTES:
-            out = {tag: st.to_device(np.ascontiguousarray(host, dtype=dtype)) for tag, (host, dtype) in arrays.items()}
-            st.meta["staging"] = (f"pageable copies ({total / 1e6:.1f} MB, under the {MIN_STAGED_BYTES >> 20} MiB "
-                                  "from which pinned staging is faster)")
-            return out
         stream = cp.cuda.get_current_stream()
+        out, direct = {}, []
+        for tag, (host, dtype) in arrays.items():
+            host = np.asarray(host)
+            if host.nbytes and host.dtype == np.dtype(dtype) and host.flags.c_contiguous and is_pinned(cp, host):
+                dev = out[tag] = cp.empty(host.shape, dtype=dtype)
+                st.count_h2d(dev.nbytes)
+                cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes,
+                                            cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+                direct.append(tag)
+        rest = {tag: v for tag, v in arrays.items() if tag not in out}
+        how = [f"{len(direct)} of {len(arrays)} arrays straight from the caller's pinned memory"] if direct else []
+        out |= self._staged(st, rest, stream, how)
+        st.meta["staging"] = "; ".join(how)
+        return out
+
+    def _staged(self, st, arrays: dict, stream, how: list) -> dict:
+        """Arrays in pageable host memory (or needing a dtype change): pinned staging from MIN_STAGED_BYTES."""
+        cp = self.cp
+        total = sum(np.asarray(host).size * np.dtype(dtype).itemsize for host, dtype in arrays.values())
+        if not arrays:
+            return {}
+        if total < MIN_STAGED_BYTES:
+            how.append(f"pageable copies ({total / 1e6:.1f} MB, under the {MIN_STAGED_BYTES >> 20} MiB from which "
+                       "pinned staging is faster)")
+            return {tag: st.to_device(np.ascontiguousarray(host, dtype=dtype)) for tag, (host, dtype) in arrays.items()}
         out, jobs = {}, []
         for tag, (host, dtype) in arrays.items():
             host = np.asarray(host)
@@ -75,8 +99,8 @@ class PinnedStaging:
                 pending[i].result()          # this chunk is in pinned memory: its DMA can start
             cp.cuda.runtime.memcpyAsync(dst, pin.ctypes.data, pin.nbytes, cp.cuda.runtime.memcpyHostToDevice,
                                         stream.ptr)
-        st.meta["staging"] = (f"pinned, {len(jobs)} chunks of up to {CHUNK_BYTES >> 20} MiB, "
-                              f"{self.threads} host thread{'s' if self.threads > 1 else ''}")
+        how.append(f"pinned, {len(jobs)} chunks of up to {CHUNK_BYTES >> 20} MiB, "
+                   f"{self.threads} host thread{'s' if self.threads > 1 else ''}")
         return out
 
     def close(self) -> None:
@@ -86,3 +110,29 @@ class PinnedStaging:
 
 def _copy_into(src: np.ndarray, pinned: np.ndarray) -> None:
     np.copyto(pinned, src, casting="same_kind")
+
+
+def is_pinned(cupy, host: np.ndarray) -> bool:
+    """Whether ``host`` lives in page-locked memory the GPU can read by DMA (cudaHostAlloc'd or registered)."""
+    try:
+        attrs = cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data)
+    except Exception:      # pageable memory on an old driver answers with an error: not pinned
+        return False
+    return attrs.type == cupy.cuda.runtime.memoryTypeHost
+
+
+def pin_inputs(obj):
+    """A copy of a plan's inputs with every numpy array in pinned host memory (CuPy's pinned pool), fields
+    of nested dataclasses included: the inputs as a loader that reads into pinned buffers hands them over."""
+    import dataclasses
+
+    import cupyx
+
+    if isinstance(obj, np.ndarray):
+        out = cupyx.empty_pinned(obj.shape, obj.dtype)
+        out[...] = obj
+        return out
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: pin_inputs(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                                           if f.init})
+    return obj

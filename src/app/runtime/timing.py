@@ -214,8 +214,10 @@ def graph_capturability(record, selected: str) -> dict:
             what = f"{sizes} allocation-size read(s)" if sizes else f"{c['syncs'] - ending} host read(s)"
             reads.append(f"{s['name']}: {what}")
         if c["h2d_copies"]:
-            how = "host work: the arrays are copied into pinned staging buffers first" \
-                if str(s.get("meta", {}).get("staging", "")).startswith("pinned") else "from pageable host memory"
+            staging = str(s.get("meta", {}).get("staging", ""))
+            how = ("host work: the arrays are copied into pinned staging buffers first" if "pinned, " in staging
+                   else "from pageable host memory" if "pageable" in staging or "pinned memory" not in staging
+                   else "DMA from the caller's pinned memory")
             copies.append((i, f"{s['name']}: {c['h2d_copies']} copies of host arrays ({how})"))
     build = build_stages(record)
     late_copies = [text for i, text in copies if i >= build]

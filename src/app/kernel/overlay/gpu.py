@@ -31,6 +31,9 @@ SOURCE = Path(__file__).with_name("overlay.cu")
 # v3's first candidate room: 8 edge pairs a polygon pair (random layers find about 4.5).
 MIN_ROOM_PER_PAIR = 8
 MIN_ROOM = 4096
+# v3's walk of the cut rings: a fixed grid of this many blocks a multiprocessor (each holds one or two at 128
+# registers a thread), striding over the list.
+WALK_BLOCKS_PER_SM = 4
 # refine_pairs' counters: proper, touch, collinear overlap, ambiguous pairs, split events, v3's end marks.
 REFINE_STATS = 6
 STAGE_KERNELS = {
@@ -39,7 +42,7 @@ STAGE_KERNELS = {
                            "edge_pairs_sweep", "edge_pairs_warp", "pair_slots"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
-    "area_reconstruction": ("area_rings", "area_rings_flip", "pair_area", "emit_areas"),
+    "area_reconstruction": ("area_rings", "area_rings_flip", "area_cut_rings", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
@@ -57,6 +60,7 @@ class OverlayGPU(GpuBackend):
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
         self._room: int | None = None     # v3: candidate edge pairs the buffers hold, kept from run to run
+        self.sm_count = self.cp.cuda.Device().attributes["MultiProcessorCount"]
 
     def owned_buffer_build(self, state, st, tiling):
         inp = state["inputs"]
@@ -233,18 +237,29 @@ class OverlayGPU(GpuBackend):
         max_rings = max(A["max_rings"], B["max_rings"])
         contrib = ws.empty("contrib", npairs * 2 * max_rings, cp.float64)
         stats = ws.zeros("area_stats", 4, cp.uint64)
-        # v3 carries each cut ring's inside/outside status from piece to piece (flipped at proper crossings),
-        # so a midpoint test is needed only where the status is unknown; v1 and v2 test every piece.
-        events = (state["ev_start"], state["ev_order"], state["ev"][1])
-        kernel = "area_rings" if state["ev_kind"] is None else "area_rings_flip"
-        if state["ev_kind"] is not None:
-            events += (state["ev_kind"],)
-        self._launch(kernel, npairs * 2 * max_rings, block, (
-            A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"], A["ring_area2"], A["ring_box"],
-            B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], B["ring_area2"], B["ring_box"],
-            state["pair_a"], state["pair_b"], np.int32(npairs), np.int32(max_rings), state["slot_incl"],
-            *events, state["ov_start"], state["ov_order"], state["ov"][1], state["ov"][2], state["ov"][3],
-            CCW_ERRBOUND_A, contrib, stats))
+        side_a = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"])
+        side_b = (B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"])
+        pairs = (state["pair_a"], state["pair_b"])
+        overlaps = (state["ov_start"], state["ov_order"], state["ov"][1], state["ov"][2], state["ov"][3])
+        if state["ev_kind"] is None:
+            self._launch("area_rings", npairs * 2 * max_rings, block, (
+                *side_a, A["ring_area2"], A["ring_box"], *side_b, B["ring_area2"], B["ring_box"], *pairs,
+                np.int32(npairs), np.int32(max_rings), state["slot_incl"], state["ev_start"], state["ev_order"],
+                state["ev"][1], *overlaps, CCW_ERRBOUND_A, contrib, stats))
+        else:
+            # v3: uncut rings settled by one midpoint test each, cut rings listed, then walked 32 to a warp
+            # carrying their inside/outside status (flipped at proper crossings). The walk's grid is fixed:
+            # its threads stride over the list, whose length only the device knows.
+            cut_list = ws.empty("cut_list", npairs * 2 * max_rings, cp.int64)
+            self._launch("area_rings_flip", npairs * 2 * max_rings, block, (
+                *side_a, A["ring_area2"], A["ring_box"], *side_b, B["ring_area2"], B["ring_box"], *pairs,
+                np.int32(npairs), np.int32(max_rings), state["slot_incl"], state["ev_start"], state["ov_start"],
+                CCW_ERRBOUND_A, contrib, cut_list, stats))
+            if npairs:
+                self.mod.fn["area_cut_rings"]((WALK_BLOCKS_PER_SM * self.sm_count,), (block,), (
+                    *side_a, *side_b, *pairs, np.int32(max_rings), state["slot_incl"], state["ev_start"],
+                    state["ev_order"], state["ev"][1], state["ev_kind"], *overlaps, CCW_ERRBOUND_A, cut_list, contrib,
+                    stats))
         area = ws.empty("pair_area", npairs, cp.float64)
         keep = ws.empty("pair_keep", npairs, cp.int32)
         self._launch("pair_area", npairs, block, (contrib, np.int32(npairs), np.int32(max_rings), area, keep))

@@ -679,100 +679,156 @@ extern "C" __global__ void pair_slots(const int* ro_a, const int* gro_a, const i
 // from a classification that can be trusted: outside the other polygon's bbox, or a
 // midpoint test off the boundary on a piece at least TRUST_T of its edge long (a tiny
 // piece's rounded midpoint can land on the wrong side of a boundary it nearly touches).
+//
+// Two kernels. area_rings_flip takes a thread per (pair, side, ring) as area_rings does:
+// a ring the other boundary does not cut is settled by one midpoint test, and a cut ring
+// is appended to a list. area_cut_rings walks the listed rings, 32 to a warp: walks are
+// long and the uncut rings short, and mixed in one warp the walk would hold the others.
 #define TRUST_T 1e-6
+
+struct RingRef {        // one ring of one side of a polygon pair, and the other polygon
+    const double2* C; int k0, k1; long long slot0;
+    const double2* CO; const int *roO, *groO; int go; const double* boxO;
+};
+
+__device__ __forceinline__ RingRef ring_ref(long long tid, int max_rings, const double2* ca, const int* ro_a,
+                                            const int* gro_a, const double* box_a, const double2* cb,
+                                            const int* ro_b, const int* gro_b, const double* box_b,
+                                            const int* pair_a, const int* pair_b, const long long* slot_incl,
+                                            int& r, int& p, int& side) {
+    long long per_pair = 2LL * max_rings;
+    p = (int)(tid / per_pair);
+    int rem = (int)(tid % per_pair), lr = rem % max_rings;
+    side = rem / max_rings;
+    int a = pair_a[p], b = pair_b[p];
+    const int *ro = side ? ro_b : ro_a, *gro = side ? gro_b : gro_a;
+    int g = side ? b : a;
+    RingRef R;
+    R.go = side ? a : b;
+    R.C = side ? cb : ca;
+    R.CO = side ? ca : cb;
+    R.roO = side ? ro_a : ro_b; R.groO = side ? gro_a : gro_b;
+    R.boxO = (side ? box_a : box_b) + 4 * (long long)R.go;
+    r = gro[g] + lr;
+    if (r >= gro[g + 1]) { r = -1; return R; }
+    long long base = p == 0 ? 0 : slot_incl[p - 1];
+    int a_coords = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
+    R.slot0 = base + (side ? a_coords : 0) - ro[gro[g]];     // slot of coordinate k: slot0 + k
+    R.k0 = ro[r]; R.k1 = ro[r + 1] - 1;
+    return R;
+}
 
 extern "C" __global__ void area_rings_flip(
         const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
         const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
         const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P, int max_rings,
-        const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
-        const signed char* ev_kind, const int* ov_start, const int* ov_order, const double* ov_lo,
-        const double* ov_hi, const int* ov_keep, double errA, double* contrib, unsigned long long* stats) {
+        const long long* slot_incl, const int* ev_start, const int* ov_start, double errA, double* contrib,
+        long long* cut_list, unsigned long long* stats) {
+    __shared__ unsigned int s_cut;
+    __shared__ unsigned long long s_base;
     long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    long long per_pair = 2LL * max_rings;
-    int p = (int)(tid / per_pair);
-    int rem = (int)(tid % per_pair), side = rem / max_rings, lr = rem % max_rings;
     double acc = 0.0;
-    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, n_cut = 0, ex = 0, edges = 0;
-    if (p < P) {
-        int a = pair_a[p], b = pair_b[p];
-        const double2* C = side ? cb : ca;
-        const int *ro = side ? ro_b : ro_a, *gro = side ? gro_b : gro_a;
-        const double2* CO = side ? ca : cb;
-        const int *roO = side ? ro_a : ro_b, *groO = side ? gro_a : gro_b;
-        int g = side ? b : a, go = side ? a : b;
-        const double* boxO = (side ? box_a : box_b) + 4 * (long long)go;
-        int r = gro[g] + lr;
-        if (r < gro[g + 1]) {
-            long long base = p == 0 ? 0 : slot_incl[p - 1];
-            int a_coords = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
-            long long slot0 = base + (side ? a_coords : 0) - ro[gro[g]];     // slot of coordinate k: slot0 + k
-            int k0 = ro[r], k1 = ro[r + 1] - 1;
-            bool cut = ev_start[slot0 + k1] != ev_start[slot0 + k0] || ov_start[slot0 + k1] != ov_start[slot0 + k0];
+    bool cut = false;
+    unsigned long long n_pip = 0, ex = 0, edges = 0;
+    if (threadIdx.x == 0) s_cut = 0;
+    __syncthreads();
+    int r = -1, p = 0, side = 0;
+    if (tid < (long long)P * 2 * max_rings) {
+        RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
+                             slot_incl, r, p, side);
+        if (r >= 0) {
+            cut = ev_start[R.slot0 + R.k1] != ev_start[R.slot0 + R.k0] ||
+                  ov_start[R.slot0 + R.k1] != ov_start[R.slot0 + R.k0];
             const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
-            if (!cut) {
-                if (boxes_meet(rb[0], rb[1], rb[2], rb[3], boxO)) {
-                    double2 e0 = C[k0], e1 = C[k0 + 1];
-                    double2 m = make_double2(0.5 * (e0.x + e1.x), 0.5 * (e0.y + e1.y));
-                    if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
-                        bool bnd = false;
-                        ++n_pip;
-                        if (classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd)
-                            acc += (side ? ra2_b : ra2_a)[r];
-                    }
-                }
-            } else {
-                n_cut = 1;
-                const double* BA = box_a + 4 * (long long)a;
-                double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
-                int status = -1;   // -1 unknown, 0 outside, 1 inside
-                for (int k = k0; k < k1; ++k) {
-                    long long s = slot0 + k;
-                    int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
-                    double2 e0 = C[k], e1 = C[k + 1];
-                    if (status < 0 && e_lo == e_hi && o_lo == o_hi &&
-                        !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
-                        status = 0;   // no records and away from the other polygon: outside
-                    double t0 = 0.0;
-                    for (int i = e_lo; i <= e_hi; ++i) {
-                        double t1 = i < e_hi ? ev_t[ev_order[i]] : 1.0;
-                        if (t1 > t0) {
-                            ++n_pieces;
-                            double tm = 0.5 * (t0 + t1);
-                            bool shared = false, keep = false;
-                            for (int j = o_lo; j < o_hi; ++j) {
-                                int rec = ov_order[j];
-                                if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
-                            }
-                            if (shared) {
-                                status = -1;
-                            } else if (status >= 0) {
-                                keep = status;
-                            } else {
-                                double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
-                                if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
-                                    bool bnd = false;
-                                    ++n_pip;
-                                    keep = classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd;
-                                    status = (!bnd && t1 - t0 >= TRUST_T) ? (int)keep : -1;
-                                } else {
-                                    status = 0;
-                                }
-                            }
-                            if (keep) {
-                                ++n_kept;
-                                double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
-                                acc += (q0.x - ox) * (q1.y - oy) - (q1.x - ox) * (q0.y - oy);
-                            }
-                            t0 = t1;
-                        }
-                        if (i < e_hi) status = (ev_kind[ev_order[i]] && status >= 0) ? status ^ 1 : -1;
-                    }
+            if (!cut && boxes_meet(rb[0], rb[1], rb[2], rb[3], R.boxO)) {
+                double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
+                double2 m = make_double2(0.5 * (e0.x + e1.x), 0.5 * (e0.y + e1.y));
+                const double* bo = R.boxO;
+                if (bo[0] <= m.x && m.x <= bo[2] && bo[1] <= m.y && m.y <= bo[3]) {
+                    bool bnd = false;
+                    ++n_pip;
+                    if (classify_point(R.CO, R.roO, R.groO, R.go, m, errA, ex, edges, bnd) && !bnd)
+                        acc += (side ? ra2_b : ra2_a)[r];
                 }
             }
         }
+        contrib[tid] = acc;      // a cut ring's is written by area_cut_rings
     }
-    if (p < P) contrib[tid] = acc;
-    unsigned long long v[4] = {n_pip, n_pieces, n_kept, n_cut};
-    block_add<4>(stats, v);
+    // Append the block's cut rings with one global atomic (stats[3] counts them and sizes the list).
+    unsigned int mine = cut ? atomicAdd(&s_cut, 1u) : 0u;
+    __syncthreads();
+    if (threadIdx.x == 0) s_base = s_cut ? atomicAdd(stats + 3, (unsigned long long)s_cut) : 0ull;
+    __syncthreads();
+    if (cut) cut_list[s_base + mine] = tid;
+    unsigned long long v[1] = {n_pip};
+    block_add<1>(stats, v);
+}
+
+extern "C" __global__ void area_cut_rings(
+        const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double2* cb,
+        const int* ro_b, const int* gro_b, const double* box_b, const int* pair_a, const int* pair_b, int max_rings,
+        const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
+        const signed char* ev_kind, const int* ov_start, const int* ov_order, const double* ov_lo,
+        const double* ov_hi, const int* ov_keep, double errA, const long long* cut_list, double* contrib,
+        unsigned long long* stats) {
+    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, ex = 0, edges = 0;
+    long long n_cut = (long long)stats[3];
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_cut;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long tid = cut_list[i];
+        int r, p, side;
+        RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
+                             slot_incl, r, p, side);
+        const double* BA = box_a + 4 * (long long)pair_a[p];
+        const double* boxO = R.boxO;
+        double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
+        double acc = 0.0;
+        int status = -1;   // -1 unknown, 0 outside, 1 inside
+        for (int k = R.k0; k < R.k1; ++k) {
+            long long s = R.slot0 + k;
+            int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
+            double2 e0 = R.C[k], e1 = R.C[k + 1];
+            if (status < 0 && e_lo == e_hi && o_lo == o_hi &&
+                !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
+                status = 0;   // no records and away from the other polygon: outside
+            double t0 = 0.0;
+            for (int j = e_lo; j <= e_hi; ++j) {
+                double t1 = j < e_hi ? ev_t[ev_order[j]] : 1.0;
+                if (t1 > t0) {
+                    ++n_pieces;
+                    double tm = 0.5 * (t0 + t1);
+                    bool shared = false, keep = false;
+                    for (int q = o_lo; q < o_hi; ++q) {
+                        int rec = ov_order[q];
+                        if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
+                    }
+                    if (shared) {
+                        status = -1;
+                    } else if (status >= 0) {
+                        keep = status;
+                    } else {
+                        double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
+                        if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
+                            bool bnd = false;
+                            ++n_pip;
+                            keep = classify_point(R.CO, R.roO, R.groO, R.go, m, errA, ex, edges, bnd) && !bnd;
+                            status = (!bnd && t1 - t0 >= TRUST_T) ? (int)keep : -1;
+                        } else {
+                            status = 0;
+                        }
+                    }
+                    if (keep) {
+                        ++n_kept;
+                        double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
+                        acc += (q0.x - ox) * (q1.y - oy) - (q1.x - ox) * (q0.y - oy);
+                    }
+                    t0 = t1;
+                }
+                if (j < e_hi) status = (ev_kind[ev_order[j]] && status >= 0) ? status ^ 1 : -1;
+            }
+        }
+        contrib[tid] = acc;
+    }
+    unsigned long long v[3] = {n_pip, n_pieces, n_kept};
+    block_add<3>(stats, v);
 }
