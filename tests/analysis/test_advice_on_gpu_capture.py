@@ -108,3 +108,51 @@ def test_the_report_says_why_the_overhead_pairs_stopped():
                        ("max_pairs", "stopped at the most pairs allowed, short of the +-0.5% interval")):
         v3["timing"]["instrumentation"] |= {"stopped": stop, "target_ci": 0.005}
         assert text in build_report(v3, params, roof, None)
+
+
+def test_overlay_v3_capture_keeps_its_room_and_names_its_remaining_round_trips():
+    """overlay v3 at 100k x 100k: the candidates fit the room kept from run to run (no regrowth), the random
+    layers need no end marks, the walk ran about one midpoint test a cut ring instead of one a piece, and
+    the report names the reads that still keep the plan out of a graph."""
+    from app.runtime.recorder import RunRecord
+    from app.runtime.timing import graph_capturability
+
+    v3 = json.loads((DATA / "overlay_v3_100k_100k_h200.trace.json").read_text())
+    assert v3["version"] == "v3" and v3["metadata"]["verification"]["matches"] is True
+    st = {s["name"]: s["metadata"] for s in v3["stages"]}
+    filt, refine, area = st["segment_mbr_filter"], st["exact_intersection_refine"], st["area_reconstruction"]
+    assert filt["candidates"] <= filt["candidate_room"] and "candidate_room_grown" not in filt
+    assert filt["allocation_size_reads"] == 2                       # polygon pairs, then the room check
+    assert refine["end_marks"] == 0 and refine["split_events"] == 2 * refine["proper"]
+    assert area["pip_tests"] < area["cut_rings"] + 2 * filt["polygon_pairs"] < area["fragments"]
+    stages = [{"name": s["name"], "counters": s["metadata"], "meta": s["metadata"]} for s in v3["stages"]]
+    graph = graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu")
+    assert graph == {k: v for k, v in v3["timing"]["graph"].items() if k != "replay"}
+    assert graph["after_build"] is False and graph["blockers"][1:] == [
+        "segment_extraction: 1 allocation-size read(s)", "segment_mbr_filter: 2 allocation-size read(s)",
+        "area_reconstruction: 1 allocation-size read(s)"]
+    roof = plan_roofline(v3["device"]["name"], v3["selected_runtime"], v3["stages"])
+    ops = advice.opportunities(v3, roof, advice.stage_findings(v3, roof))
+    assert ops[0]["name"] == ("Overlap the pinned input copies with compute (a second stream), or keep inputs "
+                              "device-resident across calls (owned_buffer_build)")
+    assert any(o["name"].startswith("Remove host round-trips in segment_mbr_filter") for o in ops)
+
+
+def test_inputs_that_went_straight_from_pinned_memory_are_not_told_to_pin_or_stage():
+    """A build whose arrays were DMA'd from the caller's pinned memory (the real 1M capture, its staging line
+    set as the backend writes it then): the advice and the graph judgment say what was done, not 'pin'."""
+    from app.runtime.recorder import RunRecord
+    from app.runtime.timing import graph_capturability
+
+    trace = json.loads((DATA / "join_v1_1M_100k_h200_pinned.trace.json").read_text())
+    trace["stages"][0]["metadata"]["staging"] = ("3 of 4 arrays straight from the caller's pinned memory; pageable "
+                                                 "copies (0.8 MB, under the 16 MiB from which pinned staging is faster)")
+    roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
+    top = advice.opportunities(trace, roof, advice.stage_findings(trace, roof))[0]
+    assert top["name"] == ("Keep inputs device-resident across calls (they already go straight from pinned memory) "
+                           "(owned_buffer_build)")
+    stages = [{"name": s["name"], "counters": s["metadata"], "meta": s["metadata"]} for s in trace["stages"]]
+    assert "from pageable host memory" in graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu")["blockers"][0]
+    trace["stages"][0]["metadata"]["staging"] = "4 of 4 arrays straight from the caller's pinned memory"
+    stages[0]["meta"] = trace["stages"][0]["metadata"]
+    assert "DMA from the caller's pinned memory" in graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu")["blockers"][0]
