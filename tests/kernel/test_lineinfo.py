@@ -34,9 +34,10 @@ def cubin(source: str, options) -> bytes:
         nvrtc.destroyProgram(prog)
 
 
-@pytest.mark.parametrize("kernel", ["join/join.cu", "overlay/overlay.cu"])
+@pytest.mark.parametrize("kernel", ["join/join.cu", "overlay/overlay.cu+overlay/overlay_v3.cu"])
 def test_lineinfo_changes_no_instruction(kernel):
-    paths = (gpu_build.SCAN_SOURCE, gpu_build.COMMON_SOURCE, gpu_build.SCAN_SOURCE.parent / kernel)
+    paths = (gpu_build.SCAN_SOURCE, gpu_build.COMMON_SOURCE,
+             *(gpu_build.SCAN_SOURCE.parent / k for k in kernel.split("+")))
     source = gpu_build.module_source([p.resolve() for p in paths])
     plain = elf_sections(cubin(source, gpu_build.OPTIONS))
     lined = elf_sections(cubin(source, gpu_build.OPTIONS + ("-lineinfo",)))

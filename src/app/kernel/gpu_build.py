@@ -70,15 +70,19 @@ class Workspace:
 
 
 class CudaModule:
-    """One NVRTC module: scan.cu (prefix sums) + common.cuh (shared device code) + the kernel's .cu."""
+    """One NVRTC module: scan.cu (prefix sums) + common.cuh (shared device code) + the kernel's .cu file(s).
 
-    def __init__(self, source: Path, stage_kernels: dict, library_calls: dict, scan_stages=()):
+    ``source`` is a path, or a tuple of paths compiled in that order (a kernel whose versions keep their
+    kernels in files of their own)."""
+
+    def __init__(self, source, stage_kernels: dict, library_calls: dict, scan_stages=()):
         import cupy
 
         self.cp = cupy
-        self.source_path = source
+        self.source_paths = tuple(source) if isinstance(source, (tuple, list)) else (source,)
+        self.source_path = self.source_paths[0]
         self.scan_stages = set(scan_stages)
-        self.source = module_source((SCAN_SOURCE, COMMON_SOURCE, source))
+        self.source = module_source((SCAN_SOURCE, COMMON_SOURCE, *self.source_paths))
         self.options = compile_options()
         self.stage_kernels = {s: tuple(k) + (SCAN_KERNELS if s in self.scan_stages else ())
                               for s, k in stage_kernels.items()}
@@ -173,7 +177,7 @@ class CudaModule:
                                                                                                 blocks.get(stage, 256))}
                    for n in names}
             out[stage] = {
-                self.source_path.name: self.source_path.read_text(),
+                **{path.name: path.read_text() for path in self.source_paths},
                 self.source_path.stem + ".ptx": self.ptx(),
                 "resources.json": json.dumps({"kernels": res, "compile_options": list(self.options),
                                               "library_calls": self.library_calls.get(stage, "")}, indent=2),
@@ -195,7 +199,7 @@ class GpuBackend:
     """
 
     device = "gpu"
-    SOURCE: Path
+    SOURCE: Path | tuple      # the kernel's .cu file, or files compiled in order
     STAGE_KERNELS: dict
     LIBRARY_CALLS: dict
     SCAN_STAGES: tuple = ()

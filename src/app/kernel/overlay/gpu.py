@@ -1,4 +1,4 @@
-"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu.
+"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu and overlay_v3.cu.
 
 Device->host reads inside the pipeline are allocation-size reads only: the world
 box (grid level) after segment extraction, the polygon-pair and candidate-pair
@@ -27,7 +27,7 @@ from app.kernel import grid
 from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
-SOURCE = Path(__file__).with_name("overlay.cu")
+SOURCE = (Path(__file__).with_name("overlay.cu"), Path(__file__).with_name("overlay_v3.cu"))
 # v3's first candidate room: 8 edge pairs a polygon pair (random layers find about 4.5).
 MIN_ROOM_PER_PAIR = 8
 MIN_ROOM = 4096

@@ -1,0 +1,262 @@
+// overlay v3's kernels; compiled after overlay.cu (scan.cu and common.cuh in front), whose
+// helpers (point_at) and edge-slot conventions they share.
+
+// ---- v3 filter, part 2: a warp per polygon pair, b's edges broadcast by shuffles ------
+// Lanes hold 32 of a's edges at a time (those that reach b's bbox); b's edges that reach
+// a's bbox are found 32 at a time by a ballot and each is broadcast to every lane: the
+// same tests as edge_pairs, with no lane looping over b on its own. One pass: the warp
+// counts a chunk's candidates, reserves room for them with one atomic add on stats[1],
+// and writes those that fit in ``room`` (the caller grows the room and runs it again if
+// stats[1] comes back larger). Candidates land in no particular order across pairs:
+// refine's records are grouped by slot and sorted by t afterwards anyway.
+// stats[0] += MBR tests, stats[1] += candidates.
+extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const double* box_a,
+                                           const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+                                           const int* pair_a, const int* pair_b, int P, long long room, int* out_p,
+                                           int* out_ka, int* out_kb, unsigned long long* stats) {
+    int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
+    int lane = threadIdx.x & 31;
+    unsigned long long tests = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double* BA = box_a + 4 * (long long)a;
+        const double* BB = box_b + 4 * (long long)b;
+        double bax0 = BA[0], bay0 = BA[1], bax1 = BA[2], bay1 = BA[3];
+        int a0 = ro_a[gro_a[a]], a1 = ro_a[gro_a[a + 1]];
+        int b0 = ro_b[gro_b[b]], b1 = ro_b[gro_b[b + 1]];
+        int ring = gro_a[a], ring_end = ro_a[ring + 1] - 1;
+        for (int abase = a0; abase < a1; abase += 32) {
+            int k = abase + lane;
+            double ex0 = 0, ey0 = 0, ex1 = 0, ey1 = 0;
+            bool live = false;
+            if (k < a1) {
+                while (k >= ring_end + 1) { ++ring; ring_end = ro_a[ring + 1] - 1; }
+                if (k < ring_end) {   // a ring's last coordinate starts no edge
+                    double2 e0 = ca[k], e1 = ca[k + 1];
+                    ex0 = fmin(e0.x, e1.x); ey0 = fmin(e0.y, e1.y); ex1 = fmax(e0.x, e1.x); ey1 = fmax(e0.y, e1.y);
+                    live = boxes_meet(ex0, ey0, ex1, ey1, BB);
+                }
+            }
+            if (!__any_sync(FULL_MASK, live)) continue;
+            int mine = 0;
+            long long pos = 0;
+            for (int pass = 0; pass < 2; ++pass) {
+                if (pass == 1) {   // this lane's place: the chunk's room, reserved once, plus the lanes before
+                    int incl = mine;
+                    for (int off = 1; off < 32; off <<= 1) {
+                        int up = __shfl_up_sync(FULL_MASK, incl, off);
+                        if (lane >= off) incl += up;
+                    }
+                    int total = __shfl_sync(FULL_MASK, incl, 31);
+                    if (total == 0) break;
+                    unsigned long long base = 0;
+                    if (lane == 0) base = atomicAdd(stats + 1, (unsigned long long)total);
+                    pos = (long long)__shfl_sync(FULL_MASK, base, 0) + incl - mine;
+                }
+                int rb = gro_b[b], rb_end = ro_b[rb + 1] - 1;
+                for (int bbase = b0; bbase < b1; bbase += 32) {
+                    int kb = bbase + lane;
+                    double fx0 = 0, fy0 = 0, fx1 = 0, fy1 = 0;
+                    bool near = false;
+                    if (kb < b1) {
+                        while (kb >= rb_end + 1) { ++rb; rb_end = ro_b[rb + 1] - 1; }
+                        if (kb < rb_end) {
+                            double2 f0 = cb[kb], f1 = cb[kb + 1];
+                            fx0 = fmin(f0.x, f1.x); fy0 = fmin(f0.y, f1.y); fx1 = fmax(f0.x, f1.x); fy1 = fmax(f0.y, f1.y);
+                            near = fx0 <= bax1 && bax0 <= fx1 && fy0 <= bay1 && bay0 <= fy1;
+                        }
+                    }
+                    unsigned int nb = __ballot_sync(FULL_MASK, near);
+                    while (nb) {
+                        int j = __ffs(nb) - 1;
+                        nb &= nb - 1;
+                        double gx0 = __shfl_sync(FULL_MASK, fx0, j), gy0 = __shfl_sync(FULL_MASK, fy0, j);
+                        double gx1 = __shfl_sync(FULL_MASK, fx1, j), gy1 = __shfl_sync(FULL_MASK, fy1, j);
+                        if (live) {
+                            bool hit = ex0 <= gx1 && gx0 <= ex1 && ey0 <= gy1 && gy0 <= ey1;
+                            if (pass == 0) { ++tests; mine += hit; }
+                            else if (hit) {
+                                if (pos < room) { out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = bbase + j; }
+                                ++pos;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    unsigned long long v[1] = {tests};
+    block_add<1>(stats, v);
+}
+
+// v3: each polygon pair's edge slots, coords(a) + coords(b) (edge_pairs' count pass writes them in v1 and v2).
+extern "C" __global__ void pair_slots(const int* ro_a, const int* gro_a, const int* ro_b, const int* gro_b,
+                                      const int* pair_a, const int* pair_b, int P, long long* slots) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= P) return;
+    int a = pair_a[p], b = pair_b[p];
+    slots[p] = (long long)(ro_a[gro_a[a + 1]] - ro_a[gro_a[a]]) + (ro_b[gro_b[b + 1]] - ro_b[gro_b[b]]);
+}
+
+// ---- v3 area reconstruction: inside/outside carried along the ring -----------------
+// As area_rings, but a cut ring's pieces do not each need a point-in-polygon test. Along
+// the ring the status (inside or outside the other polygon) changes only where the other
+// boundary meets it, and every such point has a record: a proper crossing flips the
+// status; a touch, a mark at a segment's end or a shared stretch makes it unknown, and
+// the next piece is classified by its midpoint as in area_rings. A status is carried only
+// from a classification that can be trusted: outside the other polygon's bbox, or a
+// midpoint test off the boundary on a piece at least TRUST_T of its edge long (a tiny
+// piece's rounded midpoint can land on the wrong side of a boundary it nearly touches).
+//
+// Two kernels. area_rings_flip takes a thread per (pair, side, ring) as area_rings does:
+// a ring the other boundary does not cut is settled by one midpoint test, and a cut ring
+// is appended to a list. area_cut_rings walks the listed rings, 32 to a warp: walks are
+// long and the uncut rings short, and mixed in one warp the walk would hold the others.
+#define TRUST_T 1e-6
+
+struct RingRef {        // one ring of one side of a polygon pair, and the other polygon
+    const double2* C; int k0, k1; long long slot0;
+    const double2* CO; const int *roO, *groO; int go; const double* boxO;
+};
+
+__device__ __forceinline__ RingRef ring_ref(long long tid, int max_rings, const double2* ca, const int* ro_a,
+                                            const int* gro_a, const double* box_a, const double2* cb,
+                                            const int* ro_b, const int* gro_b, const double* box_b,
+                                            const int* pair_a, const int* pair_b, const long long* slot_incl,
+                                            int& r, int& p, int& side) {
+    long long per_pair = 2LL * max_rings;
+    p = (int)(tid / per_pair);
+    int rem = (int)(tid % per_pair), lr = rem % max_rings;
+    side = rem / max_rings;
+    int a = pair_a[p], b = pair_b[p];
+    const int *ro = side ? ro_b : ro_a, *gro = side ? gro_b : gro_a;
+    int g = side ? b : a;
+    RingRef R;
+    R.go = side ? a : b;
+    R.C = side ? cb : ca;
+    R.CO = side ? ca : cb;
+    R.roO = side ? ro_a : ro_b; R.groO = side ? gro_a : gro_b;
+    R.boxO = (side ? box_a : box_b) + 4 * (long long)R.go;
+    r = gro[g] + lr;
+    if (r >= gro[g + 1]) { r = -1; return R; }
+    long long base = p == 0 ? 0 : slot_incl[p - 1];
+    int a_coords = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
+    R.slot0 = base + (side ? a_coords : 0) - ro[gro[g]];     // slot of coordinate k: slot0 + k
+    R.k0 = ro[r]; R.k1 = ro[r + 1] - 1;
+    return R;
+}
+
+extern "C" __global__ void area_rings_flip(
+        const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
+        const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+        const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P, int max_rings,
+        const long long* slot_incl, const int* ev_start, const int* ov_start, double errA, double* contrib,
+        long long* cut_list, unsigned long long* stats) {
+    __shared__ unsigned int s_cut;
+    __shared__ unsigned long long s_base;
+    long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    double acc = 0.0;
+    bool cut = false;
+    unsigned long long n_pip = 0, ex = 0, edges = 0;
+    if (threadIdx.x == 0) s_cut = 0;
+    __syncthreads();
+    int r = -1, p = 0, side = 0;
+    if (tid < (long long)P * 2 * max_rings) {
+        RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
+                             slot_incl, r, p, side);
+        if (r >= 0) {
+            cut = ev_start[R.slot0 + R.k1] != ev_start[R.slot0 + R.k0] ||
+                  ov_start[R.slot0 + R.k1] != ov_start[R.slot0 + R.k0];
+            const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
+            if (!cut && boxes_meet(rb[0], rb[1], rb[2], rb[3], R.boxO)) {
+                double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
+                double2 m = make_double2(0.5 * (e0.x + e1.x), 0.5 * (e0.y + e1.y));
+                const double* bo = R.boxO;
+                if (bo[0] <= m.x && m.x <= bo[2] && bo[1] <= m.y && m.y <= bo[3]) {
+                    bool bnd = false;
+                    ++n_pip;
+                    if (classify_point(R.CO, R.roO, R.groO, R.go, m, errA, ex, edges, bnd) && !bnd)
+                        acc += (side ? ra2_b : ra2_a)[r];
+                }
+            }
+        }
+        contrib[tid] = acc;      // a cut ring's is written by area_cut_rings
+    }
+    // Append the block's cut rings with one global atomic (stats[3] counts them and sizes the list).
+    unsigned int mine = cut ? atomicAdd(&s_cut, 1u) : 0u;
+    __syncthreads();
+    if (threadIdx.x == 0) s_base = s_cut ? atomicAdd(stats + 3, (unsigned long long)s_cut) : 0ull;
+    __syncthreads();
+    if (cut) cut_list[s_base + mine] = tid;
+    unsigned long long v[1] = {n_pip};
+    block_add<1>(stats, v);
+}
+
+extern "C" __global__ void area_cut_rings(
+        const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double2* cb,
+        const int* ro_b, const int* gro_b, const double* box_b, const int* pair_a, const int* pair_b, int max_rings,
+        const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
+        const signed char* ev_kind, const int* ov_start, const int* ov_order, const double* ov_lo,
+        const double* ov_hi, const int* ov_keep, double errA, const long long* cut_list, double* contrib,
+        unsigned long long* stats) {
+    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, ex = 0, edges = 0;
+    long long n_cut = (long long)stats[3];
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_cut;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long tid = cut_list[i];
+        int r, p, side;
+        RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
+                             slot_incl, r, p, side);
+        const double* BA = box_a + 4 * (long long)pair_a[p];
+        const double* boxO = R.boxO;
+        double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
+        double acc = 0.0;
+        int status = -1;   // -1 unknown, 0 outside, 1 inside
+        for (int k = R.k0; k < R.k1; ++k) {
+            long long s = R.slot0 + k;
+            int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
+            double2 e0 = R.C[k], e1 = R.C[k + 1];
+            if (status < 0 && e_lo == e_hi && o_lo == o_hi &&
+                !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
+                status = 0;   // no records and away from the other polygon: outside
+            double t0 = 0.0;
+            for (int j = e_lo; j <= e_hi; ++j) {
+                double t1 = j < e_hi ? ev_t[ev_order[j]] : 1.0;
+                if (t1 > t0) {
+                    ++n_pieces;
+                    double tm = 0.5 * (t0 + t1);
+                    bool shared = false, keep = false;
+                    for (int q = o_lo; q < o_hi; ++q) {
+                        int rec = ov_order[q];
+                        if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
+                    }
+                    if (shared) {
+                        status = -1;
+                    } else if (status >= 0) {
+                        keep = status;
+                    } else {
+                        double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
+                        if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
+                            bool bnd = false;
+                            ++n_pip;
+                            keep = classify_point(R.CO, R.roO, R.groO, R.go, m, errA, ex, edges, bnd) && !bnd;
+                            status = (!bnd && t1 - t0 >= TRUST_T) ? (int)keep : -1;
+                        } else {
+                            status = 0;
+                        }
+                    }
+                    if (keep) {
+                        ++n_kept;
+                        double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
+                        acc += (q0.x - ox) * (q1.y - oy) - (q1.x - ox) * (q0.y - oy);
+                    }
+                    t0 = t1;
+                }
+                if (j < e_hi) status = (ev_kind[ev_order[j]] && status >= 0) ? status ^ 1 : -1;
+            }
+        }
+        contrib[tid] = acc;
+    }
+    unsigned long long v[3] = {n_pip, n_pieces, n_kept};
+    block_add<3>(stats, v);
+}
