@@ -10,6 +10,18 @@
 // stats[1] comes back larger). Candidates land in no particular order across pairs:
 // refine's records are grouped by slot and sorted by t afterwards anyway.
 // stats[0] += MBR tests, stats[1] += candidates.
+// The bbox of the edge a lane's coordinate k starts, if it starts one: k < end, and not its ring's last
+// coordinate (a ring's last repeats its first). (ring, ring_end) follow k forward, chunk after chunk.
+__device__ __forceinline__ bool lane_edge_box(const double2* c, const int* ro, int k, int end, int& ring,
+                                              int& ring_end, double& x0, double& y0, double& x1, double& y1) {
+    if (k >= end) return false;
+    while (k >= ring_end + 1) { ++ring; ring_end = ro[ring + 1] - 1; }
+    if (k >= ring_end) return false;
+    double2 e0 = c[k], e1 = c[k + 1];
+    x0 = fmin(e0.x, e1.x); y0 = fmin(e0.y, e1.y); x1 = fmax(e0.x, e1.x); y1 = fmax(e0.y, e1.y);
+    return true;
+}
+
 extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const double* box_a,
                                            const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
                                            const int* pair_a, const int* pair_b, int P, long long room, int* out_p,
@@ -28,15 +40,8 @@ extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, c
         for (int abase = a0; abase < a1; abase += 32) {
             int k = abase + lane;
             double ex0 = 0, ey0 = 0, ex1 = 0, ey1 = 0;
-            bool live = false;
-            if (k < a1) {
-                while (k >= ring_end + 1) { ++ring; ring_end = ro_a[ring + 1] - 1; }
-                if (k < ring_end) {   // a ring's last coordinate starts no edge
-                    double2 e0 = ca[k], e1 = ca[k + 1];
-                    ex0 = fmin(e0.x, e1.x); ey0 = fmin(e0.y, e1.y); ex1 = fmax(e0.x, e1.x); ey1 = fmax(e0.y, e1.y);
-                    live = boxes_meet(ex0, ey0, ex1, ey1, BB);
-                }
-            }
+            bool live = lane_edge_box(ca, ro_a, k, a1, ring, ring_end, ex0, ey0, ex1, ey1) &&
+                        boxes_meet(ex0, ey0, ex1, ey1, BB);
             if (!__any_sync(FULL_MASK, live)) continue;
             int mine = 0;
             long long pos = 0;
@@ -57,15 +62,8 @@ extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, c
                 for (int bbase = b0; bbase < b1; bbase += 32) {
                     int kb = bbase + lane;
                     double fx0 = 0, fy0 = 0, fx1 = 0, fy1 = 0;
-                    bool near = false;
-                    if (kb < b1) {
-                        while (kb >= rb_end + 1) { ++rb; rb_end = ro_b[rb + 1] - 1; }
-                        if (kb < rb_end) {
-                            double2 f0 = cb[kb], f1 = cb[kb + 1];
-                            fx0 = fmin(f0.x, f1.x); fy0 = fmin(f0.y, f1.y); fx1 = fmax(f0.x, f1.x); fy1 = fmax(f0.y, f1.y);
-                            near = fx0 <= bax1 && bax0 <= fx1 && fy0 <= bay1 && bay0 <= fy1;
-                        }
-                    }
+                    bool near = lane_edge_box(cb, ro_b, kb, b1, rb, rb_end, fx0, fy0, fx1, fy1) &&
+                                fx0 <= bax1 && bax0 <= fx1 && fy0 <= bay1 && bay0 <= fy1;
                     unsigned int nb = __ballot_sync(FULL_MASK, near);
                     while (nb) {
                         int j = __ffs(nb) - 1;
