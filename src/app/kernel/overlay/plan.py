@@ -139,5 +139,5 @@ class OverlayV3(OverlayPlan):
 
 
 set_default("overlay", "v3", "the fastest after the build on an NVIDIA H200, 40 interleaved runs each at the default sizes, "
-                             "L2 flushed: 799 us against v1's 1,013 us and v2's 1,029 us -- and at 100k x 100k "
-                             "(20 runs each): 2.36 ms against 5.07 ms and 4.81 ms")
+                             "L2 flushed: 755 us against v1's 978 us and v2's 1,004 us -- and at 100k x 100k "
+                             "(20 runs each): 2.12 ms against v2's 5.04 ms")
