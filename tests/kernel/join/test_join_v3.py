@@ -56,15 +56,16 @@ def test_the_device_picks_the_hosts_grid(world, mean, bias):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v3", "v4"])
 @pytest.mark.parametrize("predicate", ["within", "intersects"])
-def test_candidates_past_the_room_grow_it_and_run_again_exactly(predicate):
+def test_candidates_past_the_room_grow_it_and_run_again_exactly(predicate, version):
     from app.kernel.join.gpu import JoinGPU
     from app.kernel.join.oracle import shapely_join
 
-    plan = get_plan_class("join", "v3")({"points": 30_000, "polygons": 3_000, "layout": "clustered",
-                                         "predicate": predicate})
+    plan = get_plan_class("join", version)({"points": 30_000, "polygons": 3_000, "layout": "clustered",
+                                            "predicate": predicate})
     inputs = plan.make_inputs()
-    backend = JoinGPU(plan.tiling, "v3")
+    backend = JoinGPU(plan.tiling, version)
     backend.compile()
     backend._room = 100                        # far too small: the first run must find out and grow
     expected = shapely_join(inputs.points, inputs.polygons, predicate)

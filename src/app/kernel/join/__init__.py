@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.kernel.geometry import points_from_any, polygons_from_shapely
-from app.kernel.join.plan import PREDICATES, JoinInputs, JoinV1, JoinV2, JoinV3  # noqa: F401  (registers versions)
+from app.kernel.join.plan import PREDICATES, JoinInputs, JoinV1, JoinV2, JoinV3, JoinV4  # noqa: F401  (registers versions)
 
 
 def spatial_join(points, polygons, predicate: str = "within", device: str = "auto", version: str | None = None,

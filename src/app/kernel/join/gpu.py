@@ -14,6 +14,12 @@ did not fit, the room grows and the filter, refine and sort run again within tha
 run, which the output stage's metadata says (``candidate_room_grown``). The plan can
 therefore be captured as one CUDA graph (see app.runtime.graph).
 
+v4 is v3 with the points' coordinates copied into their bucketed order by the Morton
+scatter, so the filter reads each cell's points as one contiguous run instead of
+gathering them through the order, and the filter in one launch: each warp counts its
+polygon's candidates, reserves room for them with one atomic add, and writes them (v3's
+count pass and its scan are gone).
+
 CuPy's sorts (Thrust) are not used, so no library call can synchronise where the
 counters cannot see it; the two sorts here are counting sorts (points by grid cell,
 hits by point) built from our kernels and scan.cu.
@@ -31,9 +37,9 @@ from app.kernel.robust import CCW_ERRBOUND_A
 SOURCE = Path(__file__).with_name("join.cu")
 STAGE_KERNELS = {
     "bounds": ("init_summary", "polygon_bounds", "point_extent"),
-    "morton_sort": ("grid_params", "zero_table", "point_cells", "point_scatter"),
+    "morton_sort": ("grid_params", "zero_table", "point_cells", "point_scatter", "point_scatter_xy"),
     "candidate_filter": ("candidate_count", "candidate_emit", "poly_cell_count", "poly_cell_fill",
-                         "point_candidates"),
+                         "point_candidates", "candidate_fill"),
     "predicate_refine": ("refine",),
     "output_sort": ("pair_count", "pair_scatter", "segment_sort"),
 }
@@ -61,8 +67,9 @@ class JoinGPU(GpuBackend):
 
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
+        self.no_reads = version in ("v3", "v4")   # grid on the device, candidate room: one read, at the end
         self.sm_count = self.cp.cuda.Device().attributes["MultiProcessorCount"]
-        self._room: int | None = None     # v3: candidate pairs the buffers hold, kept from run to run
+        self._room: int | None = None     # v3, v4: candidate pairs the buffers hold, kept from run to run
         self._views: dict | None = None
 
     def _ledger(self) -> dict:
@@ -112,7 +119,7 @@ class JoinGPU(GpuBackend):
                                                  np.int32(tiling["level_bias"]), np.int32(grid.MAX_LEVEL), ledger))
         pcell = ws.empty("pcell", n, cp.uint32)
         slot = ws.empty("point_slot", n, cp.int32)
-        if self.version == "v3":     # a table for the largest level; the kernels read the real length
+        if self.no_reads:            # a table for the largest level; the kernels read the real length
             counts = ws.empty("cell_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
             self.mod.fn["zero_table"]((4 * self.sm_count,), (256,), (ledger, counts))
             table = led["table"]
@@ -124,7 +131,12 @@ class JoinGPU(GpuBackend):
         self._launch("point_cells", n, block, (pts, np.int64(n), ledger, pcell, slot, counts))
         cell_start = self.mod.inclusive_scan(counts, cp.int32, "cell_start", n_dev=table)
         sorted_pt = ws.empty("sorted_pt", n, cp.int32)
-        self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
+        if self.version == "v4":     # the coordinates too, in bucketed order: the filter reads them in runs
+            state["sorted_xy"] = ws.empty("sorted_xy", (n, 2), cp.float64)
+            self._launch("point_scatter_xy", n, block, (pts, pcell, slot, np.int64(n), cell_start, sorted_pt,
+                                                        state["sorted_xy"]))
+        else:
+            self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
         state.update(cell_start=cell_start, sorted_pt=sorted_pt, morton_st=st)
         st.rows_in = st.rows_out = n
 
@@ -134,13 +146,18 @@ class JoinGPU(GpuBackend):
         cp, ws, bbox, led = self.cp, self.mod.ws, state["bbox"], state["ledger"]
         ledger = led["all"]
         g, block = len(bbox), tiling["block"]
+        state.update(filter_block=block, filter_st=st)
+        if self.version == "v4":     # one launch: count, reserve room for the polygon's pairs, write them
+            self._emit(state, self._kept_room(state))
+            st.rows_in = g
+            return
         counts = ws.empty("poly_counts", g, cp.int64)
         args = (state["points"], bbox, np.int64(g), ledger, state["cell_start"], state["sorted_pt"])
         self._launch("candidate_count", 32 * g, block, args + (counts, led["filter"]))   # a warp per polygon
         state["poly_offsets"] = self.mod.inclusive_scan(counts, cp.int64, "poly_offsets")
-        state.update(filter_args=args, filter_block=block, filter_st=st)
+        state["filter_args"] = args
         if self.version == "v3":
-            room = self._room if self._room is not None else max(2 * len(state["points"]), MIN_ROOM)
+            room = self._kept_room(state)
         else:
             examined, room = (int(v) for v in st.read_size(led["filter"], "candidate pairs -> buffer size"))
             _check_pairs(room)
@@ -149,14 +166,24 @@ class JoinGPU(GpuBackend):
         self._emit(state, room)
         st.rows_in = g
 
+    def _kept_room(self, state) -> int:
+        """v3, v4: the candidate room of the previous run, or 2 pairs a point at first."""
+        return self._room if self._room is not None else max(2 * len(state["points"]), MIN_ROOM)
+
     def _emit(self, state, room: int):
         """Candidate pairs into buffers with room for ``room``; the kernel writes none past it."""
         cp, ws = self.cp, self.mod.ws
         cand_pt = ws.empty("cand_pt", room, cp.int32)
         cand_poly = ws.empty("cand_poly", room, cp.int32)
         g = len(state["bbox"])
-        self._launch("candidate_emit", 32 * g, state["filter_block"],
-                     state["filter_args"] + (state["poly_offsets"], cand_pt, cand_poly, np.int64(room)))
+        if self.version == "v4":
+            led = state["ledger"]
+            self._launch("candidate_fill", 32 * g, state["filter_block"],
+                         (state["sorted_xy"], state["sorted_pt"], state["bbox"], np.int64(g), led["all"],
+                          state["cell_start"], cand_pt, cand_poly, np.int64(room), led["filter"]))
+        else:
+            self._launch("candidate_emit", 32 * g, state["filter_block"],
+                         state["filter_args"] + (state["poly_offsets"], cand_pt, cand_poly, np.int64(room)))
         state["cand_pt"], state["cand_poly"] = cand_pt, cand_poly
 
     def _candidate_filter_cells(self, state, st, tiling):
@@ -200,7 +227,7 @@ class JoinGPU(GpuBackend):
         c = len(state["cand_pt"])                   # v3: the room; the kernel reads the real count
         hits = ws.empty("hits", c, cp.uint64)      # hits <= candidates: no size read needed up front
         within = np.int32(state["inputs"].predicate == "within")
-        n_cand = led["candidates"] if self.version == "v3" else np.intp(0)
+        n_cand = led["candidates"] if self.no_reads else np.intp(0)
         self._launch("refine", c, state["refine_block"],
                      (state["points"], state["coords"], state["ring_offsets"], state["geom_ring_offsets"],
                       state["cand_pt"], state["cand_poly"], np.int32(c), n_cand, within, CCW_ERRBOUND_A, hits,
@@ -210,7 +237,7 @@ class JoinGPU(GpuBackend):
     def output_sort(self, state, st, tiling):
         state["sort_block"] = tiling["block"]
         self._sort_hits(state)
-        if self.version != "v3":
+        if not self.no_reads:
             h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_result_size(state["ledger"]["refine"],
                                                                                   "hits -> output size"))
         else:
@@ -222,6 +249,8 @@ class JoinGPU(GpuBackend):
                 st.meta["candidate_room_grown"] = f"{c} candidate pairs did not fit the room for {room}: grown " \
                                                   f"to {self._room}; filter, refine and sort ran again"
                 state["ledger"]["refine"].fill(0)      # refine counts again from zero
+                if self.version == "v4":
+                    state["ledger"]["filter"].fill(0)  # v4's filter counts as it writes: from zero too
                 self._emit(state, self._room)
                 self._refine(state)
                 self._sort_hits(state)

@@ -254,3 +254,69 @@ extern "C" __global__ void point_candidates(const double2* pts, const int* sorte
     unsigned long long v[2] = {examined, found};
     if (!incl_offsets) block_add<2>(stats, v);
 }
+
+// ---- v4: points laid out by cell, the filter in one launch ---------------------------
+// point_scatter, and the points' coordinates copied into their bucketed order: the filter
+// then reads each cell's points as one contiguous run (coalesced) instead of gathering
+// them through sorted_pt.
+extern "C" __global__ void point_scatter_xy(const double2* pts, const unsigned int* pcell, const int* slot,
+                                            long long N, const int* cell_start, int* sorted_pt, double2* sorted_xy) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    int j = cell_start[pcell[i]] + slot[i];
+    sorted_pt[j] = (int)i;
+    sorted_xy[j] = pts[i];
+}
+
+// A warp per polygon, as candidate_count and candidate_emit, in one launch: the warp counts
+// its polygon's candidates, reserves room for them with one atomic add on stats[1], and
+// scans its cells again (now in L1/L2) to write them, those below ``cap``. Pairs land in no
+// particular order across warps: refine appends hits in no order either, and output_sort
+// orders them. stats[0] += pairs examined, stats[1] += candidates.
+extern "C" __global__ void candidate_fill(const double2* sorted_xy, const int* sorted_pt, const double* bbox,
+                                          long long G, const GridParams* gp, const int* cell_start, int* cand_pt,
+                                          int* cand_poly, long long cap, unsigned long long* stats) {
+    long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
+    int lane = threadIdx.x & 31;
+    unsigned long long examined = 0, found = 0;
+    double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
+    unsigned int x0 = 1, y0 = 1, x1 = 0, y1 = 0;     // no cells past the last polygon
+    if (g < G) {
+        const double* b = bbox + 4 * g;
+        bx0 = b[0]; by0 = b[1]; bx1 = b[2]; by1 = b[3];
+        box_cells(b, gp, x0, y0, x1, y1);
+    }
+    for (unsigned int y = y0; y <= y1; ++y)
+        for (unsigned int x = x0; x <= x1; ++x) {
+            unsigned int cell = morton(x, y);
+            for (int j = cell_start[cell] + lane, j1 = cell_start[cell + 1]; j < j1; j += 32) {
+                const double2 q = sorted_xy[j];
+                ++examined;
+                found += (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
+            }
+        }
+    unsigned long long total = found;
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(FULL_MASK, total, off);
+    unsigned long long base = 0;
+    if (lane == 0 && total) base = atomicAdd(stats + 1, total);
+    long long out = (long long)__shfl_sync(FULL_MASK, base, 0);
+    for (unsigned int y = y0; y <= y1 && total; ++y)
+        for (unsigned int x = x0; x <= x1; ++x) {
+            unsigned int cell = morton(x, y);
+            int j0 = cell_start[cell], j1 = cell_start[cell + 1];
+            for (int base = j0; base < j1; base += 32) {     // same trip count on every lane
+                int j = base + lane;
+                bool hit = false;
+                if (j < j1) {
+                    const double2 q = sorted_xy[j];
+                    hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
+                }
+                unsigned int ballot = __ballot_sync(FULL_MASK, hit);
+                long long pos = out + __popc(ballot & ((1u << lane) - 1));
+                if (hit && pos < cap) { cand_pt[pos] = sorted_pt[j]; cand_poly[pos] = (int)g; }
+                out += __popc(ballot);
+            }
+        }
+    unsigned long long v[1] = {examined};
+    block_add<1>(stats, v);
+}
