@@ -1,7 +1,7 @@
 """join v1: points x polygons with a Morton-ordered uniform-grid filter."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -139,8 +139,7 @@ class JoinV3(JoinV1):
         # On top of v1: the cell table for the largest grid level (4^11 + 1 int32), and candidate room for
         # 2 pairs a point at first (36 B a pair: the pair, its hit key, slot and the two output columns).
         base = super().footprint()
-        return Footprint(host_bytes=base.host_bytes, device_bytes=base.device_bytes + 4 * (4**11 + 1)
-                         + 72 * self.params["points"], scale=base.scale, indices=base.indices)
+        return replace(base, device_bytes=base.device_bytes + 4 * (4**11 + 1) + 72 * self.params["points"])
 
 
 @register
@@ -153,8 +152,7 @@ class JoinV4(JoinV3):
     def footprint(self) -> Footprint:
         # On top of v3: the coordinates in bucketed order (16 B a point).
         base = super().footprint()
-        return Footprint(host_bytes=base.host_bytes, device_bytes=base.device_bytes + 16 * self.params["points"],
-                         scale=base.scale, indices=base.indices)
+        return replace(base, device_bytes=base.device_bytes + 16 * self.params["points"])
 
 
 set_default("join", "v4", "the fastest at the default sizes on an NVIDIA H200 -- 60 interleaved runs each in one process, "
