@@ -33,8 +33,8 @@ COMMON_SOURCE = Path(__file__).with_name("common.cuh")
 SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64", "scan_sums_i32",
                 "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
 SCAN_TILE = 2048
-SMALL_SCAN_TILES = 4096
-PINNED_RESULT_BYTES = 1 << 20   # up to here each tile sums its predecessors itself: two launches, not three
+SMALL_SCAN_TILES = 4096   # up to here each tile sums its predecessors itself: two launches, not three
+PINNED_RESULT_BYTES = 1 << 20   # results from this size come back in pinned memory (GpuBackend.to_host)
 # (input dtype, output dtype) -> (tile kernel, sums kernel, add kernel). Keyed by dtype objects: formatting
 # dtype names on every call cost more host time than a kernel launch.
 _SCAN_KERNELS = {(np.dtype(a), np.dtype(b)): (f"scan_tiles_{ta}", f"scan_sums_{tb}", f"add_offsets_{tb}")

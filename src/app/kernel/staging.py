@@ -72,10 +72,10 @@ class PinnedStaging:
 
     def _staged(self, st, arrays: dict, stream, how: list) -> dict:
         """Arrays in pageable host memory (or needing a dtype change): pinned staging from MIN_STAGED_BYTES."""
-        cp = self.cp
-        total = sum(np.asarray(host).size * np.dtype(dtype).itemsize for host, dtype in arrays.values())
         if not arrays:
             return {}
+        cp = self.cp
+        total = sum(np.asarray(host).size * np.dtype(dtype).itemsize for host, dtype in arrays.values())
         if total < MIN_STAGED_BYTES:
             how.append(f"pageable copies ({total / 1e6:.1f} MB, under the {MIN_STAGED_BYTES >> 20} MiB from which "
                        "pinned staging is faster)")
