@@ -159,9 +159,9 @@ extern "C" __global__ void init_summary(double* summary) {
 
 // A geometry's vertices run from its first ring's start to its last ring's end: read through the two
 // offset tables here rather than gathered into a third table by an extra launch.
-extern "C" __global__ void polygon_bounds(const double* coords, const int* ring_off, const int* geom_ring_off,
-                                          long long G, double* bbox, double* summary) {
-    long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+// polygon_bounds_at: thread's polygon g (any g; past G it adds nothing); the whole block must call it.
+__device__ __forceinline__ void polygon_bounds_at(const double* coords, const int* ring_off, const int* geom_ring_off,
+                                                  long long G, double* bbox, double* summary, long long g) {
     double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0, w = 0.0, h = 0.0;
     if (g < G) {
         for (int k = ring_off[geom_ring_off[g]], k1 = ring_off[geom_ring_off[g + 1]]; k < k1; ++k) {
@@ -189,6 +189,11 @@ extern "C" __global__ void polygon_bounds(const double* coords, const int* ring_
         atomicAdd(summary + 4, w); atomicAdd(summary + 5, h);
         atomic_max_double(summary + 6, mw); atomic_max_double(summary + 7, mh);   // widths are >= 0
     }
+}
+
+extern "C" __global__ void polygon_bounds(const double* coords, const int* ring_off, const int* geom_ring_off,
+                                          long long G, double* bbox, double* summary) {
+    polygon_bounds_at(coords, ring_off, geom_ring_off, G, bbox, summary, blockIdx.x * (long long)blockDim.x + threadIdx.x);
 }
 
 

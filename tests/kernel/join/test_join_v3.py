@@ -53,6 +53,17 @@ def test_the_device_picks_the_hosts_grid(world, mean, bias):
     level = grid.grid_level(world, mean * g / g, mean * g / g, bias=bias)
     assert words[:4].view(np.float64).tolist() == list(grid.world_scale(world))
     assert words[4:].tolist() == [level, grid.BITS - level, 1 << 2 * level, (1 << 2 * level) + 1]
+    # v3 and v4 choose the grid in grid_zero, which also zeroes the cell table's first `table` entries (no
+    # more) and output_sort's per-point counts: the same words, every thread working them out for itself.
+    zeroed = cp.zeros(LEDGER_WORDS, cp.uint64)
+    table = (1 << 2 * level) + 1
+    counts = cp.full(table + 5, 7, cp.int32)
+    point_counts = cp.full(1000, 7, cp.int32)
+    backend.mod.fn["grid_zero"]((4,), (256,), (summary, np.int64(g), np.int32(bias), np.int32(grid.MAX_LEVEL), zeroed,
+                                               counts, point_counts, np.int64(999)))
+    assert cp.asnumpy(zeroed[GRID]).tolist() == words.tolist()
+    assert not cp.asnumpy(counts[:table]).any() and (cp.asnumpy(counts[table:]) == 7).all()
+    assert not cp.asnumpy(point_counts[:999]).any() and int(point_counts[999]) == 7
 
 
 @pytest.mark.gpu
@@ -85,3 +96,60 @@ def test_candidates_past_the_room_grow_it_and_run_again_exactly(predicate, versi
     assert again["output_sort"]["counters"]["result_size_reads"] == 1
     assert again["candidate_filter"]["rows_out"] == c == again["predicate_refine"]["rows_in"]
     assert again["predicate_refine"]["rows_out"] == len(expected[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_warp", [1, 2, 4, 8, 16])
+def test_v4_filter_finds_the_same_pairs_whatever_polygons_a_warp_takes(per_warp):
+    """candidate_fill_K: a warp counts K polygons, reserves room for all of them with one atomic add, then writes
+    each polygon's pairs at its own offset. 3,001 polygons leave the last warp part-empty; a room of 100 pairs
+    makes the writes stop at the room's end and the run grow it and go again."""
+    from app.kernel.join.gpu import JoinGPU
+    from app.kernel.join.oracle import shapely_join
+
+    plan = get_plan_class("join", "v4")({"points": 30_000, "polygons": 3_001, "layout": "clustered"})
+    inputs = plan.make_inputs()
+    backend = JoinGPU(plan.tiling, "v4")
+    backend.compile()
+    backend.polygons_per_warp = lambda g: per_warp
+    expected = shapely_join(inputs.points, inputs.polygons, "within")
+    (pt, poly), stages = _run(plan, inputs, backend)
+    np.testing.assert_array_equal(pt, expected[0])
+    np.testing.assert_array_equal(poly, expected[1])
+    first = stages["candidate_filter"]["meta"]
+    backend._room = 100
+    (pt, poly), stages = _run(plan, inputs, backend)
+    np.testing.assert_array_equal(pt, expected[0])
+    np.testing.assert_array_equal(poly, expected[1])
+    assert "ran again" in stages["output_sort"]["meta"]["candidate_room_grown"]
+    again = stages["candidate_filter"]["meta"]
+    assert (again["pairs_examined"], again["candidates"]) == (first["pairs_examined"], first["candidates"])
+
+
+def test_v4_gives_a_warp_more_polygons_only_where_every_sm_stays_busy():
+    from app.kernel.join.gpu import MAX_POLYGONS_PER_WARP, POLYGONS_PER_WARP_FROM, JoinGPU
+
+    backend = JoinGPU.__new__(JoinGPU)      # the choice needs only the SM count: no GPU
+    backend.sm_count = 132
+    per_sm = POLYGONS_PER_WARP_FROM * 132
+    assert [backend.polygons_per_warp(g) for g in (1, 10_000, 2 * per_sm - 1, 2 * per_sm, 4 * per_sm, 100_000,
+                                                   10**7)] == [1, 1, 1, 2, 4, 8, MAX_POLYGONS_PER_WARP]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gather_from", [0, 10**12])
+def test_v4_bucketed_coordinates_are_the_same_scattered_or_gathered(gather_from, monkeypatch):
+    """From GATHER_XY_FROM points v4 scatters the indices and gathers the coordinates (two launches), below it
+    scatters both (one): the oracle tests run below it, so both paths are forced here."""
+    from app.kernel.join import gpu
+    from app.kernel.join.oracle import shapely_join
+
+    monkeypatch.setattr(gpu, "GATHER_XY_FROM", gather_from)
+    plan = get_plan_class("join", "v4")({"points": 20_000, "polygons": 2_000, "predicate": "intersects"})
+    inputs = plan.make_inputs()
+    backend = gpu.JoinGPU(plan.tiling, "v4")
+    backend.compile()
+    (pt, poly), _ = _run(plan, inputs, backend)
+    expected = shapely_join(inputs.points, inputs.polygons, "intersects")
+    np.testing.assert_array_equal(pt, expected[0])
+    np.testing.assert_array_equal(poly, expected[1])

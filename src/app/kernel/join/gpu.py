@@ -6,7 +6,7 @@ morton_sort, the candidate total in the filter (v2 also its cell-list length), a
 hit total at the end of output_sort. Each read stops the host until the GPU has caught
 up, and then the GPU waits for the host's next launches.
 
-v3 is v1 with no read before the end: the grid is chosen on the device (grid_params)
+v3 is v1 with no read before the end: the grid is chosen on the device (grid_zero)
 and its cell table allocated for the largest level, and the candidate buffers have a
 room the backend keeps from run to run. The kernels read the real lengths from device
 memory. One read at the end sizes the result and checks the room; if the candidates
@@ -15,10 +15,12 @@ run, which the output stage's metadata says (``candidate_room_grown``). The plan
 therefore be captured as one CUDA graph (see app.runtime.graph).
 
 v4 is v3 with the points' coordinates copied into their bucketed order by the Morton
-scatter, so the filter reads each cell's points as one contiguous run instead of
-gathering them through the order, and the filter in one launch: each warp counts its
-polygon's candidates, reserves room for them with one atomic add, and writes them (v3's
-count pass and its scan are gone).
+sort, so the filter reads each cell's points as one contiguous run instead of
+gathering them through the order, and the filter in one launch: a warp lays its
+polygons' cell runs end to end across its lanes, counts their candidates, reserves room
+for them with one atomic add, and writes them (v3's count pass and its scan are gone).
+A warp takes 1 to 16 polygons (``polygons_per_warp``): with one each, 100k polygons
+contended for the room counter.
 
 CuPy's sorts (Thrust) are not used, so no library call can synchronise where the
 counters cannot see it; the two sorts here are counting sorts (points by grid cell,
@@ -36,19 +38,19 @@ from app.kernel.robust import CCW_ERRBOUND_A
 
 SOURCE = Path(__file__).with_name("join.cu")
 STAGE_KERNELS = {
-    "bounds": ("init_summary", "polygon_bounds", "point_extent"),
-    "morton_sort": ("grid_params", "zero_table", "point_cells", "point_scatter", "point_scatter_xy"),
+    "bounds": ("init_run", "join_extent"),
+    "morton_sort": ("grid_params", "grid_zero", "point_cells", "point_scatter", "point_scatter_xy",
+                    "point_gather_xy"),
     "candidate_filter": ("candidate_count", "candidate_emit", "poly_cell_count", "poly_cell_fill",
-                         "point_candidates", "candidate_fill"),
+                         "point_candidates", *(f"candidate_fill_{k}" for k in (1, 2, 4, 8, 16))),
     "predicate_refine": ("refine",),
     "output_sort": ("pair_count", "pair_scatter", "segment_sort"),
 }
 # CuPy library calls each stage also makes (kernels with no source of ours to show).
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
-    "bounds": "cudaMemsetAsync (the run's ledger of grid parameters and counters)",
-    "morton_sort": "cudaMemsetAsync (bucket counts; v3 zeroes them in zero_table)",
-    "output_sort": "cudaMemsetAsync (per-point counts)",
+    "morton_sort": "cudaMemsetAsync (bucket counts; v3 and v4 zero them in grid_zero)",
+    "output_sort": "cudaMemsetAsync (per-point counts; v3 and v4 zero them in grid_zero, unless the room grew)",
 }
 # The run's ledger, one device array of 64-bit words: every kernel reads the grid from it, every counter
 # lands in it, and v3 reads it once, at the end.
@@ -59,6 +61,16 @@ FILTER = slice(8, 10)     # pairs examined, candidates
 CANDIDATES = slice(9, 10)
 REFINE = slice(10, 14)    # hits, exact orientations, edge tests, boundary pairs
 MIN_ROOM = 4096
+# v4 from this many points: the indices scattered, then the coordinates gathered in bucketed order (two launches),
+# instead of scattered with them (one). On an H200 the kernels took 46 against 69 us at 1M points and 27 against
+# 17 us at 100k; the whole plan after the build, interleaved in one process: 451 against 472 us at 1M x 100k,
+# 291 against 297 us at 500k x 50k, 402 against 386 us at 250k x 25k (the one launch faster there).
+GATHER_XY_FROM = 1 << 19
+# v4's filter: a warp takes 2, 4, 8 or 16 polygons where that leaves this many warps an SM. On an H200 at
+# 1M x 100k, 8 a warp ran candidate_fill in 132 us against 170 us at 1 a warp (100k atomic adds on one counter);
+# at 100k x 10k one a warp is the choice (10k adds, and fewer warps would leave SMs idle).
+POLYGONS_PER_WARP_FROM = 64
+MAX_POLYGONS_PER_WARP = 16
 
 
 class JoinGPU(GpuBackend):
@@ -73,9 +85,9 @@ class JoinGPU(GpuBackend):
         self._views: dict | None = None
 
     def _ledger(self) -> dict:
-        """The run's ledger, zeroed, and its parts by name: views made once, since slicing a CuPy array
-        costs microseconds of host time and v3's launches are host-bound."""
-        arr = self.mod.ws.zeros("ledger", LEDGER_WORDS, self.cp.uint64)
+        """The run's ledger (init_run zeroes it) and its parts by name: views made once, since slicing a CuPy
+        array costs microseconds of host time and v3's launches are host-bound."""
+        arr = self.mod.ws.empty("ledger", LEDGER_WORDS, self.cp.uint64)
         if self._views is None or self._views["all"] is not arr:
             self._views = {"all": arr, "grid": arr[GRID], "table": arr[TABLE], "filter": arr[FILTER],
                            "candidates": arr[CANDIDATES], "refine": arr[REFINE]}
@@ -100,13 +112,16 @@ class JoinGPU(GpuBackend):
         g, pts = state["inputs"].polygons.n_geoms, state["points"]
         bbox = ws.empty("bbox", (g, 4), cp.float64)
         summary = ws.empty("summary", 8, cp.float64)
-        state["ledger"] = self._ledger()
-        self.mod.fn["init_summary"]((1,), (32,), (summary,))
-        self._launch("polygon_bounds", g, tiling["block"], (state["coords"], state["ring_offsets"],
-                                                            state["geom_ring_offsets"], np.int64(g), bbox, summary))
-        if len(pts):   # fixed grid, grid-stride loop: few blocks, few atomics
-            blocks = min((len(pts) + tiling["block"] - 1) // tiling["block"], 4 * self.sm_count)
-            self.mod.fn["point_extent"]((blocks,), (tiling["block"],), (pts, np.int64(len(pts)), summary))
+        state["ledger"] = led = self._ledger()
+        self.mod.fn["init_run"]((1,), (32,), (led["all"], np.int32(LEDGER_WORDS), summary))
+        # One launch: a block per `block` polygons, then a fixed grid striding over the points (few atomics).
+        block = tiling["block"]
+        poly_blocks = (g + block - 1) // block
+        point_blocks = min((len(pts) + block - 1) // block, 4 * self.sm_count)
+        if poly_blocks + point_blocks:
+            self.mod.fn["join_extent"]((poly_blocks + point_blocks,), (block,),
+                                       (state["coords"], state["ring_offsets"], state["geom_ring_offsets"],
+                                        np.int64(g), bbox, pts, np.int64(len(pts)), np.int32(poly_blocks), summary))
         state["bbox"], state["summary"] = bbox, summary
         st.rows_in, st.rows_out = g + len(pts), g
 
@@ -115,15 +130,18 @@ class JoinGPU(GpuBackend):
         ledger = led["all"]
         n, block = len(pts), tiling["block"]
         # World box and mean bbox size choose the level, on the device (same arithmetic as grid.grid_level).
-        self.mod.fn["grid_params"]((1,), (32,), (state["summary"], np.int64(len(state["bbox"])),
-                                                 np.int32(tiling["level_bias"]), np.int32(grid.MAX_LEVEL), ledger))
+        grid_args = (state["summary"], np.int64(len(state["bbox"])), np.int32(tiling["level_bias"]),
+                     np.int32(grid.MAX_LEVEL), ledger)
         pcell = ws.empty("pcell", n, cp.uint32)
         slot = ws.empty("point_slot", n, cp.int32)
         if self.no_reads:            # a table for the largest level; the kernels read the real length
             counts = ws.empty("cell_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
-            self.mod.fn["zero_table"]((4 * self.sm_count,), (256,), (ledger, counts))
+            # output_sort's per-point counts are zeroed in the same launch (see _sort_hits)
+            point_counts = state["point_counts"] = ws.empty("point_counts", n + 1, cp.int32)
+            self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), grid_args + (counts, point_counts, np.int64(n + 1)))
             table = led["table"]
         else:
+            self.mod.fn["grid_params"]((1,), (32,), grid_args)
             level = int(st.read_size(led["grid"], "grid level -> cell table size")[4])
             counts, table = ws.zeros("cell_counts", (1 << 2 * level) + 1, cp.int32), None
             state["level"] = level
@@ -132,9 +150,12 @@ class JoinGPU(GpuBackend):
         cell_start = self.mod.inclusive_scan(counts, cp.int32, "cell_start", n_dev=table)
         sorted_pt = ws.empty("sorted_pt", n, cp.int32)
         if self.version == "v4":     # the coordinates too, in bucketed order: the filter reads them in runs
-            state["sorted_xy"] = ws.empty("sorted_xy", (n, 2), cp.float64)
-            self._launch("point_scatter_xy", n, block, (pts, pcell, slot, np.int64(n), cell_start, sorted_pt,
-                                                        state["sorted_xy"]))
+            xy = state["sorted_xy"] = ws.empty("sorted_xy", (n, 2), cp.float64)
+            if n >= GATHER_XY_FROM:
+                self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
+                self._launch("point_gather_xy", n, block, (pts, sorted_pt, np.int64(n), xy))
+            else:
+                self._launch("point_scatter_xy", n, block, (pts, pcell, slot, np.int64(n), cell_start, sorted_pt, xy))
         else:
             self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
         state.update(cell_start=cell_start, sorted_pt=sorted_pt, morton_st=st)
@@ -178,13 +199,22 @@ class JoinGPU(GpuBackend):
         g = len(state["bbox"])
         if self.version == "v4":
             led = state["ledger"]
-            self._launch("candidate_fill", 32 * g, state["filter_block"],
+            per_warp = self.polygons_per_warp(g)
+            self._launch(f"candidate_fill_{per_warp}", 32 * ((g + per_warp - 1) // per_warp), state["filter_block"],
                          (state["sorted_xy"], state["sorted_pt"], state["bbox"], np.int64(g), led["all"],
                           state["cell_start"], cand_pt, cand_poly, np.int64(room), led["filter"]))
         else:
             self._launch("candidate_emit", 32 * g, state["filter_block"],
                          state["filter_args"] + (state["poly_offsets"], cand_pt, cand_poly, np.int64(room)))
         state["cand_pt"], state["cand_poly"] = cand_pt, cand_poly
+
+    def polygons_per_warp(self, g: int) -> int:
+        """v4's candidate_fill: polygons a warp takes (1, 2, 4, 8 or 16, a kernel each), the most that still
+        leaves POLYGONS_PER_WARP_FROM warps an SM: fewer atomic adds on the room counter, every SM still full."""
+        k = 1
+        while 2 * k <= MAX_POLYGONS_PER_WARP and 2 * k * POLYGONS_PER_WARP_FROM * self.sm_count <= g:
+            k *= 2
+        return k
 
     def _candidate_filter_cells(self, state, st, tiling):
         """v2: polygons listed per grid cell (counting sort), each point tests its own cell's list."""
@@ -277,7 +307,9 @@ class JoinGPU(GpuBackend):
         cp, ws, hits, stats = self.cp, self.mod.ws, state["hits"], state["ledger"]["refine"]
         c, n, block = len(hits), len(state["points"]), state["sort_block"]
         slot = ws.empty("hit_slot", c, cp.int32)
-        counts = ws.zeros("point_counts", n + 1, cp.int32)
+        counts = state.pop("point_counts", None)   # v3, v4: zeroed by grid_zero (once: a rerun zeroes its own)
+        if counts is None:
+            counts = ws.zeros("point_counts", n + 1, cp.int32)
         self._launch("pair_count", c, block, (hits, stats, slot, counts))
         start = self.mod.inclusive_scan(counts, cp.int64, "point_start")
         pt = cp.empty(c, dtype=cp.int64)        # handed to the caller: never workspace

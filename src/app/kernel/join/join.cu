@@ -1,9 +1,26 @@
 // Join kernels (points x polygons); common.cuh and scan.cu are compiled in front.
-// ---- bounds: init_summary and polygon_bounds live in common.cuh ----------------
-// Grid-stride over points with a fixed grid, so only a few hundred blocks do atomics.
-extern "C" __global__ void point_extent(const double* pts, long long N, double* summary) {
+// ---- bounds -------------------------------------------------------------------
+// The run's ledger zeroed and the summary's identities set (common.cuh's init_summary) in one launch, where a
+// memset and a launch cost the host two calls: at the default sizes the plan is launch-bound.
+extern "C" __global__ void init_run(unsigned long long* ledger, int words, double* summary) {
+    for (int i = threadIdx.x; i < words; i += blockDim.x) ledger[i] = 0;
+    if (threadIdx.x < 8) summary[threadIdx.x] = threadIdx.x < 2 ? 1.0 / 0.0 : (threadIdx.x < 4 ? -1.0 / 0.0 : 0.0);
+}
+
+// The polygons' bboxes (common.cuh's polygon_bounds) and the points' extent in one launch: the first
+// poly_blocks blocks take a polygon a thread, the rest stride over the points -- a fixed grid, so only a few
+// hundred blocks do atomics. Each block takes one branch whole (both end in block_extent's __syncthreads).
+extern "C" __global__ void join_extent(const double* coords, const int* ring_off, const int* geom_ring_off,
+                                       long long G, double* bbox, const double* pts, long long N, int poly_blocks,
+                                       double* summary) {
+    if ((int)blockIdx.x < poly_blocks) {
+        polygon_bounds_at(coords, ring_off, geom_ring_off, G, bbox, summary,
+                          blockIdx.x * (long long)blockDim.x + threadIdx.x);
+        return;
+    }
     double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < N; i += (long long)gridDim.x * blockDim.x) {
+    long long stride = (long long)(gridDim.x - poly_blocks) * blockDim.x;
+    for (long long i = (blockIdx.x - poly_blocks) * (long long)blockDim.x + threadIdx.x; i < N; i += stride) {
         double x = pts[2 * i], y = pts[2 * i + 1];
         x0 = fmin(x0, x); y0 = fmin(y0, y); x1 = fmax(x1, x); y1 = fmax(y1, y);
     }
@@ -17,9 +34,8 @@ extern "C" __global__ void point_extent(const double* pts, long long N, double* 
 // kernel below through a pointer.
 struct GridParams { double ox, oy, sx, sy; long long level, shift, cells, table; };
 
-extern "C" __global__ void grid_params(const double* summary, long long G, int bias, int max_level,
-                                       GridParams* gp) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+__device__ __forceinline__ void grid_from_summary(const double* summary, long long G, int bias, int max_level,
+                                                  GridParams& gp) {
     double minx = summary[0], miny = summary[1], maxx = summary[2], maxy = summary[3];
     double g = G > 1 ? (double)G : 1.0;
     double mean_w = summary[4] / g, mean_h = summary[5] / g;
@@ -28,17 +44,33 @@ extern "C" __global__ void grid_params(const double* summary, long long G, int b
     int e = 0;
     frexp(extent / cell, &e);                   // extent / cell in [2^(e-1), 2^e)
     int level = min(max(e - 1 + bias, 1), max_level);
-    gp->ox = minx; gp->oy = miny;
-    gp->sx = 65536.0 / fmax(maxx - minx, 1e-300); gp->sy = 65536.0 / fmax(maxy - miny, 1e-300);
-    gp->level = level; gp->shift = 16 - level;
-    gp->cells = 1ll << (2 * level); gp->table = gp->cells + 1;
+    gp.ox = minx; gp.oy = miny;
+    gp.sx = 65536.0 / fmax(maxx - minx, 1e-300); gp.sy = 65536.0 / fmax(maxy - miny, 1e-300);
+    gp.level = level; gp.shift = 16 - level;
+    gp.cells = 1ll << (2 * level); gp.table = gp.cells + 1;
 }
 
-// Zero the first gp->table entries of a cell table allocated for the largest level.
-extern "C" __global__ void zero_table(const GridParams* gp, int* counts) {
-    long long n = gp->table;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        counts[i] = 0;
+// v1, v2: the grid alone; the host reads its level to size the cell table.
+extern "C" __global__ void grid_params(const double* summary, long long G, int bias, int max_level,
+                                       GridParams* gp) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    GridParams p;
+    grid_from_summary(summary, G, bias, max_level, p);
+    *gp = p;
+}
+
+// v3, v4: the grid chosen and its cell table zeroed in one launch, the table allocated for the largest level.
+// Every thread works the parameters out for itself (a few fp64 operations on 8 words, all threads reading the
+// same L2 line) and the first stores them for the kernels after; output_sort's per-point counts (n_counts
+// entries) are zeroed here too, one launch instead of a memset later.
+extern "C" __global__ void grid_zero(const double* summary, long long G, int bias, int max_level, GridParams* gp_out,
+                                     int* counts, int* point_counts, long long n_counts) {
+    GridParams gp;
+    grid_from_summary(summary, G, bias, max_level, gp);
+    long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    if (i0 == 0) *gp_out = gp;
+    for (long long i = i0; i < gp.table; i += stride) counts[i] = 0;
+    for (long long i = i0; i < n_counts; i += stride) point_counts[i] = 0;
 }
 
 __device__ __forceinline__ unsigned int point_cell(double x, double y, const GridParams* gp) {
@@ -268,55 +300,165 @@ extern "C" __global__ void point_scatter_xy(const double2* pts, const unsigned i
     sorted_xy[j] = pts[i];
 }
 
-// A warp per polygon, as candidate_count and candidate_emit, in one launch: the warp counts
-// its polygon's candidates, reserves room for them with one atomic add on stats[1], and
+// From GATHER_XY_FROM points (gpu.py) v4 scatters the indices alone (point_scatter) and then gathers the
+// coordinates in bucketed order here: coalesced 16-byte writes and scattered reads, where point_scatter_xy
+// makes scattered 16-byte writes. On an H200 at 1M points: 29 + 17 us against 69 us; at 100k points the
+// one launch is the faster (17 against 27 us).
+extern "C" __global__ void point_gather_xy(const double2* pts, const int* sorted_pt, long long N, double2* sorted_xy) {
+    long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (j < N) sorted_xy[j] = pts[sorted_pt[j]];
+}
+
+// As candidate_count and candidate_emit, in one launch: a warp counts its polygons'
+// candidates, reserves room for them with one atomic add on stats[1], and
 // scans its cells again (now in L1/L2) to write them, those below ``cap``. Pairs land in no
 // particular order across warps: refine appends hits in no order either, and output_sort
 // orders them. stats[0] += pairs examined, stats[1] += candidates.
-extern "C" __global__ void candidate_fill(const double2* sorted_xy, const int* sorted_pt, const double* bbox,
-                                          long long G, const GridParams* gp, const int* cell_start, int* cand_pt,
-                                          int* cand_poly, long long cap, unsigned long long* stats) {
+//
+// The cells' point runs are laid end to end across the warp: lane k holds the run of the warp's
+// k-th cell (32 cells at a time) and the runs' inclusive offsets, and each lane takes every 32nd
+// point of the joined runs, finding its cell by a binary search over the lanes' offsets (five
+// shuffles). A polygon over 4 cells of ~10 points then takes 2 iterations of full lanes, not 4
+// iterations a third full: the loop is latency-bound, so the trip count is the time.
+template <bool WRITE>
+__device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* sorted_pt, const int* cell_start,
+                                          unsigned int x0, unsigned int y0, unsigned int nx, unsigned int ncell,
+                                          double bx0, double by0, double bx1, double by1, int lane,
+                                          unsigned long long& examined, unsigned long long& found,
+                                          long long& out, long long cap, int g, int* cand_pt, int* cand_poly) {
+    for (unsigned int c0 = 0; c0 < ncell; c0 += 32) {          // warp-uniform bounds
+        unsigned int c = c0 + lane;
+        int start = 0, cnt = 0;
+        if (c < ncell) {
+            unsigned int cell = morton(x0 + c % nx, y0 + c / nx);
+            start = cell_start[cell];
+            cnt = cell_start[cell + 1] - start;
+        }
+        int incl = cnt;
+        for (int off = 1; off < 32; off <<= 1) {
+            int v = __shfl_up_sync(FULL_MASK, incl, off);
+            if (lane >= off) incl += v;
+        }
+        int excl = incl - cnt, total = __shfl_sync(FULL_MASK, incl, 31);
+        for (int base = 0; base < total; base += 32) {          // same trip count on every lane
+            int f = base + lane, k = 0;
+            for (int step = 16; step > 0; step >>= 1)            // k = lanes whose runs end at or before f
+                if (__shfl_sync(FULL_MASK, incl, k + step - 1) <= f) k += step;
+            int j = __shfl_sync(FULL_MASK, start, k & 31) + f - __shfl_sync(FULL_MASK, excl, k & 31);
+            bool hit = false;
+            if (f < total) {
+                const double2 q = sorted_xy[j];
+                hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
+                if (!WRITE) { ++examined; found += hit; }
+            }
+            if (WRITE) {
+                unsigned int ballot = __ballot_sync(FULL_MASK, hit);
+                long long pos = out + __popc(ballot & ((1u << lane) - 1));
+                if (hit && pos < cap) { cand_pt[pos] = sorted_pt[j]; cand_poly[pos] = g; }
+                out += __popc(ballot);
+            }
+        }
+    }
+}
+
+// A warp takes ``per_warp`` consecutive polygons (gpu.py picks it from the polygon count): it counts
+// them all, reserves room for their candidates with one atomic add, and writes them. With a warp
+// per polygon, 100k polygons made 100k atomic adds on the one room counter, and on an H200 that
+// contention cost about 45 of candidate_fill's 170 us at 1M x 100k.
+__device__ __forceinline__ void polygon_cells(const double* bbox, long long g, long long G, const GridParams* gp,
+                                              double& bx0, double& by0, double& bx1, double& by1, unsigned int& x0,
+                                              unsigned int& y0, unsigned int& nx, unsigned int& ncell) {
+    ncell = 0;                                       // no cells past the last polygon
+    if (g >= G) return;
+    const double* b = bbox + 4 * g;
+    bx0 = b[0]; by0 = b[1]; bx1 = b[2]; by1 = b[3];
+    unsigned int x1, y1;
+    box_cells(b, gp, x0, y0, x1, y1);
+    if (x1 >= x0 && y1 >= y0) {                      // an empty polygon's box (+inf, -inf) covers no cell
+        nx = x1 - x0 + 1;
+        ncell = nx * (y1 - y0 + 1);
+    }
+}
+
+// PER_WARP is a template argument: with a run-time count the loops and the per-lane bookkeeping
+// stayed in the code, and a warp per polygon ran a third slower at 100k x 10k on an H200.
+template <int PER_WARP>
+__device__ __forceinline__ void candidate_fill_warp(const double2* sorted_xy, const int* sorted_pt, const double* bbox,
+                                                    long long G, const GridParams* gp, const int* cell_start,
+                                                    int* cand_pt, int* cand_poly, long long cap,
+                                                    unsigned long long* stats) {
+    const int per_warp = PER_WARP;
+    long long g0 = ((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5) * per_warp;   // warp-uniform
+    int lane = threadIdx.x & 31;
+    unsigned long long examined = 0, found = 0, mine = 0, total = 0;   // mine: lane i's polygon's candidates
+    double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
+    unsigned int x0 = 0, y0 = 0, nx = 0, ncell = 0;
+    long long out = 0;
+#pragma unroll
+    for (int i = 0; i < per_warp; ++i) {
+        polygon_cells(bbox, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
+        found = 0;
+        cell_runs<false>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined,
+                         found, out, cap, 0, cand_pt, cand_poly);
+        for (int off = 16; off > 0; off >>= 1) found += __shfl_xor_sync(FULL_MASK, found, off);
+        if (lane == i) mine = found;
+        total += found;
+    }
+    unsigned long long base = 0;
+    if (lane == 0 && total) base = atomicAdd(stats + 1, total);
+    base = __shfl_sync(FULL_MASK, base, 0);
+    unsigned long long before = mine;                 // exclusive prefix of the polygons' counts over the lanes
+#pragma unroll
+    for (int off = 1; off < per_warp; off <<= 1) {
+        unsigned long long v = __shfl_up_sync(FULL_MASK, before, off);
+        if (lane >= off) before += v;
+    }
+    before -= mine;
+    for (int i = 0; i < per_warp && total; ++i) {
+        if (__shfl_sync(FULL_MASK, mine, i) == 0) continue;          // warp-uniform
+        out = (long long)(base + __shfl_sync(FULL_MASK, before, i));
+        polygon_cells(bbox, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
+        cell_runs<true>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined,
+                        found, out, cap, (int)(g0 + i), cand_pt, cand_poly);
+    }
+    unsigned long long v[1] = {examined};
+    block_add<1>(stats, v);
+}
+
+#define CANDIDATE_FILL(K)                                                                                        \
+    extern "C" __global__ void candidate_fill_##K(const double2* sorted_xy, const int* sorted_pt,                \
+                                                   const double* bbox, long long G, const GridParams* gp,        \
+                                                   const int* cell_start, int* cand_pt, int* cand_poly,          \
+                                                   long long cap, unsigned long long* stats) {                   \
+        candidate_fill_warp<K>(sorted_xy, sorted_pt, bbox, G, gp, cell_start, cand_pt, cand_poly, cap, stats);   \
+    }
+CANDIDATE_FILL(2)
+CANDIDATE_FILL(4)
+CANDIDATE_FILL(8)
+CANDIDATE_FILL(16)
+
+// One polygon a warp, its bookkeeping kept out: candidate_fill_warp<1> ran 25-35% slower than this on an
+// H200 (30 against 25 us at 100k x 10k), though it does the same work.
+extern "C" __global__ void candidate_fill_1(const double2* sorted_xy, const int* sorted_pt, const double* bbox,
+                                            long long G, const GridParams* gp, const int* cell_start, int* cand_pt,
+                                            int* cand_poly, long long cap, unsigned long long* stats) {
     long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
     int lane = threadIdx.x & 31;
     unsigned long long examined = 0, found = 0;
     double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
-    unsigned int x0 = 1, y0 = 1, x1 = 0, y1 = 0;     // no cells past the last polygon
-    if (g < G) {
-        const double* b = bbox + 4 * g;
-        bx0 = b[0]; by0 = b[1]; bx1 = b[2]; by1 = b[3];
-        box_cells(b, gp, x0, y0, x1, y1);
-    }
-    for (unsigned int y = y0; y <= y1; ++y)
-        for (unsigned int x = x0; x <= x1; ++x) {
-            unsigned int cell = morton(x, y);
-            for (int j = cell_start[cell] + lane, j1 = cell_start[cell + 1]; j < j1; j += 32) {
-                const double2 q = sorted_xy[j];
-                ++examined;
-                found += (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
-            }
-        }
+    unsigned int x0 = 0, y0 = 0, nx = 0, ncell = 0;
+    polygon_cells(bbox, g, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
+    long long out = 0;
+    cell_runs<false>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined, found,
+                     out, cap, (int)g, cand_pt, cand_poly);
     unsigned long long total = found;
     for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(FULL_MASK, total, off);
     unsigned long long base = 0;
     if (lane == 0 && total) base = atomicAdd(stats + 1, total);
-    long long out = (long long)__shfl_sync(FULL_MASK, base, 0);
-    for (unsigned int y = y0; y <= y1 && total; ++y)
-        for (unsigned int x = x0; x <= x1; ++x) {
-            unsigned int cell = morton(x, y);
-            int j0 = cell_start[cell], j1 = cell_start[cell + 1];
-            for (int base = j0; base < j1; base += 32) {     // same trip count on every lane
-                int j = base + lane;
-                bool hit = false;
-                if (j < j1) {
-                    const double2 q = sorted_xy[j];
-                    hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
-                }
-                unsigned int ballot = __ballot_sync(FULL_MASK, hit);
-                long long pos = out + __popc(ballot & ((1u << lane) - 1));
-                if (hit && pos < cap) { cand_pt[pos] = sorted_pt[j]; cand_poly[pos] = (int)g; }
-                out += __popc(ballot);
-            }
-        }
+    out = (long long)__shfl_sync(FULL_MASK, base, 0);
+    if (total)
+        cell_runs<true>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined,
+                        found, out, cap, (int)g, cand_pt, cand_poly);
     unsigned long long v[1] = {examined};
     block_add<1>(stats, v);
 }
