@@ -339,6 +339,19 @@ __device__ __forceinline__ double2 point_at(double2 s0, double2 s1, double t) {
     return t == 1.0 ? s1 : make_double2(s0.x + t * (s1.x - s0.x), s0.y + t * (s1.y - s0.y));
 }
 
+// Whether the piece of an edge at parameter tm lies on a stretch shared with the other layer (a collinear
+// overlap record of the edge's slot, o_lo..o_hi in ov_order), and whether any such record keeps it.
+__device__ __forceinline__ bool on_overlap(double tm, int o_lo, int o_hi, const int* ov_order, const double* ov_lo,
+                                           const double* ov_hi, const int* ov_keep, bool& keep) {
+    bool shared = false;
+    keep = false;
+    for (int j = o_lo; j < o_hi; ++j) {
+        int rec = ov_order[j];
+        if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
+    }
+    return shared;
+}
+
 extern "C" __global__ void area_rings(
         const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
         const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
@@ -396,11 +409,8 @@ extern "C" __global__ void area_rings(
                         if (!(t1 > t0)) continue;
                         ++n_pieces;
                         double tm = 0.5 * (t0 + t1);
-                        bool shared = false, keep = false;
-                        for (int j = o_lo; j < o_hi; ++j) {
-                            int rec = ov_order[j];
-                            if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
-                        }
+                        bool keep;
+                        bool shared = on_overlap(tm, o_lo, o_hi, ov_order, ov_lo, ov_hi, ov_keep, keep);
                         if (!shared) {
                             double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
                             if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {

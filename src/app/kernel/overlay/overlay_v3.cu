@@ -223,11 +223,8 @@ extern "C" __global__ void area_cut_rings(
                 if (t1 > t0) {
                     ++n_pieces;
                     double tm = 0.5 * (t0 + t1);
-                    bool shared = false, keep = false;
-                    for (int q = o_lo; q < o_hi; ++q) {
-                        int rec = ov_order[q];
-                        if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
-                    }
+                    bool keep;
+                    bool shared = on_overlap(tm, o_lo, o_hi, ov_order, ov_lo, ov_hi, ov_keep, keep);
                     if (shared) {
                         status = -1;
                     } else if (status >= 0) {
