@@ -75,7 +75,7 @@ class CudaModule:
     ``source`` is a path, or a tuple of paths compiled in that order (a kernel whose versions keep their
     kernels in files of their own)."""
 
-    def __init__(self, source, stage_kernels: dict, library_calls: dict, scan_stages=()):
+    def __init__(self, source, stage_kernels: dict, library_calls: dict, scan_stages=(), shared_per_warp=None):
         import cupy
 
         self.cp = cupy
@@ -87,6 +87,7 @@ class CudaModule:
         self.stage_kernels = {s: tuple(k) + (SCAN_KERNELS if s in self.scan_stages else ())
                               for s, k in stage_kernels.items()}
         self.library_calls = library_calls
+        self.shared_per_warp = dict(shared_per_warp or {})   # kernel -> dynamic shared memory bytes a warp
         self.module = cupy.RawModule(code=self.source, options=self.options)
         self.fn: dict = {}
         self.ws = Workspace(cupy)
@@ -98,7 +99,7 @@ class CudaModule:
             for name in names:
                 self.fn[name] = self.module.get_function(name)   # NVRTC + module load on first call
         seconds = time.perf_counter() - t0
-        occupancy = {stage: min(self.occupancy(self.fn[n], blocks.get(stage, 256)) or 0 for n in names) or None
+        occupancy = {stage: min(self.occupancy(self.fn[n], blocks.get(stage, 256), n) or 0 for n in names) or None
                      for stage, names in self.stage_kernels.items()}
         return {"total_seconds": seconds, "compiler": "NVRTC via cupy.RawModule", "options": list(self.options),
                 "kernels": sorted(self.fn), "occupancy": occupancy,
@@ -137,14 +138,19 @@ class CudaModule:
                 pass
         return out
 
-    def occupancy(self, fn, block: int) -> float | None:
-        """Theoretical occupancy (%) at ``block`` threads: resident warps / max warps per SM."""
+    def shared_bytes(self, name: str, block: int) -> int:
+        """Dynamic shared memory kernel ``name`` is launched with at ``block`` threads."""
+        return self.shared_per_warp.get(name, 0) * (block // 32)
+
+    def occupancy(self, fn, block: int, name: str = "") -> float | None:
+        """Theoretical occupancy (%) at ``block`` threads, with the kernel's dynamic shared memory: resident
+        warps / max warps per SM."""
         try:
             from cupy.cuda import driver, runtime
 
             # RawModule.get_function gives a RawKernel; the driver handle is its .kernel.ptr.
             handle = getattr(getattr(fn, "kernel", fn), "ptr")
-            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, block, 0)
+            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, block, self.shared_bytes(name, block))
             max_threads = runtime.getDeviceProperties(runtime.getDevice())["maxThreadsPerMultiProcessor"]
             return 100.0 * blocks * block / max_threads
         except Exception:
@@ -173,8 +179,9 @@ class CudaModule:
         out = {}
         for stage, names in self.stage_kernels.items():
             res = {n: self.resources(self.fn[n]) | {"block": blocks.get(stage, 256),
+                                                    "dynamic_shared_bytes": self.shared_bytes(n, blocks.get(stage, 256)),
                                                     "theoretical_occupancy_pct": self.occupancy(self.fn[n],
-                                                                                                blocks.get(stage, 256))}
+                                                                                                blocks.get(stage, 256), n)}
                    for n in names}
             out[stage] = {
                 **{path.name: path.read_text() for path in self.source_paths},
@@ -203,6 +210,7 @@ class GpuBackend:
     STAGE_KERNELS: dict
     LIBRARY_CALLS: dict
     SCAN_STAGES: tuple = ()
+    SHARED_PER_WARP: dict = {}   # kernel -> dynamic shared memory bytes a warp (launch and occupancy both use it)
 
     def __init__(self, tiling: dict, version: str = "v1"):
         import cupy
@@ -210,7 +218,8 @@ class GpuBackend:
         self.cp = cupy
         self.tiling = tiling
         self.version = version
-        self.mod = CudaModule(self.SOURCE, self.STAGE_KERNELS, self.LIBRARY_CALLS, scan_stages=self.SCAN_STAGES)
+        self.mod = CudaModule(self.SOURCE, self.STAGE_KERNELS, self.LIBRARY_CALLS, scan_stages=self.SCAN_STAGES,
+                              shared_per_warp=self.SHARED_PER_WARP)
         self._staging = None          # pinned host buffers for the inputs, made on the first run
 
     def _blocks(self) -> dict:

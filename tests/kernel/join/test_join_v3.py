@@ -126,6 +126,70 @@ def test_v4_filter_finds_the_same_pairs_whatever_polygons_a_warp_takes(per_warp)
     assert (again["pairs_examined"], again["candidates"]) == (first["pairs_examined"], first["candidates"])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_warp", [1, 8])
+def test_v4_warps_past_their_stash_write_by_a_second_scan_the_same_pairs(per_warp):
+    """candidate_fill keeps a warp's candidates in shared memory (STASH_PAIRS of them) and writes them from
+    there; a warp that finds more scans its cells again. Squares over thousands of points among small ones
+    make both kinds of warp in one launch, and both must give shapely's pairs, in a room that fits and in one
+    that overflows."""
+    import shapely
+
+    from app.kernel.geometry import polygons_from_shapely
+    from app.kernel.join.gpu import STASH_PAIRS, JoinGPU
+    from app.kernel.join.oracle import shapely_join
+    from app.kernel.join.plan import JoinInputs
+
+    rng = np.random.default_rng(7)
+    points = rng.random((40_000, 2))
+    small = [shapely.box(x, y, x + 0.01, y + 0.01) for x, y in rng.random((600, 2)) * 0.99]
+    big = [shapely.box(0.1 * i, 0.0, 0.1 * i + 0.08, 0.5) for i in range(8)]     # ~1,600 points each
+    polygons = polygons_from_shapely(small[:300] + big + small[300:])
+    inputs = JoinInputs(points, polygons, "within")
+    expected = shapely_join(points, polygons, "within")
+    counts = np.bincount(expected[1], minlength=polygons.n_geoms)
+    assert counts.max() > STASH_PAIRS and (counts <= STASH_PAIRS // 16).sum() > 500     # both kinds of warp
+    plan = get_plan_class("join", "v4")({"points": len(points), "polygons": polygons.n_geoms})
+    backend = JoinGPU(plan.tiling, "v4")
+    backend.compile()
+    backend.polygons_per_warp = lambda g: per_warp
+    for room in (None, 1_000):                 # None: the first run's room (two pairs a point) fits
+        backend._room = room
+        (pt, poly), stages = _run(plan, inputs, backend)
+        np.testing.assert_array_equal(pt, expected[0])
+        np.testing.assert_array_equal(poly, expected[1])
+        assert ("candidate_room_grown" in stages["output_sort"]["meta"]) is (room is not None)
+
+
+def test_candidate_fills_stash_is_the_size_the_host_gives_it():
+    """The kernel's per-warp stash is a #define; the host sizes the launch's shared memory from its copy."""
+    import re
+    from pathlib import Path
+
+    from app.kernel.join import gpu
+
+    source = Path(gpu.__file__).with_name("join.cu").read_text()
+    assert int(re.search(r"#define STASH_PAIRS (\d+)", source).group(1)) == gpu.STASH_PAIRS
+
+
+@pytest.mark.gpu
+def test_the_filters_artifacts_count_its_stash_in_shared_memory_and_occupancy():
+    import json
+
+    from app.kernel.join.gpu import STASH_PAIRS, JoinGPU
+
+    plan = get_plan_class("join", "v4")({})
+    backend = JoinGPU(plan.tiling, "v4")
+    backend.compile()
+    block = plan.tiling["candidate_filter"]["block"]
+    kernels = json.loads(backend.artifacts()["candidate_filter"]["resources.json"])["kernels"]
+    for k in (1, 2, 4, 8, 16):
+        fill = kernels[f"candidate_fill_{k}"]
+        assert fill["dynamic_shared_bytes"] == block // 32 * STASH_PAIRS * 8
+        assert 0 < fill["theoretical_occupancy_pct"] <= 100
+    assert kernels["candidate_count"]["dynamic_shared_bytes"] == 0
+
+
 def test_v4_gives_a_warp_more_polygons_only_where_every_sm_stays_busy():
     from app.kernel.join.gpu import MAX_POLYGONS_PER_WARP, POLYGONS_PER_WARP_FROM, JoinGPU
 

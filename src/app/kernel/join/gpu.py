@@ -17,8 +17,10 @@ therefore be captured as one CUDA graph (see app.runtime.graph).
 v4 is v3 with the points' coordinates copied into their bucketed order by the Morton
 sort, so the filter reads each cell's points as one contiguous run instead of
 gathering them through the order, and the filter in one launch: a warp lays its
-polygons' cell runs end to end across its lanes, counts their candidates, reserves room
-for them with one atomic add, and writes them (v3's count pass and its scan are gone).
+polygons' cell runs end to end across its lanes, counts their candidates while keeping
+them in shared memory, reserves room for them with one atomic add, and writes them from
+there (v3's count pass and its scan are gone; a warp whose candidates overflow its
+shared memory scans its cells again to write them).
 A warp takes 1 to 16 polygons (``polygons_per_warp``): with one each, 100k polygons
 contended for the room counter.
 
@@ -37,12 +39,13 @@ from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
 SOURCE = Path(__file__).with_name("join.cu")
+CANDIDATE_FILLS = tuple(f"candidate_fill_{k}" for k in (1, 2, 4, 8, 16))   # v4's filter: 1-16 polygons a warp
 STAGE_KERNELS = {
     "bounds": ("init_run", "join_extent"),
     "morton_sort": ("grid_params", "grid_zero", "point_cells", "point_scatter", "point_scatter_xy",
                     "point_gather_xy"),
     "candidate_filter": ("candidate_count", "candidate_emit", "poly_cell_count", "poly_cell_fill",
-                         "point_candidates", *(f"candidate_fill_{k}" for k in (1, 2, 4, 8, 16))),
+                         "point_candidates", *CANDIDATE_FILLS),
     "predicate_refine": ("refine",),
     "output_sort": ("pair_count", "pair_scatter", "segment_sort"),
 }
@@ -71,11 +74,15 @@ GATHER_XY_FROM = 1 << 19
 # at 100k x 10k one a warp is the choice (10k adds, and fewer warps would leave SMs idle).
 POLYGONS_PER_WARP_FROM = 64
 MAX_POLYGONS_PER_WARP = 16
+# join.cu's STASH_PAIRS: candidates (int2) a warp of candidate_fill keeps in shared memory while it counts,
+# then writes to their room in one pass; a warp that finds more scans its cells again to write them.
+STASH_PAIRS = 256
 
 
 class JoinGPU(GpuBackend):
     SOURCE, STAGE_KERNELS, LIBRARY_CALLS = SOURCE, STAGE_KERNELS, LIBRARY_CALLS
     SCAN_STAGES = ("morton_sort", "candidate_filter", "output_sort")
+    SHARED_PER_WARP = dict.fromkeys(CANDIDATE_FILLS, STASH_PAIRS * 8)     # the stash: int2 pairs
 
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
@@ -199,10 +206,14 @@ class JoinGPU(GpuBackend):
         g = len(state["bbox"])
         if self.version == "v4":
             led = state["ledger"]
-            per_warp = self.polygons_per_warp(g)
-            self._launch(f"candidate_fill_{per_warp}", 32 * ((g + per_warp - 1) // per_warp), state["filter_block"],
-                         (state["sorted_xy"], state["sorted_pt"], state["bbox"], np.int64(g), led["all"],
-                          state["cell_start"], cand_pt, cand_poly, np.int64(room), led["filter"]))
+            per_warp, block = self.polygons_per_warp(g), state["filter_block"]
+            warps = (g + per_warp - 1) // per_warp
+            name = f"candidate_fill_{per_warp}"
+            if warps:        # each warp keeps its candidates in shared memory while it counts them
+                self.mod.fn[name](((32 * warps + block - 1) // block,), (block,),
+                                  (state["sorted_xy"], state["sorted_pt"], state["bbox"], np.int64(g), led["all"],
+                                   state["cell_start"], cand_pt, cand_poly, np.int64(room), led["filter"]),
+                                  shared_mem=self.mod.shared_bytes(name, block))
         else:
             self._launch("candidate_emit", 32 * g, state["filter_block"],
                          state["filter_args"] + (state["poly_offsets"], cand_pt, cand_poly, np.int64(room)))
@@ -268,8 +279,8 @@ class JoinGPU(GpuBackend):
         state["sort_block"] = tiling["block"]
         self._sort_hits(state)
         if not self.no_reads:
-            h, n_exact, n_edges, n_boundary = (int(v) for v in st.read_result_size(state["ledger"]["refine"],
-                                                                                  "hits -> output size"))
+            words = st.read_result_size(state["ledger"]["refine"], "hits -> output size")
+            hit_words = words
         else:
             words = st.read_result_size(state["ledger"]["all"], "grid, candidates and hits -> result size, room check")
             c, room = int(words[CANDIDATES][0]), len(state["cand_pt"])
@@ -287,15 +298,22 @@ class JoinGPU(GpuBackend):
                 words = st.read_result_size(state["ledger"]["all"], "hits -> result size, after the room grew")
             else:
                 self._room = room     # kept for the next run (a warm run of the same inputs fits)
-            level = int(words[4])
+            hit_words = words[REFINE]
+        h = int(hit_words[0])
+        pt, poly = state["sorted_pairs"]
+        state["output"] = (pt[:h], poly[:h])
+        st.later(lambda: self._count_rows(state, st, words, hit_words))
+
+    def _count_rows(self, state, st, words, hit_words):
+        """The counters read with the result's length into the stages' rows and metadata (after the clock)."""
+        h, n_exact, n_edges, n_boundary = (int(v) for v in hit_words)
+        if self.no_reads:       # v3, v4: the grid and the filter's counts came back in the same read
+            c, level = int(words[CANDIDATES][0]), int(words[4])
             state["morton_st"].meta.update(grid_level=level, grid_cells=1 << 2 * level)
             f = state["filter_st"]
             f.rows_out = c
             f.meta.update(pairs_examined=int(words[8]), candidates=c, candidate_room=len(state["cand_pt"]))
             state["refine_st"].rows_in = c
-            h, n_exact, n_edges, n_boundary = (int(v) for v in words[REFINE])
-        pt, poly = state["sorted_pairs"]
-        state["output"] = (pt[:h], poly[:h])
         st.rows_in = st.rows_out = h
         refine = state["refine_st"]
         refine.rows_out = h

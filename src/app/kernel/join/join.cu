@@ -310,8 +310,8 @@ extern "C" __global__ void point_gather_xy(const double2* pts, const int* sorted
 }
 
 // As candidate_count and candidate_emit, in one launch: a warp counts its polygons'
-// candidates, reserves room for them with one atomic add on stats[1], and
-// scans its cells again (now in L1/L2) to write them, those below ``cap``. Pairs land in no
+// candidates, keeping them in shared memory, reserves room for them with one atomic add on
+// stats[1], and writes them there, those below ``cap``. Pairs land in no
 // particular order across warps: refine appends hits in no order either, and output_sort
 // orders them. stats[0] += pairs examined, stats[1] += candidates.
 //
@@ -320,12 +320,23 @@ extern "C" __global__ void point_gather_xy(const double2* pts, const int* sorted
 // point of the joined runs, finding its cell by a binary search over the lanes' offsets (five
 // shuffles). A polygon over 4 cells of ~10 points then takes 2 iterations of full lanes, not 4
 // iterations a third full: the loop is latency-bound, so the trip count is the time.
-template <bool WRITE>
+//
+// Modes: RUNS_STASH counts the pairs examined and the candidates and keeps the candidates in the warp's
+// stash in shared memory (those past STASH_PAIRS are only counted); RUNS_WRITE scans again and writes
+// them from ``out`` on, for a warp whose stash overflowed.
+#define RUNS_STASH 0
+#define RUNS_WRITE 1
+// Candidates a warp keeps in shared memory (8 bytes each) while it counts. On an H200 at 1M x 100k a warp
+// of 8 polygons finds about 120: nearly every warp writes from its stash, and only the rare one past it
+// scans its cells a second time.
+#define STASH_PAIRS 256
+template <int MODE>
 __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* sorted_pt, const int* cell_start,
                                           unsigned int x0, unsigned int y0, unsigned int nx, unsigned int ncell,
                                           double bx0, double by0, double bx1, double by1, int lane,
                                           unsigned long long& examined, unsigned long long& found,
-                                          long long& out, long long cap, int g, int* cand_pt, int* cand_poly) {
+                                          long long& out, long long cap, int g, int* cand_pt, int* cand_poly,
+                                          int2* stash, int& n_stash) {
     for (unsigned int c0 = 0; c0 < ncell; c0 += 32) {          // warp-uniform bounds
         unsigned int c = c0 + lane;
         int start = 0, cnt = 0;
@@ -349,13 +360,18 @@ __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* s
             if (f < total) {
                 const double2 q = sorted_xy[j];
                 hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
-                if (!WRITE) { ++examined; found += hit; }
+                if (MODE == RUNS_STASH) { ++examined; found += hit; }
             }
-            if (WRITE) {
-                unsigned int ballot = __ballot_sync(FULL_MASK, hit);
-                long long pos = out + __popc(ballot & ((1u << lane) - 1));
+            unsigned int ballot = __ballot_sync(FULL_MASK, hit);
+            int before = __popc(ballot & ((1u << lane) - 1));
+            if (MODE == RUNS_WRITE) {
+                long long pos = out + before;
                 if (hit && pos < cap) { cand_pt[pos] = sorted_pt[j]; cand_poly[pos] = g; }
                 out += __popc(ballot);
+            } else {
+                int pos = n_stash + before;
+                if (hit && pos < STASH_PAIRS) stash[pos] = make_int2(sorted_pt[j], g);
+                n_stash += __popc(ballot);        // warp-uniform; past STASH_PAIRS the stash has overflowed
             }
         }
     }
@@ -382,14 +398,30 @@ __device__ __forceinline__ void polygon_cells(const double* bbox, long long g, l
 
 // PER_WARP is a template argument: with a run-time count the loops and the per-lane bookkeeping
 // stayed in the code, and a warp per polygon ran a third slower at 100k x 10k on an H200.
+// The warp's candidates go from its stash to their room, one coalesced pass; a warp whose stash overflowed
+// scans its polygons' cells again instead, writing polygon i's from out_i on (the same pairs, same order).
+__device__ __forceinline__ void stash_out(const int2* stash, int n, unsigned long long base, long long cap, int lane,
+                                          int* cand_pt, int* cand_poly) {
+    __syncwarp();                                     // every lane's stash stores seen by the others
+    for (int i = lane; i < n; i += 32) {
+        long long pos = (long long)base + i;
+        if (pos < cap) { int2 e = stash[i]; cand_pt[pos] = e.x; cand_poly[pos] = e.y; }
+    }
+}
+
+// PER_WARP is a template argument: with a run-time count the loops and the per-lane bookkeeping
+// stayed in the code, and a warp per polygon ran a third slower at 100k x 10k on an H200.
+// Dynamic shared memory: STASH_PAIRS int2 a warp (gpu.py sizes it from the block).
 template <int PER_WARP>
 __device__ __forceinline__ void candidate_fill_warp(const double2* sorted_xy, const int* sorted_pt, const double* bbox,
                                                     long long G, const GridParams* gp, const int* cell_start,
                                                     int* cand_pt, int* cand_poly, long long cap,
                                                     unsigned long long* stats) {
+    extern __shared__ int2 stashes[];
+    int2* stash = stashes + (threadIdx.x >> 5) * STASH_PAIRS;
     const int per_warp = PER_WARP;
     long long g0 = ((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5) * per_warp;   // warp-uniform
-    int lane = threadIdx.x & 31;
+    int lane = threadIdx.x & 31, n_stash = 0;
     unsigned long long examined = 0, found = 0, mine = 0, total = 0;   // mine: lane i's polygon's candidates
     double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
     unsigned int x0 = 0, y0 = 0, nx = 0, ncell = 0;
@@ -398,8 +430,8 @@ __device__ __forceinline__ void candidate_fill_warp(const double2* sorted_xy, co
     for (int i = 0; i < per_warp; ++i) {
         polygon_cells(bbox, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
         found = 0;
-        cell_runs<false>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined,
-                         found, out, cap, 0, cand_pt, cand_poly);
+        cell_runs<RUNS_STASH>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane,
+                              examined, found, out, cap, (int)(g0 + i), cand_pt, cand_poly, stash, n_stash);
         for (int off = 16; off > 0; off >>= 1) found += __shfl_xor_sync(FULL_MASK, found, off);
         if (lane == i) mine = found;
         total += found;
@@ -407,19 +439,23 @@ __device__ __forceinline__ void candidate_fill_warp(const double2* sorted_xy, co
     unsigned long long base = 0;
     if (lane == 0 && total) base = atomicAdd(stats + 1, total);
     base = __shfl_sync(FULL_MASK, base, 0);
-    unsigned long long before = mine;                 // exclusive prefix of the polygons' counts over the lanes
+    if (n_stash <= STASH_PAIRS) {
+        stash_out(stash, n_stash, base, cap, lane, cand_pt, cand_poly);
+    } else {
+        unsigned long long before = mine;             // exclusive prefix of the polygons' counts over the lanes
 #pragma unroll
-    for (int off = 1; off < per_warp; off <<= 1) {
-        unsigned long long v = __shfl_up_sync(FULL_MASK, before, off);
-        if (lane >= off) before += v;
-    }
-    before -= mine;
-    for (int i = 0; i < per_warp && total; ++i) {
-        if (__shfl_sync(FULL_MASK, mine, i) == 0) continue;          // warp-uniform
-        out = (long long)(base + __shfl_sync(FULL_MASK, before, i));
-        polygon_cells(bbox, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
-        cell_runs<true>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined,
-                        found, out, cap, (int)(g0 + i), cand_pt, cand_poly);
+        for (int off = 1; off < per_warp; off <<= 1) {
+            unsigned long long v = __shfl_up_sync(FULL_MASK, before, off);
+            if (lane >= off) before += v;
+        }
+        before -= mine;
+        for (int i = 0; i < per_warp; ++i) {
+            if (__shfl_sync(FULL_MASK, mine, i) == 0) continue;          // warp-uniform
+            out = (long long)(base + __shfl_sync(FULL_MASK, before, i));
+            polygon_cells(bbox, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
+            cell_runs<RUNS_WRITE>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane,
+                                  examined, found, out, cap, (int)(g0 + i), cand_pt, cand_poly, stash, n_stash);
+        }
     }
     unsigned long long v[1] = {examined};
     block_add<1>(stats, v);
@@ -442,23 +478,29 @@ CANDIDATE_FILL(16)
 extern "C" __global__ void candidate_fill_1(const double2* sorted_xy, const int* sorted_pt, const double* bbox,
                                             long long G, const GridParams* gp, const int* cell_start, int* cand_pt,
                                             int* cand_poly, long long cap, unsigned long long* stats) {
+    extern __shared__ int2 stashes[];
+    int2* stash = stashes + (threadIdx.x >> 5) * STASH_PAIRS;
     long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
-    int lane = threadIdx.x & 31;
+    int lane = threadIdx.x & 31, n_stash = 0;
     unsigned long long examined = 0, found = 0;
     double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
     unsigned int x0 = 0, y0 = 0, nx = 0, ncell = 0;
     polygon_cells(bbox, g, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
     long long out = 0;
-    cell_runs<false>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined, found,
-                     out, cap, (int)g, cand_pt, cand_poly);
+    cell_runs<RUNS_STASH>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined,
+                          found, out, cap, (int)g, cand_pt, cand_poly, stash, n_stash);
     unsigned long long total = found;
     for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(FULL_MASK, total, off);
     unsigned long long base = 0;
     if (lane == 0 && total) base = atomicAdd(stats + 1, total);
-    out = (long long)__shfl_sync(FULL_MASK, base, 0);
-    if (total)
-        cell_runs<true>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined,
-                        found, out, cap, (int)g, cand_pt, cand_poly);
+    base = __shfl_sync(FULL_MASK, base, 0);
+    if (n_stash <= STASH_PAIRS) {
+        stash_out(stash, n_stash, base, cap, lane, cand_pt, cand_poly);
+    } else {
+        out = (long long)base;
+        cell_runs<RUNS_WRITE>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane,
+                              examined, found, out, cap, (int)g, cand_pt, cand_poly, stash, n_stash);
+    }
     unsigned long long v[1] = {examined};
     block_add<1>(stats, v);
 }

@@ -274,6 +274,12 @@ class OverlayGPU(GpuBackend):
         self._launch("emit_areas", npairs, block, (keep, incl, np.int32(npairs), state["pair_a"], state["pair_b"],
                                                    area, out_a, out_b, out_area))
         state["output"] = (out_a, out_b, out_area)
+        st.later(lambda: self._count_rows(state, st, vals, npairs))
+
+    def _count_rows(self, state, st, vals, npairs):
+        """The refine's and this stage's counters, read with the output size, into the stages' rows and
+        metadata (after the clock: see StageContext.later)."""
+        h = int(vals[0])
         proper, touch, overlap, amb, events, marks = (int(v) for v in vals[1:1 + REFINE_STATS])
         refine = state["refine_st"]
         refine.rows_out = events + marks

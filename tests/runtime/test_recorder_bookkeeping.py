@@ -1,0 +1,94 @@
+"""What a stage does after its work -- rows and metadata from counters it already read -- is not timed as the
+plan's: a recorder's run does it once its last clock mark is taken. And size reads through the pinned buffer
+bring back exactly the device's words."""
+import time
+
+import numpy as np
+import pytest
+
+from app.runtime.nvtx import Nvtx
+from app.runtime.recorder import SMALL_READ_BYTES, Recorder, read_to_host
+
+SLOW = 0.2      # seconds of bookkeeping: far above a plan of two trivial stages
+
+
+class _Spec:
+    def __init__(self, name):
+        self.name, self.category = name, "compute"
+
+
+class _Plan:
+    kernel = "demo"
+    stages = [_Spec("work"), _Spec("finish")]
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, inputs, backend, recorder):
+        for spec in self.stages:
+            with recorder.stage(spec) as st:
+                st.rows_in = len(inputs)
+                if spec.name == "finish":
+                    def book(st=st):
+                        time.sleep(SLOW)
+                        st.rows_out = 7
+                        st.meta["booked"] = True
+                        self.log.append("booked")
+                    st.later(book)
+                self.log.append(spec.name)
+        self.log.append("returned")
+        return inputs
+
+
+def test_a_runs_bookkeeping_comes_after_its_clock_and_still_fills_the_record():
+    log = []
+    out, rec = Recorder("cpu", np, Nvtx(False, "demo")).run(_Plan(log), [1, 2, 3], None)
+    assert log == ["work", "finish", "returned", "booked"]
+    assert rec.total_seconds < SLOW and rec.wall_seconds < SLOW      # the sleep is outside both clocks
+    finish = rec.stages[1]
+    assert finish["rows_out"] == 7 and finish["meta"] == {"booked": True} and finish["seconds"] < SLOW
+
+
+def test_outside_a_recorders_run_bookkeeping_runs_when_its_stage_ends():
+    """A graph capture runs the stages straight through the plan: each stage's bookkeeping is done as it ends."""
+    log = []
+    recorder = Recorder("cpu", np, Nvtx(False, "demo"))
+    _Plan(log).run([1], None, recorder)
+    assert log == ["work", "finish", "booked", "returned"]
+
+
+def test_a_stage_that_fails_leaves_no_held_bookkeeping_behind():
+    class Failing(_Plan):
+        def run(self, inputs, backend, recorder):
+            with recorder.stage(_Spec("finish")) as st:
+                st.later(lambda: self.log.append("booked"))
+            raise ValueError("bad input")
+
+    log = []
+    recorder = Recorder("cpu", np, Nvtx(False, "demo"))
+    with pytest.raises(ValueError):
+        recorder.run(Failing(log), [1], None)
+    assert log == []
+    _Plan(log).run([1], None, recorder)            # the next stages are not held for a run that ended
+    assert log == ["work", "finish", "booked", "returned"]
+
+
+@pytest.mark.gpu
+def test_small_reads_through_the_pinned_buffer_equal_the_device_words():
+    import cupy as cp
+
+    ledger = cp.arange(14, dtype=cp.uint64) * 3
+    for array in (ledger, ledger[8:10], cp.asarray([2.5, -1.0]), cp.zeros(0, cp.int32), cp.arange(6).reshape(2, 3),
+                  ledger[::2], cp.arange(SMALL_READ_BYTES // 8 + 1, dtype=cp.int64)):
+        got = read_to_host(cp, array)
+        np.testing.assert_array_equal(got, cp.asnumpy(array))
+        assert got.dtype == array.dtype and got.shape == array.shape
+    first = read_to_host(cp, ledger)
+    read_to_host(cp, ledger[:3] + 100)          # the buffer is reused: an earlier result is a copy, unchanged
+    assert first.tolist() == [3 * i for i in range(14)]
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:                                # queued on the current stream: the read waits for its kernels
+        x = cp.zeros(4, cp.int64)
+        for _ in range(50):
+            x += 1
+        assert read_to_host(cp, x).tolist() == [50] * 4
