@@ -396,17 +396,23 @@ __device__ __forceinline__ void polygon_cells(const double* bbox, long long g, l
     }
 }
 
-// PER_WARP is a template argument: with a run-time count the loops and the per-lane bookkeeping
-// stayed in the code, and a warp per polygon ran a third slower at 100k x 10k on an H200.
-// The warp's candidates go from its stash to their room, one coalesced pass; a warp whose stash overflowed
-// scans its polygons' cells again instead, writing polygon i's from out_i on (the same pairs, same order).
-__device__ __forceinline__ void stash_out(const int2* stash, int n, unsigned long long base, long long cap, int lane,
-                                          int* cand_pt, int* cand_poly) {
+// The warp's room: one atomic add on stats[1] for its ``total`` candidates, from ``base`` on. A warp whose
+// stash held them all writes them from there in one coalesced pass and returns true; a warp whose stash
+// overflowed returns false, and the caller scans its polygons' cells again to write them (the same pairs,
+// in the same order).
+__device__ __forceinline__ bool reserve_and_write(unsigned long long* stats, unsigned long long total,
+                                                  const int2* stash, int n_stash, long long cap, int lane,
+                                                  int* cand_pt, int* cand_poly, unsigned long long& base) {
+    base = 0;
+    if (lane == 0 && total) base = atomicAdd(stats + 1, total);
+    base = __shfl_sync(FULL_MASK, base, 0);
+    if (n_stash > STASH_PAIRS) return false;
     __syncwarp();                                     // every lane's stash stores seen by the others
-    for (int i = lane; i < n; i += 32) {
+    for (int i = lane; i < n_stash; i += 32) {
         long long pos = (long long)base + i;
         if (pos < cap) { int2 e = stash[i]; cand_pt[pos] = e.x; cand_poly[pos] = e.y; }
     }
+    return true;
 }
 
 // PER_WARP is a template argument: with a run-time count the loops and the per-lane bookkeeping
@@ -436,12 +442,8 @@ __device__ __forceinline__ void candidate_fill_warp(const double2* sorted_xy, co
         if (lane == i) mine = found;
         total += found;
     }
-    unsigned long long base = 0;
-    if (lane == 0 && total) base = atomicAdd(stats + 1, total);
-    base = __shfl_sync(FULL_MASK, base, 0);
-    if (n_stash <= STASH_PAIRS) {
-        stash_out(stash, n_stash, base, cap, lane, cand_pt, cand_poly);
-    } else {
+    unsigned long long base;
+    if (!reserve_and_write(stats, total, stash, n_stash, cap, lane, cand_pt, cand_poly, base)) {
         unsigned long long before = mine;             // exclusive prefix of the polygons' counts over the lanes
 #pragma unroll
         for (int off = 1; off < per_warp; off <<= 1) {
@@ -491,12 +493,8 @@ extern "C" __global__ void candidate_fill_1(const double2* sorted_xy, const int*
                           found, out, cap, (int)g, cand_pt, cand_poly, stash, n_stash);
     unsigned long long total = found;
     for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(FULL_MASK, total, off);
-    unsigned long long base = 0;
-    if (lane == 0 && total) base = atomicAdd(stats + 1, total);
-    base = __shfl_sync(FULL_MASK, base, 0);
-    if (n_stash <= STASH_PAIRS) {
-        stash_out(stash, n_stash, base, cap, lane, cand_pt, cand_poly);
-    } else {
+    unsigned long long base;
+    if (!reserve_and_write(stats, total, stash, n_stash, cap, lane, cand_pt, cand_poly, base)) {
         out = (long long)base;
         cell_runs<RUNS_WRITE>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane,
                               examined, found, out, cap, (int)g, cand_pt, cand_poly, stash, n_stash);
