@@ -88,8 +88,13 @@ class JoinCPU:
     @staticmethod
     def _keep_hits(state, st, cand_pt, cand_poly, rows_in):
         """Keep the (point, polygon) pairs whose bbox holds the point (closed bbox)."""
-        p, b = state["points"][cand_pt], state["bbox"][cand_poly]
-        hit = (b[:, 0] <= p[:, 0]) & (p[:, 0] <= b[:, 2]) & (b[:, 1] <= p[:, 1]) & (p[:, 1] <= b[:, 3])
+        # Column by column with np.take: gathering whole rows and comparing strided columns took 3x as long.
+        pts, bbox = state["points"], state["bbox"]
+        px, py = np.take(pts[:, 0], cand_pt), np.take(pts[:, 1], cand_pt)
+        hit = np.take(bbox[:, 0], cand_poly) <= px
+        hit &= px <= np.take(bbox[:, 2], cand_poly)
+        hit &= np.take(bbox[:, 1], cand_poly) <= py
+        hit &= py <= np.take(bbox[:, 3], cand_poly)
         state["cand_pt"], state["cand_poly"] = cand_pt[hit], cand_poly[hit]
         st.rows_in, st.rows_out = rows_in, int(hit.sum())
         st.meta.update(pairs_examined=int(len(hit)), candidates=int(hit.sum()))
