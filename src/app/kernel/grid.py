@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from app.kernel.sorting import lex_order
+
 BITS = 16                  # per axis: 32-bit Morton codes
 MAX_LEVEL = 11             # 4^11 = 4.2M cells at most: the bucket table stays <= 16 MB
 
@@ -73,14 +75,8 @@ def covered_cells(box, world, level: int):
 
 
 def bucket(cells, level: int):
-    """Counting sort by cell: (stable order, cell_start with 4^level + 1 entries).
-
-    numpy's stable argsort is a radix sort for keys of 16 bits or fewer, a merge sort above: cells up to
-    level 8 (4^8 = 2^16) are sorted as uint16 in one pass (0.37 against 6.1 ms for 100k points), finer
-    grids in two stable 16-bit passes, the low digit first."""
-    if level <= 8:
-        order = np.argsort(cells.astype(np.uint16), kind="stable")
-    else:
-        low = np.argsort((cells & 0xFFFF).astype(np.uint16), kind="stable")
-        order = low[np.argsort((cells[low] >> 16).astype(np.uint16), kind="stable")]
+    """Counting sort by cell: (stable order, cell_start with 4^level + 1 entries). The order comes from
+    sorting.lex_order, numpy's radix sort 16 bits at a time: one pass up to level 8 (0.37 against 6.1 ms
+    for 100k points with a merge sort), two above."""
+    order = lex_order(cells)
     return order, np.concatenate([[0], np.cumsum(np.bincount(cells, minlength=1 << 2 * level))])

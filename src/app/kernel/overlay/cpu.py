@@ -15,6 +15,7 @@ from app.kernel import grid
 from app.kernel.pip import classify, edge_table
 from app.kernel.ranges import expand
 from app.kernel.segments import OVERLAP, PROPER, TOUCH, classify_pairs
+from app.kernel.sorting import lex_order
 
 
 def layer_bboxes(coords, geom_coord_offsets):
@@ -44,7 +45,7 @@ def bbox_pairs(ba: np.ndarray, bb: np.ndarray, bias: int = 0):
     A, B = ba[a], bb[b]
     hit = (A[:, 0] <= B[:, 2]) & (B[:, 0] <= A[:, 2]) & (A[:, 1] <= B[:, 3]) & (B[:, 1] <= A[:, 3])
     a, b = a[hit], b[hit]
-    order = np.lexsort((b, a))
+    order = lex_order(b, a)
     return a[order], b[order], {"grid_level": level, "bbox_tests": int(len(hit))}
 
 
@@ -151,7 +152,7 @@ class OverlayCPU:
                        split_events=int(ok.sum()))
 
     def reconstruction_event_sort(self, state, st, tiling):
-        order = np.lexsort((state["ev_t"], state["ev_slot"]))
+        order = lex_order(state["ev_t"], state["ev_slot"])
         state["ev_slot"], state["ev_t"] = state["ev_slot"][order], state["ev_t"][order]
         st.rows_in = st.rows_out = len(order)
 
@@ -270,11 +271,12 @@ def _sweep_pairs(pair_a, ia, a_yhi, pair_b, jb, b_ylo, n_pairs):
     """v2's sort-and-sweep: per pair, b's near edges sorted by lowest y; each near edge of a
     gets the prefix whose lowest y is <= its highest y (ties included). Returns (pair, i, j)."""
     # One merged order per pair by y, b before a on ties: an a-edge's prefix length is
-    # the number of b-edges of its pair that precede it.
+    # the number of b-edges of its pair that precede it. The b rows come first and the order is
+    # stable, so equal y keeps b ahead of a.
     pair = np.concatenate([pair_b, pair_a])
     y = np.concatenate([b_ylo, a_yhi])
     is_a = np.concatenate([np.zeros(len(pair_b), dtype=bool), np.ones(len(pair_a), dtype=bool)])
-    order = np.lexsort((is_a, y, pair))
+    order = lex_order(y, pair)
     pair_s, is_a_s = pair[order], is_a[order]
     b_seen = np.cumsum(~is_a_s)
     nb = np.bincount(pair_b, minlength=n_pairs)
@@ -283,7 +285,7 @@ def _sweep_pairs(pair_a, ia, a_yhi, pair_b, jb, b_ylo, n_pairs):
     a_rows = np.flatnonzero(is_a_s)
     prefix = b_seen[a_rows] - before_group[a_rows]
     a_idx = order[a_rows] - len(pair_b)                      # back to the a-edge arrays
-    b_sorted = jb[np.lexsort((b_ylo, pair_b))]
+    b_sorted = jb[lex_order(b_ylo, pair_b)]
     owner, k = expand(b_start[pair_a[a_idx]], prefix)
     return pair_a[a_idx][owner], ia[a_idx][owner], b_sorted[k]
 
