@@ -146,9 +146,10 @@ class JoinV3(JoinV1):
 class JoinV4(JoinV3):
     version = "v4"
     summary = ("v3 with the points' coordinates laid out by grid cell (the filter reads each cell's points as one "
-               "contiguous run) and the filter in one launch: a warp lays its polygons' cell runs end to end, counts, "
-               "reserves room for them with one atomic add (1 to 16 polygons a warp, by polygon count) and writes; no "
-               "count pass, no scan (on the CPU it runs v1's stages)")
+               "contiguous run) and the filter in one launch: a warp lays its polygons' cell runs end to end, counts "
+               "while keeping the candidates in shared memory, reserves room for them with one atomic add (1 to 16 "
+               "polygons a warp, by polygon count) and writes them from there; no count pass, no scan (on the CPU it "
+               "runs v1's stages)")
 
     def footprint(self) -> Footprint:
         # On top of v3: the coordinates in bucketed order (16 B a point).
@@ -157,6 +158,6 @@ class JoinV4(JoinV3):
 
 
 set_default("join", "v4", "the fastest at the default sizes on an NVIDIA H200 -- interleaved in one process, L2 flushed, "
-                          "after build: 271 us against v3's 305 us at 100k x 10k (60 rounds), and 453 against 470 us at "
-                          "1M x 100k (30 rounds); the benchmark, same call: 0.261 against 0.314 ms, and 0.483 against "
-                          "0.476 ms at 1M x 100k, where the two stay within a few percent")
+                          "after build: 351 us against v3's 406 us at 100k x 10k (60 rounds), and 416 against 471 us at "
+                          "1M x 100k (30 rounds); the benchmark, same call: 0.289 against 0.600 ms, and 0.416 against "
+                          "0.480 ms at 1M x 100k")
