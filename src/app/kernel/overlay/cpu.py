@@ -41,10 +41,14 @@ def bbox_pairs(ba: np.ndarray, bb: np.ndarray, bias: int = 0):
     grown = np.column_stack([ba[:, 0] - w.max(), ba[:, 1] - h.max(), ba[:, 2], ba[:, 3]])
     a_owner, cell = grid.covered_cells(grown, world, level)
     row, j = expand(cell_start[cell], cell_start[cell + 1] - cell_start[cell])
-    a, b = a_owner[row], sorted_b[j]
-    A, B = ba[a], bb[b]
-    hit = (A[:, 0] <= B[:, 2]) & (B[:, 0] <= A[:, 2]) & (A[:, 1] <= B[:, 3]) & (B[:, 1] <= A[:, 3])
-    a, b = a[hit], b[hit]
+    a, b = np.take(a_owner, row), np.take(sorted_b, j)
+    # Column by column with np.take, the tests in place (whole-row gathers took about three times as long).
+    hit = np.take(np.ascontiguousarray(ba[:, 0]), a) <= np.take(np.ascontiguousarray(bb[:, 2]), b)
+    hit &= np.take(np.ascontiguousarray(bb[:, 0]), b) <= np.take(np.ascontiguousarray(ba[:, 2]), a)
+    hit &= np.take(np.ascontiguousarray(ba[:, 1]), a) <= np.take(np.ascontiguousarray(bb[:, 3]), b)
+    hit &= np.take(np.ascontiguousarray(bb[:, 1]), b) <= np.take(np.ascontiguousarray(ba[:, 3]), a)
+    kept = np.flatnonzero(hit)
+    a, b = np.take(a, kept), np.take(b, kept)
     order = lex_order(b, a)
     return a[order], b[order], {"grid_level": level, "bbox_tests": int(len(hit))}
 
@@ -81,6 +85,7 @@ class OverlayCPU:
             L = state[side]
             L["edges"] = e = edge_table(L["coords"], L["ring_offsets"], L["geom_ring_offsets"])
             L["bbox"] = layer_bboxes(L["coords"], L["ring_offsets"][L["geom_ring_offsets"]])
+            L["bbox_cols"] = tuple(np.ascontiguousarray(L["bbox"][:, k]) for k in range(4))   # for np.take
             L["xlo"], L["xhi"] = np.minimum(e.ax, e.bx), np.maximum(e.ax, e.bx)
             ring_edges = np.diff(L["ring_offsets"]) - 1
             L["ring_edge_offsets"] = np.concatenate([[0], np.cumsum(ring_edges)])
@@ -104,10 +109,10 @@ class OverlayCPU:
         eb = np.diff(B["edges"].geom_offsets)[pb]
         # Edges of a that reach b's bbox (and of b that reach a's): only they can meet.
         pair_a, ia = expand(A["edges"].geom_offsets[pa], ea)
-        near_a = _mbr_hits(A, ia, B["bbox"][pb[pair_a]])
+        near_a = _mbr_hits(A, ia, B, np.take(pb, pair_a))
         pair_a, ia = pair_a[near_a], ia[near_a]
         pair_b, jb = expand(B["edges"].geom_offsets[pb], eb)
-        near_b = _mbr_hits(B, jb, A["bbox"][pa[pair_b]])
+        near_b = _mbr_hits(B, jb, A, np.take(pa, pair_b))
         pair_b, jb = pair_b[near_b], jb[near_b]
         Ea, Eb = A["edges"], B["edges"]
         if self.version == "v2":
@@ -119,11 +124,17 @@ class OverlayCPU:
             a_start = np.cumsum(na) - na
             b_start = np.cumsum(nb) - nb
             owner, k = expand(np.zeros(len(pa), dtype=np.int64), na * nb)
-            i = ia[a_start[owner] + k // nb[owner]]
-            j = jb[b_start[owner] + k % nb[owner]]
-        hit = ((A["xlo"][i] <= B["xhi"][j]) & (B["xlo"][j] <= A["xhi"][i])
-               & (Ea.ylo[i] <= Eb.yhi[j]) & (Eb.ylo[j] <= Ea.yhi[i]))
-        state.update(pa=pa, pb=pb, ea=ea, eb=eb, seg_pair=owner[hit], seg_i=i[hit], seg_j=j[hit])
+            q, r = np.divmod(k, np.take(nb, owner))
+            i = np.take(ia, np.take(a_start, owner) + q)
+            j = np.take(jb, np.take(b_start, owner) + r)
+        # Column gathers with np.take (half the time of fancy indexing on these sizes), tests in place.
+        hit = np.take(A["xlo"], i) <= np.take(B["xhi"], j)
+        hit &= np.take(B["xlo"], j) <= np.take(A["xhi"], i)
+        hit &= np.take(Ea.ylo, i) <= np.take(Eb.yhi, j)
+        hit &= np.take(Eb.ylo, j) <= np.take(Ea.yhi, i)
+        kept = np.flatnonzero(hit)
+        state.update(pa=pa, pb=pb, ea=ea, eb=eb, seg_pair=np.take(owner, kept), seg_i=np.take(i, kept),
+                     seg_j=np.take(j, kept))
         st.rows_in, st.rows_out = len(pa), int(hit.sum())
         st.meta.update(polygon_pairs=len(pa), pairs_examined=int(len(hit)), candidates=int(hit.sum()),
                        grid_level=info["grid_level"], bbox_tests=info["bbox_tests"])
@@ -192,7 +203,7 @@ class OverlayCPU:
                                  np.diff(L["ring_edge_offsets"])[ring[cut_idx]])
             epair = pair[cut_idx][epair]
             # An edge that misses the other polygon's bbox has no events and lies outside it.
-            reach = _mbr_hits(L, edge, O["bbox"][other_geoms[epair]])
+            reach = _mbr_hits(L, edge, O, np.take(other_geoms, epair))
             epair, edge = epair[reach], edge[reach]
             local = edge - L["edges"].geom_offsets[geoms[epair]]
             slot = state["slot_base"][epair] + (local if side else ea[epair] + local)
@@ -326,10 +337,16 @@ def _boxes_meet(p, q):
     return (p[:, 0] <= q[:, 2]) & (q[:, 0] <= p[:, 2]) & (p[:, 1] <= q[:, 3]) & (q[:, 1] <= p[:, 3])
 
 
-def _mbr_hits(L, e, box):
+def _mbr_hits(L, e, O, geoms):
+    """Which edges e of layer L reach the bbox of layer O's polygon geoms (one each). Columns gathered with
+    np.take: gathering whole bbox rows and comparing strided columns took about three times as long."""
     E = L["edges"]
-    return ((L["xlo"][e] <= box[:, 2]) & (box[:, 0] <= L["xhi"][e])
-            & (E.ylo[e] <= box[:, 3]) & (box[:, 1] <= E.yhi[e]))
+    x0, y0, x1, y1 = (np.take(c, geoms) for c in O["bbox_cols"])
+    hit = np.take(L["xlo"], e) <= x1
+    hit &= x0 <= np.take(L["xhi"], e)
+    hit &= np.take(E.ylo, e) <= y1
+    hit &= y0 <= np.take(E.yhi, e)
+    return hit
 
 
 def _point_at(x0, y0, x1, y1, t):
