@@ -40,9 +40,9 @@ def _digits(key: np.ndarray) -> list[np.ndarray]:
         bits = np.where(bits & _SIGN, ~bits, bits | _SIGN)           # negative floats reversed, below positives
         width = 64
     elif key.dtype.kind in "iu":
-        lo = int(key.min()) if len(key) else 0
-        bits = (key.astype(np.int64) - lo).astype(np.uint64) if lo < 0 or key.dtype.kind == "i" else \
-            key.astype(np.uint64)
+        # Signed keys shifted by their minimum: non-negative, and no wider than their range needs.
+        bits = (key.astype(np.int64) - int(key.min())).astype(np.uint64) if key.dtype.kind == "i" and len(key) \
+            else key.astype(np.uint64)
         width = max(int(bits.max()).bit_length(), 1) if len(key) else 1
     else:
         raise TypeError(f"lex_order: keys of dtype {key.dtype} are not supported")
