@@ -203,6 +203,47 @@ __device__ __forceinline__ void cell_range(const double* b, double ox, double oy
     y0 = quantise(b[1], oy, sy) >> shift; y1 = quantise(b[3], oy, sy) >> shift;
 }
 
+// ---- grid parameters, chosen on the device -------------------------------------
+// The same fp64 operations as grid.py's world_scale and grid_level (frexp, not log2, so
+// the level is exact on both sides): the host never has to read the world box to pick
+// the grid. Stored in the run's ledger (the kernels' gpu.py), read by the kernels that
+// bucket or scan cells through a pointer.
+struct GridParams { double ox, oy, sx, sy; long long level, shift, cells, table; };
+
+__device__ __forceinline__ void grid_from_summary(const double* summary, long long G, int bias, int max_level,
+                                                  GridParams& gp) {
+    double minx = summary[0], miny = summary[1], maxx = summary[2], maxy = summary[3];
+    double g = G > 1 ? (double)G : 1.0;
+    double mean_w = summary[4] / g, mean_h = summary[5] / g;
+    double extent = fmax(fmax(maxx - minx, maxy - miny), 1e-300);
+    double cell = fmax(fmax(mean_w, mean_h), extent / (double)(1 << max_level));
+    int e = 0;
+    frexp(extent / cell, &e);                   // extent / cell in [2^(e-1), 2^e)
+    int level = min(max(e - 1 + bias, 1), max_level);
+    gp.ox = minx; gp.oy = miny;
+    gp.sx = 65536.0 / fmax(maxx - minx, 1e-300); gp.sy = 65536.0 / fmax(maxy - miny, 1e-300);
+    gp.level = level; gp.shift = 16 - level;
+    gp.cells = 1ll << (2 * level); gp.table = gp.cells + 1;
+}
+
+// The grid from the summary, and the bucket table zeroed for it (its first gp.table entries of a table sized for
+// the largest level), with one more int32 array (``also``, n_also entries) zeroed in the same launch.
+extern "C" __global__ void grid_zero(const double* summary, long long G, int bias, int max_level, GridParams* gp_out,
+                                     int* counts, int* also, long long n_also) {
+    GridParams gp;
+    grid_from_summary(summary, G, bias, max_level, gp);
+    long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    if (i0 == 0) *gp_out = gp;
+    for (long long i = i0; i < gp.table; i += stride) counts[i] = 0;
+    for (long long i = i0; i < n_also; i += stride) also[i] = 0;
+}
+
+__device__ __forceinline__ void box_cells(const double* b, const GridParams* gp, unsigned int& x0, unsigned int& y0,
+                                          unsigned int& x1, unsigned int& y1) {
+    cell_range(b, gp->ox, gp->oy, gp->sx, gp->sy, (int)gp->shift, x0, y0, x1, y1);
+}
+
+
 // Crossing-number classification of q against every ring of geometry g (as pip.py):
 // returns the crossing parity; boundary is set when q lies on an edge.
 __device__ __forceinline__ int classify_point(const double2* coords, const int* ring_off, const int* geom_ring_off,

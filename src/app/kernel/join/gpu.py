@@ -47,13 +47,14 @@ STAGE_KERNELS = {
     "candidate_filter": ("candidate_count", "candidate_emit", "poly_cell_count", "poly_cell_fill",
                          "point_candidates", *CANDIDATE_FILLS),
     "predicate_refine": ("refine",),
-    "output_sort": ("pair_count", "pair_scatter", "segment_sort"),
+    "output_sort": ("pair_scatter", "segment_sort"),
 }
 # CuPy library calls each stage also makes (kernels with no source of ours to show).
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
     "morton_sort": "cudaMemsetAsync (bucket counts; v3 and v4 zero them in grid_zero)",
-    "output_sort": "cudaMemsetAsync (per-point counts; v3 and v4 zero them in grid_zero, unless the room grew)",
+    "predicate_refine": "cudaMemsetAsync (per-point hit counts; v3 and v4 zero them in grid_zero, unless the room "
+                        "grew)",
 }
 # The run's ledger, one device array of 64-bit words: every kernel reads the grid from it, every counter
 # lands in it, and v3 reads it once, at the end.
@@ -143,7 +144,7 @@ class JoinGPU(GpuBackend):
         slot = ws.empty("point_slot", n, cp.int32)
         if self.no_reads:            # a table for the largest level; the kernels read the real length
             counts = ws.empty("cell_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
-            # output_sort's per-point counts are zeroed in the same launch (see _sort_hits)
+            # refine's per-point hit counts are zeroed in the same launch (see _refine)
             point_counts = state["point_counts"] = ws.empty("point_counts", n + 1, cp.int32)
             self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), grid_args + (counts, point_counts, np.int64(n + 1)))
             table = led["table"]
@@ -267,13 +268,17 @@ class JoinGPU(GpuBackend):
         cp, ws, led = self.cp, self.mod.ws, state["ledger"]
         c = len(state["cand_pt"])                   # v3: the room; the kernel reads the real count
         hits = ws.empty("hits", c, cp.uint64)      # hits <= candidates: no size read needed up front
+        slot = ws.empty("hit_slot", c, cp.int32)   # each hit's rank among its point's hits
+        counts = state.pop("point_counts", None)   # v3, v4: zeroed by grid_zero (once: a rerun zeroes its own)
+        if counts is None:
+            counts = ws.zeros("point_counts", len(state["points"]) + 1, cp.int32)
         within = np.int32(state["inputs"].predicate == "within")
         n_cand = led["candidates"] if self.no_reads else np.intp(0)
         self._launch("refine", c, state["refine_block"],
                      (state["points"], state["coords"], state["ring_offsets"], state["geom_ring_offsets"],
                       state["cand_pt"], state["cand_poly"], np.int32(c), n_cand, within, CCW_ERRBOUND_A, hits,
-                      led["refine"]))
-        state["hits"] = hits
+                      led["refine"], counts, slot))
+        state.update(hits=hits, hit_slot=slot, hit_counts=counts)
 
     def output_sort(self, state, st, tiling):
         state["sort_block"] = tiling["block"]
@@ -320,19 +325,14 @@ class JoinGPU(GpuBackend):
         refine.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges)
 
     def _sort_hits(self, state):
-        """Counting sort of the hits by point, then each point's polygons: launched before the hit count is
-        known on the host, the kernels read it from the ledger."""
-        cp, ws, hits, stats = self.cp, self.mod.ws, state["hits"], state["ledger"]["refine"]
+        """Counting sort of the hits by point (refine counted and ranked them), then each point's polygons:
+        launched before the hit count is known on the host, the kernels read it from the ledger."""
+        cp, hits, stats = self.cp, state["hits"], state["ledger"]["refine"]
         c, n, block = len(hits), len(state["points"]), state["sort_block"]
-        slot = ws.empty("hit_slot", c, cp.int32)
-        counts = state.pop("point_counts", None)   # v3, v4: zeroed by grid_zero (once: a rerun zeroes its own)
-        if counts is None:
-            counts = ws.zeros("point_counts", n + 1, cp.int32)
-        self._launch("pair_count", c, block, (hits, stats, slot, counts))
-        start = self.mod.inclusive_scan(counts, cp.int64, "point_start")
+        start = self.mod.inclusive_scan(state["hit_counts"], cp.int64, "point_start")
         pt = cp.empty(c, dtype=cp.int64)        # handed to the caller: never workspace
         poly = cp.empty(c, dtype=cp.int64)
-        self._launch("pair_scatter", c, block, (hits, stats, slot, start, pt, poly))
+        self._launch("pair_scatter", c, block, (hits, stats, state["hit_slot"], start, pt, poly))
         self._launch("segment_sort", n, block, (start, np.int64(n), poly))
         state["sorted_pairs"] = (pt, poly)
 

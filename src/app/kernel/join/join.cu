@@ -27,29 +27,7 @@ extern "C" __global__ void join_extent(const double* coords, const int* ring_off
     block_extent(summary, x0, y0, x1, y1);
 }
 
-// ---- grid parameters, chosen on the device -------------------------------------
-// The same fp64 operations as grid.py's world_scale and grid_level (frexp, not log2, so
-// the level is exact on both sides): the host never has to read the world box to pick
-// the grid, and v3 never does. Stored in the run's ledger (gpu.py), read by every
-// kernel below through a pointer.
-struct GridParams { double ox, oy, sx, sy; long long level, shift, cells, table; };
-
-__device__ __forceinline__ void grid_from_summary(const double* summary, long long G, int bias, int max_level,
-                                                  GridParams& gp) {
-    double minx = summary[0], miny = summary[1], maxx = summary[2], maxy = summary[3];
-    double g = G > 1 ? (double)G : 1.0;
-    double mean_w = summary[4] / g, mean_h = summary[5] / g;
-    double extent = fmax(fmax(maxx - minx, maxy - miny), 1e-300);
-    double cell = fmax(fmax(mean_w, mean_h), extent / (double)(1 << max_level));
-    int e = 0;
-    frexp(extent / cell, &e);                   // extent / cell in [2^(e-1), 2^e)
-    int level = min(max(e - 1 + bias, 1), max_level);
-    gp.ox = minx; gp.oy = miny;
-    gp.sx = 65536.0 / fmax(maxx - minx, 1e-300); gp.sy = 65536.0 / fmax(maxy - miny, 1e-300);
-    gp.level = level; gp.shift = 16 - level;
-    gp.cells = 1ll << (2 * level); gp.table = gp.cells + 1;
-}
-
+// ---- grid parameters, chosen on the device (common.cuh's grid_from_summary) ----------
 // v1, v2: the grid alone; the host reads its level to size the cell table.
 extern "C" __global__ void grid_params(const double* summary, long long G, int bias, int max_level,
                                        GridParams* gp) {
@@ -63,25 +41,11 @@ extern "C" __global__ void grid_params(const double* summary, long long G, int b
 // Every thread works the parameters out for itself (a few fp64 operations on 8 words, all threads reading the
 // same L2 line) and the first stores them for the kernels after; output_sort's per-point counts (n_counts
 // entries) are zeroed here too, one launch instead of a memset later.
-extern "C" __global__ void grid_zero(const double* summary, long long G, int bias, int max_level, GridParams* gp_out,
-                                     int* counts, int* point_counts, long long n_counts) {
-    GridParams gp;
-    grid_from_summary(summary, G, bias, max_level, gp);
-    long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
-    if (i0 == 0) *gp_out = gp;
-    for (long long i = i0; i < gp.table; i += stride) counts[i] = 0;
-    for (long long i = i0; i < n_counts; i += stride) point_counts[i] = 0;
-}
-
 __device__ __forceinline__ unsigned int point_cell(double x, double y, const GridParams* gp) {
     int shift = (int)gp->shift;
     return morton(quantise(x, gp->ox, gp->sx) >> shift, quantise(y, gp->oy, gp->sy) >> shift);
 }
 
-__device__ __forceinline__ void box_cells(const double* b, const GridParams* gp, unsigned int& x0, unsigned int& y0,
-                                          unsigned int& x1, unsigned int& y1) {
-    cell_range(b, gp->ox, gp->oy, gp->sx, gp->sy, (int)gp->shift, x0, y0, x1, y1);
-}
 
 // ---- Morton bucket sort: points grouped by their level-k Morton cell -------------
 // counts has cells + 1 entries: counting into cell + 1 makes its inclusive scan the
@@ -175,10 +139,12 @@ extern "C" __global__ void candidate_emit(const double2* pts, const double* bbox
 // Hits are appended as (point << 32 | polygon) keys, one atomic per block.
 // stats[0] += hits, [1] += orientations that needed the exact path, [2] += edge
 // tests, [3] += candidate pairs with the point on the polygon's boundary.
+// Each hit also takes its rank among its point's hits (point_counts[p + 1], zeroed before): the first step of
+// output_sort's counting sort, done here where the hit is written instead of by a launch that reads it back.
 extern "C" __global__ void __launch_bounds__(256, 4)
 refine(const double2* pts, const double2* coords, const int* ring_off, const int* geom_ring_off,
        const int* cand_pt, const int* cand_poly, int C, const unsigned long long* n_cand, int within, double errA,
-       unsigned long long* hits, unsigned long long* stats) {
+       unsigned long long* hits, unsigned long long* stats, int* point_counts, int* hit_slot) {
     // v3 launches over the buffers' room and reads the real count here (never past the room).
     if (n_cand) C = (int)min(*n_cand, (unsigned long long)C);
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -193,7 +159,10 @@ refine(const double2* pts, const double2* coords, const int* ring_off, const int
         n_boundary = boundary;
     }
     unsigned long long slot = block_append(keep, stats);
-    if (keep) hits[slot] = ((unsigned long long)p << 32) | (unsigned int)g;
+    if (keep) {
+        hits[slot] = ((unsigned long long)p << 32) | (unsigned int)g;
+        hit_slot[slot] = atomicAdd(point_counts + p + 1, 1);
+    }
     unsigned long long v[3] = {n_exact, n_edges, n_boundary};
     block_add<3>(stats + 1, v);
 }
@@ -202,13 +171,7 @@ refine(const double2* pts, const double2* coords, const int* ring_off, const int
 // Launched before the hit count is known on the host (grids sized by the candidate
 // count): the kernels read the count from device memory, so the host can queue
 // this stage while refine still runs, and one read at the end sizes the result.
-extern "C" __global__ void pair_count(const unsigned long long* hits, const unsigned long long* n_hits, int* slot,
-                                      int* counts) {
-    long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (h >= (long long)*n_hits) return;
-    slot[h] = atomicAdd(counts + (hits[h] >> 32) + 1, 1);
-}
-
+// refine counted each point's hits and ranked them; the scan of those counts gives each point's start.
 extern "C" __global__ void pair_scatter(const unsigned long long* hits, const unsigned long long* n_hits,
                                         const int* slot, const long long* start, long long* out_pt,
                                         long long* out_poly) {
@@ -334,8 +297,7 @@ template <int MODE>
 __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* sorted_pt, const int* cell_start,
                                           unsigned int x0, unsigned int y0, unsigned int nx, unsigned int ncell,
                                           double bx0, double by0, double bx1, double by1, int lane,
-                                          unsigned long long& examined, unsigned long long& found,
-                                          long long& out, long long cap, int g, int* cand_pt, int* cand_poly,
+                                          unsigned long long& examined, long long& out, long long cap, int g, int* cand_pt, int* cand_poly,
                                           int2* stash, int& n_stash) {
     for (unsigned int c0 = 0; c0 < ncell; c0 += 32) {          // warp-uniform bounds
         unsigned int c = c0 + lane;
@@ -360,7 +322,7 @@ __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* s
             if (f < total) {
                 const double2 q = sorted_xy[j];
                 hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
-                if (MODE == RUNS_STASH) { ++examined; found += hit; }
+                if (MODE == RUNS_STASH) ++examined;
             }
             unsigned int ballot = __ballot_sync(FULL_MASK, hit);
             int before = __popc(ballot & ((1u << lane) - 1));
@@ -371,7 +333,7 @@ __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* s
             } else {
                 int pos = n_stash + before;
                 if (hit && pos < STASH_PAIRS) stash[pos] = make_int2(sorted_pt[j], g);
-                n_stash += __popc(ballot);        // warp-uniform; past STASH_PAIRS the stash has overflowed
+                n_stash += __popc(ballot);        // warp-uniform: every candidate counts, the stash full or not
             }
         }
     }
@@ -415,35 +377,37 @@ __device__ __forceinline__ bool reserve_and_write(unsigned long long* stats, uns
     return true;
 }
 
+// The launch's dynamic shared memory: STASH_PAIRS int2 a warp (gpu.py sizes it from the block). One declaration
+// for every kernel below (a declaration in each function gives its own linkage and nvcc warns).
+extern __shared__ int2 stashes[];
+
 // PER_WARP is a template argument: with a run-time count the loops and the per-lane bookkeeping
 // stayed in the code, and a warp per polygon ran a third slower at 100k x 10k on an H200.
-// Dynamic shared memory: STASH_PAIRS int2 a warp (gpu.py sizes it from the block).
+// A polygon's candidate count is what it added to n_stash, which counts every candidate (the warp's total
+// too), so no lane needs a count of its own and no reduction over the lanes is needed.
 template <int PER_WARP>
 __device__ __forceinline__ void candidate_fill_warp(const double2* sorted_xy, const int* sorted_pt, const double* bbox,
                                                     long long G, const GridParams* gp, const int* cell_start,
                                                     int* cand_pt, int* cand_poly, long long cap,
                                                     unsigned long long* stats) {
-    extern __shared__ int2 stashes[];
     int2* stash = stashes + (threadIdx.x >> 5) * STASH_PAIRS;
     const int per_warp = PER_WARP;
     long long g0 = ((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5) * per_warp;   // warp-uniform
     int lane = threadIdx.x & 31, n_stash = 0;
-    unsigned long long examined = 0, found = 0, mine = 0, total = 0;   // mine: lane i's polygon's candidates
+    unsigned long long examined = 0, mine = 0;   // mine: lane i's polygon's candidates
     double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
     unsigned int x0 = 0, y0 = 0, nx = 0, ncell = 0;
     long long out = 0;
 #pragma unroll
     for (int i = 0; i < per_warp; ++i) {
         polygon_cells(bbox, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
-        found = 0;
+        int had = n_stash;
         cell_runs<RUNS_STASH>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane,
-                              examined, found, out, cap, (int)(g0 + i), cand_pt, cand_poly, stash, n_stash);
-        for (int off = 16; off > 0; off >>= 1) found += __shfl_xor_sync(FULL_MASK, found, off);
-        if (lane == i) mine = found;
-        total += found;
+                              examined, out, cap, (int)(g0 + i), cand_pt, cand_poly, stash, n_stash);
+        if (lane == i) mine = n_stash - had;
     }
     unsigned long long base;
-    if (!reserve_and_write(stats, total, stash, n_stash, cap, lane, cand_pt, cand_poly, base)) {
+    if (!reserve_and_write(stats, n_stash, stash, n_stash, cap, lane, cand_pt, cand_poly, base)) {
         unsigned long long before = mine;             // exclusive prefix of the polygons' counts over the lanes
 #pragma unroll
         for (int off = 1; off < per_warp; off <<= 1) {
@@ -456,7 +420,7 @@ __device__ __forceinline__ void candidate_fill_warp(const double2* sorted_xy, co
             out = (long long)(base + __shfl_sync(FULL_MASK, before, i));
             polygon_cells(bbox, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
             cell_runs<RUNS_WRITE>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane,
-                                  examined, found, out, cap, (int)(g0 + i), cand_pt, cand_poly, stash, n_stash);
+                                  examined, out, cap, (int)(g0 + i), cand_pt, cand_poly, stash, n_stash);
         }
     }
     unsigned long long v[1] = {examined};
@@ -480,24 +444,21 @@ CANDIDATE_FILL(16)
 extern "C" __global__ void candidate_fill_1(const double2* sorted_xy, const int* sorted_pt, const double* bbox,
                                             long long G, const GridParams* gp, const int* cell_start, int* cand_pt,
                                             int* cand_poly, long long cap, unsigned long long* stats) {
-    extern __shared__ int2 stashes[];
     int2* stash = stashes + (threadIdx.x >> 5) * STASH_PAIRS;
     long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;   // warp-uniform
     int lane = threadIdx.x & 31, n_stash = 0;
-    unsigned long long examined = 0, found = 0;
+    unsigned long long examined = 0;
     double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
     unsigned int x0 = 0, y0 = 0, nx = 0, ncell = 0;
     polygon_cells(bbox, g, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
     long long out = 0;
     cell_runs<RUNS_STASH>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane, examined,
-                          found, out, cap, (int)g, cand_pt, cand_poly, stash, n_stash);
-    unsigned long long total = found;
-    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(FULL_MASK, total, off);
+                          out, cap, (int)g, cand_pt, cand_poly, stash, n_stash);
     unsigned long long base;
-    if (!reserve_and_write(stats, total, stash, n_stash, cap, lane, cand_pt, cand_poly, base)) {
+    if (!reserve_and_write(stats, n_stash, stash, n_stash, cap, lane, cand_pt, cand_poly, base)) {
         out = (long long)base;
         cell_runs<RUNS_WRITE>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane,
-                              examined, found, out, cap, (int)g, cand_pt, cand_poly, stash, n_stash);
+                              examined, out, cap, (int)g, cand_pt, cand_poly, stash, n_stash);
     }
     unsigned long long v[1] = {examined};
     block_add<1>(stats, v);

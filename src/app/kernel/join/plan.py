@@ -97,11 +97,12 @@ class JoinV1(KernelPlan):
                         note="bboxes, each bucketed point and its coordinates once, cell lists (v2), pairs out")
         if stage == "predicate_refine":
             tests = meta.get("edge_tests", 0)
-            return Cost(rows_in * 8 + v * 16 + n * 16 + rows_out * 8, tests * FLOPS_PER_EDGE_TEST,
-                        note="pairs in, every coordinate and point once, hits out; 7 flops per edge test")
+            return Cost(rows_in * 8 + v * 16 + n * 16 + rows_out * 12, tests * FLOPS_PER_EDGE_TEST,
+                        note="pairs in, every coordinate and point once, hits and their ranks by point out; "
+                             "7 flops per edge test")
         if stage == "output_sort":
-            return Cost(rows_in * (8 + 16) + n * 8,
-                        note="read hit keys, write two int64 columns, scan per-point counts")
+            return Cost(rows_in * (8 + 4 + 16) + n * 12,
+                        note="read hit keys and ranks, write two int64 columns, scan per-point counts")
         raise KeyError(stage)
 
     def verify(self, inputs: JoinInputs, output) -> dict:

@@ -1,9 +1,11 @@
 """The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu and overlay_v3.cu.
 
-Device->host reads inside the pipeline are allocation-size reads only: the world
-box (grid level) after segment extraction, the polygon-pair and candidate-pair
-totals in the filter, and the output count at the end of area reconstruction
-(which also brings back the refine's counters, queued without a read).
+Device->host reads inside the pipeline are allocation-size reads only, both in the
+filter: the polygon-pair total (the grid it buckets by is chosen on the device, and
+its level comes back with this read), then the candidate-pair total (v1, v2) or the
+check of the candidates' room (v3). The output's length is read after the last launch
+(the output is written into columns as long as the polygon pairs), and the refine's
+counters come back with it.
 
 v3 keeps v1's stages with two kernels changed. The edge-pair filter gives each polygon
 pair a warp whose lanes hold a's edges, and broadcasts b's near edges to them by
@@ -28,6 +30,14 @@ from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
 SOURCE = (Path(__file__).with_name("overlay.cu"), Path(__file__).with_name("overlay_v3.cu"))
+# overlay.cu's PAIR_STASH: b's each a keeps from polygon_pairs' count pass (an a with more is tested again).
+PAIR_STASH = 16
+# The filter's ledger, 64-bit words the host reads once: join.cu's GridParams (ox, oy, sx, sy as fp64 bits, level,
+# shift, cells, table length), then polygon_pairs' counters (bbox tests, pairs, a's tested twice).
+GRID = slice(0, 8)
+TABLE = slice(7, 8)
+PAIR_STATS = slice(8, 11)
+LEDGER_WORDS = 11
 # v3's first candidate room: 8 edge pairs a polygon pair (random layers find about 4.5).
 MIN_ROOM_PER_PAIR = 8
 MIN_ROOM = 4096
@@ -38,7 +48,7 @@ WALK_BLOCKS_PER_SM = 4
 REFINE_STATS = 6
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
-    "segment_mbr_filter": ("corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs", "edge_pairs",
+    "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs", "edge_pairs",
                            "edge_pairs_sweep", "edge_pairs_warp", "pair_slots"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
@@ -46,7 +56,7 @@ STAGE_KERNELS = {
 }
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
-    "segment_mbr_filter": "cupy.zeros (bucket counts, stats)",
+    "segment_mbr_filter": "cupy.zeros (v3: candidate stats)",
     "exact_intersection_refine": "cupy.zeros (stats)",
     "reconstruction_event_sort": "cupy.zeros (slot counts)",
     "area_reconstruction": "cupy.zeros (stats), cupy.concatenate (one read)",
@@ -95,9 +105,8 @@ class OverlayGPU(GpuBackend):
             L["ring_box"] = ws.empty(f"ring_box_{side}", (r, 4), cp.float64)
             self._launch("ring_tables", r, block, (L["coords"], L["ring_offsets"], np.int32(r), L["ring_area2"],
                                                    L["ring_box"]))
-        host = st.read_size(summary, "world box, mean and max bbox size -> grid level")
+        state["summary"] = summary      # the filter chooses its grid from it on the device
         g_all = state["a"]["n_geoms"] + state["b"]["n_geoms"]
-        state["world"], state["mean_wh"], state["max_wh"] = host[:4], (host[4] / g_all, host[5] / g_all), host[6:8]
         n_edges = sum(int(state[s]["coords"].shape[0] - state[s]["n_rings"]) for s in ("a", "b"))
         st.rows_in, st.rows_out = g_all, n_edges
         st.meta.update(segments_left=int(state["a"]["coords"].shape[0] - state["a"]["n_rings"]),
@@ -107,31 +116,39 @@ class OverlayGPU(GpuBackend):
         cp, ws, block = self.cp, self.mod.ws, tiling["block"]
         A, B = state["a"], state["b"]
         ga, gb = A["n_geoms"], B["n_geoms"]
-        level = grid.grid_level(state["world"], *state["mean_wh"], bias=tiling["level_bias"])
-        shift = np.int32(grid.BITS - level)
-        minx, miny, sx, sy = grid.world_scale(state["world"])
+        # The grid (as grid.grid_level and grid.world_scale would choose it from the world box) is chosen on the
+        # device, its cell table zeroed and the pair counters with it, in one launch: a table for the largest
+        # level, of which the kernels use the real length. Reading the world box to choose it on the host
+        # stopped the GPU for about 145 us at 100k x 100k on an H200 (the read, then the launches after it).
+        ledger = ws.empty("ledger", LEDGER_WORDS, cp.uint64)
+        gp, pstats = ledger[GRID], ledger[PAIR_STATS]
+        counts = ws.empty("corner_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
+        self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), (
+            state["summary"], np.int64(ga + gb), np.int32(tiling["level_bias"]), np.int32(grid.MAX_LEVEL), gp, counts,
+            pstats, np.int64(2 * pstats.size)))
         # B bucketed by the cell of its bbox's lower-left corner.
         cell = ws.empty("corner_cell", gb, cp.uint32)
         slot = ws.empty("corner_slot", gb, cp.int32)
-        counts = ws.zeros("corner_counts", (1 << 2 * level) + 1, cp.int32)
-        self._launch("corner_cells", gb, block, (B["bbox"], np.int32(gb), minx, miny, sx, sy, shift, cell, slot,
-                                                 counts))
-        cell_start = self.mod.inclusive_scan(counts, cp.int32, "corner_start")
+        self._launch("corner_cells", gb, block, (B["bbox"], np.int32(gb), gp, cell, slot, counts))
+        cell_start = self.mod.inclusive_scan(counts, cp.int32, "corner_start", n_dev=ledger[TABLE])
         sorted_b = ws.empty("sorted_b", gb, cp.int32)
         self._launch("corner_scatter", gb, block, (cell, slot, np.int32(gb), cell_start, sorted_b))
-        # Polygon pairs: count, scan, read, emit, order each a's b's.
+        # Polygon pairs: count (keeping each a's first PAIR_STASH b's), scan, read, place them in a-major order,
+        # order each a's b's. Only a's with more pairs than that are tested again, in an emit pass.
         pcounts = ws.empty("pair_counts", ga, cp.int64)
-        pstats = ws.zeros("pair_stats", 2, cp.uint64)
-        max_w, max_h = float(state["max_wh"][0]), float(state["max_wh"][1])
-        common = (A["bbox"], np.int32(ga), B["bbox"], max_w, max_h, minx, miny, sx, sy, shift, cell_start, sorted_b)
+        stash = ws.empty("pair_stash", ga * PAIR_STASH, cp.int32)
+        common = (A["bbox"], np.int32(ga), B["bbox"], state["summary"], gp, cell_start, sorted_b)
         null = np.intp(0)
-        self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, null, null, pstats))
+        self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, null, null, stash, pstats))
         poffsets = self.mod.inclusive_scan(pcounts, cp.int64, "pair_offsets")
-        bbox_tests, npairs = (int(v) for v in st.read_size(pstats, "polygon pairs -> buffer size"))
+        words = st.read_size(ledger, "grid and polygon pairs -> buffer size")
+        level = int(words[GRID][4])
+        bbox_tests, npairs, crowded = (int(v) for v in words[PAIR_STATS])
         pair_a = ws.empty("pair_a", npairs, cp.int32)
         pair_b = ws.empty("pair_b", npairs, cp.int32)
-        self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, poffsets, pair_b, pstats))
-        self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), pair_a, pair_b))
+        if crowded:
+            self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, poffsets, pair_b, stash, pstats))
+        self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), stash, pair_a, pair_b))
         geo = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"],
                B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], pair_a, pair_b, np.int32(npairs))
         if self.version == "v3":
@@ -141,7 +158,7 @@ class OverlayGPU(GpuBackend):
         state.update(level=level, pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
         st.rows_in, st.rows_out = ga + gb, c
         st.meta.update(polygon_pairs=npairs, pairs_examined=tests, candidates=c, grid_level=level,
-                       bbox_tests=bbox_tests)
+                       bbox_tests=bbox_tests, polygons_tested_twice=crowded)
 
     def _edge_pairs_counted(self, st, geo, npairs, block):
         """v1, v2: edge pairs of each polygon pair counted (with the pair's slots), scanned, read, then emitted."""
@@ -265,15 +282,16 @@ class OverlayGPU(GpuBackend):
         self._launch("pair_area", npairs, block, (contrib, np.int32(npairs), np.int32(max_rings), area, keep))
         incl = self.mod.inclusive_scan(keep, cp.int64, "keep_incl")
         tail = incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
-        vals = st.read_size(cp.concatenate([tail, state["refine_stats"].view(cp.int64), stats.view(cp.int64)]),
-                            "output pairs -> output size")
-        h = int(vals[0])
-        out_a = cp.empty(h, dtype=cp.int64)      # handed to the caller: never workspace
-        out_b = cp.empty(h, dtype=cp.int64)
-        out_area = cp.empty(h, dtype=cp.float64)
+        # The output is written before its length is read, into columns as long as the polygon pairs (the
+        # most it can be) and cut to length after: the read comes after the last launch, so the GPU does not
+        # wait for the host to read the length and launch once more (about 45 us at 100k x 100k on an H200).
+        out = tuple(cp.empty(npairs, dtype=t) for t in (cp.int64, cp.int64, cp.float64))   # the caller's: fresh
         self._launch("emit_areas", npairs, block, (keep, incl, np.int32(npairs), state["pair_a"], state["pair_b"],
-                                                   area, out_a, out_b, out_area))
-        state["output"] = (out_a, out_b, out_area)
+                                                   area, *out))
+        vals = st.read_result_size(cp.concatenate([tail, state["refine_stats"].view(cp.int64), stats.view(cp.int64)]),
+                                   "output pairs -> output size")
+        h = int(vals[0])
+        state["output"] = tuple(col[:h] for col in out)
         st.later(lambda: self._count_rows(state, st, vals, npairs))
 
     def _count_rows(self, state, st, vals, npairs):
