@@ -145,3 +145,36 @@ def test_v3_candidates_past_the_room_grow_it_and_run_again_exactly(layout):
         assert ("candidate_room_grown" in filt["meta"]) == first
         assert filt["counters"]["allocation_size_reads"] == (3 if first else 2)   # polygon pairs, candidates (x2)
         assert filt["meta"]["candidates"] <= filt["meta"]["candidate_room"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_polygon_with_more_pairs_than_its_stash_is_placed_by_the_second_pass_exactly(version):
+    """polygon_pairs keeps each a's first 16 b's in a stash row; an a that meets more is tested again by the emit
+    pass, which runs only then and which the filter's metadata counts. Here a[0] meets 49 b's and a[1] three."""
+    import cupy as cp
+
+    from app.kernel.geometry import polygons_from_shapely
+    from app.kernel.overlay.gpu import PAIR_STASH
+    from app.kernel.overlay.plan import OverlayInputs
+    from app.kernel.plan import get_plan_class
+    from app.runtime.device import select
+    from app.runtime.execute import backend_for
+    from app.runtime.nvtx import Nvtx
+    from app.runtime.recorder import Recorder
+
+    left = np.array([shapely.box(0, 0, 7, 7), shapely.box(20, 20, 23, 21)], dtype=object)
+    crowd = [shapely.box(i + 0.1, j + 0.1, i + 0.6, j + 0.6) for i in range(7) for j in range(7)]
+    right = np.array(crowd + [shapely.box(20.5, 20.5, 21.5, 22), shapely.box(21.5, 20, 22, 20.5),
+                              shapely.box(22.9, 20.9, 24, 22)], dtype=object)
+    assert len(crowd) > PAIR_STASH
+    plan = get_plan_class("overlay", version)()
+    inp = OverlayInputs(polygons_from_shapely(left), polygons_from_shapely(right))
+    backend, _ = backend_for(plan, select("gpu"))
+    out, rec = Recorder("gpu", cp, Nvtx(False, "overlay")).run(plan, inp, backend)
+    got = tuple(cp.asnumpy(a) for a in out)
+    res = compare(got, shapely_overlay(left, right), shapely.area(left), shapely.area(right))
+    assert res["matches"], res
+    assert len(got[0]) == len(crowd) + 3
+    filt = {s["name"]: s for s in rec.stages}["segment_mbr_filter"]["meta"]
+    assert filt["polygons_tested_twice"] == 1 and filt["polygon_pairs"] == len(crowd) + 3
