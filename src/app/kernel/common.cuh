@@ -227,7 +227,9 @@ __device__ __forceinline__ void grid_from_summary(const double* summary, long lo
 }
 
 // The grid from the summary, and the bucket table zeroed for it (its first gp.table entries of a table sized for
-// the largest level), with one more int32 array (``also``, n_also entries) zeroed in the same launch.
+// the largest level), with one more int32 array (``also``, n_also entries) zeroed in the same launch. Every
+// thread works the parameters out for itself (a few fp64 operations on 8 words, all threads reading the same L2
+// line) and the first stores them for the kernels after.
 extern "C" __global__ void grid_zero(const double* summary, long long G, int bias, int max_level, GridParams* gp_out,
                                      int* counts, int* also, long long n_also) {
     GridParams gp;
@@ -242,7 +244,6 @@ __device__ __forceinline__ void box_cells(const double* b, const GridParams* gp,
                                           unsigned int& x1, unsigned int& y1) {
     cell_range(b, gp->ox, gp->oy, gp->sx, gp->sy, (int)gp->shift, x0, y0, x1, y1);
 }
-
 
 // Crossing-number classification of q against every ring of geometry g (as pip.py):
 // returns the crossing parity; boundary is set when q lies on an edge.

@@ -37,15 +37,12 @@ extern "C" __global__ void grid_params(const double* summary, long long G, int b
     *gp = p;
 }
 
-// v3, v4: the grid chosen and its cell table zeroed in one launch, the table allocated for the largest level.
-// Every thread works the parameters out for itself (a few fp64 operations on 8 words, all threads reading the
-// same L2 line) and the first stores them for the kernels after; output_sort's per-point counts (n_counts
-// entries) are zeroed here too, one launch instead of a memset later.
+// v3, v4: common.cuh's grid_zero chooses the grid and zeroes its cell table in one launch, and refine's per-point
+// hit counts with it, one launch instead of a memset later.
 __device__ __forceinline__ unsigned int point_cell(double x, double y, const GridParams* gp) {
     int shift = (int)gp->shift;
     return morton(quantise(x, gp->ox, gp->sx) >> shift, quantise(y, gp->oy, gp->sy) >> shift);
 }
-
 
 // ---- Morton bucket sort: points grouped by their level-k Morton cell -------------
 // counts has cells + 1 entries: counting into cell + 1 makes its inclusive scan the
@@ -297,8 +294,8 @@ template <int MODE>
 __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* sorted_pt, const int* cell_start,
                                           unsigned int x0, unsigned int y0, unsigned int nx, unsigned int ncell,
                                           double bx0, double by0, double bx1, double by1, int lane,
-                                          unsigned long long& examined, long long& out, long long cap, int g, int* cand_pt, int* cand_poly,
-                                          int2* stash, int& n_stash) {
+                                          unsigned long long& examined, long long& out, long long cap, int g,
+                                          int* cand_pt, int* cand_poly, int2* stash, int& n_stash) {
     for (unsigned int c0 = 0; c0 < ncell; c0 += 32) {          // warp-uniform bounds
         unsigned int c = c0 + lane;
         int start = 0, cnt = 0;

@@ -32,7 +32,7 @@ from app.kernel.robust import CCW_ERRBOUND_A
 SOURCE = (Path(__file__).with_name("overlay.cu"), Path(__file__).with_name("overlay_v3.cu"))
 # overlay.cu's PAIR_STASH: b's each a keeps from polygon_pairs' count pass (an a with more is tested again).
 PAIR_STASH = 16
-# The filter's ledger, 64-bit words the host reads once: join.cu's GridParams (ox, oy, sx, sy as fp64 bits, level,
+# The filter's ledger, 64-bit words the host reads once: common.cuh's GridParams (ox, oy, sx, sy as fp64 bits, level,
 # shift, cells, table length), then polygon_pairs' counters (bbox tests, pairs, a's tested twice).
 GRID = slice(0, 8)
 TABLE = slice(7, 8)
@@ -48,15 +48,15 @@ WALK_BLOCKS_PER_SM = 4
 REFINE_STATS = 6
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
-    "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs", "edge_pairs",
-                           "edge_pairs_sweep", "edge_pairs_warp", "pair_slots"),
+    "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs",
+                           "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp", "pair_slots"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
     "area_reconstruction": ("area_rings", "area_rings_flip", "area_cut_rings", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
-    "segment_mbr_filter": "cupy.zeros (v3: candidate stats)",
+    "segment_mbr_filter": "cupy.zeros (candidate stats)",
     "exact_intersection_refine": "cupy.zeros (stats)",
     "reconstruction_event_sort": "cupy.zeros (slot counts)",
     "area_reconstruction": "cupy.zeros (stats), cupy.concatenate (one read)",

@@ -96,9 +96,7 @@ polygon_pairs(const double* box_a, int GA, const double* box_b, const double* su
                     found += hit;
                 }
             }
-        if (!incl_offsets) {
-            if (lane == 0) { counts[a] = out; overflow = out > PAIR_STASH; }   // out: a's pairs, on every lane
-        }
+        if (!incl_offsets && lane == 0) { counts[a] = out; overflow = out > PAIR_STASH; }   // out: a's pairs
     }
     unsigned long long v[3] = {tests, found, overflow};
     if (!incl_offsets) block_add<3>(stats, v);
