@@ -46,12 +46,13 @@ MIN_ROOM = 4096
 WALK_BLOCKS_PER_SM = 4
 # refine_pairs' counters: proper, touch, collinear overlap, ambiguous pairs, split events, v3's end marks.
 REFINE_STATS = 6
+OVERLAPS = slice(2, 3)
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
     "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs",
                            "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp", "pair_slots"),
     "exact_intersection_refine": ("refine_pairs",),
-    "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
+    "reconstruction_event_sort": ("slot_count", "overlap_table", "slot_scatter", "slot_sort"),
     "area_reconstruction": ("area_rings", "area_rings_flip", "area_cut_rings", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
@@ -231,20 +232,28 @@ class OverlayGPU(GpuBackend):
         ev_slot, ev_t = state["ev"]
         ov_slot, ov_lo = state["ov"][0], state["ov"][1]
         state["ev_start"], state["ev_order"] = self._by_slot("ev", ev_slot, ev_t, n_slots, block)
-        state["ov_start"], state["ov_order"] = self._by_slot("ov", ov_slot, ov_lo, n_slots, block)
+        overlaps = state["refine_stats"][OVERLAPS]      # refine's count of collinear overlaps, on the device
+        state["ov_start"], state["ov_order"] = self._by_slot("ov", ov_slot, ov_lo, n_slots, block, overlaps)
         state["sort_st"] = st   # rows (split events) arrive with the final read, like refine's counters
 
-    def _by_slot(self, tag, slot, key, n_slots, block):
-        """Counting sort of records by slot, then each slot's records by key."""
+    def _by_slot(self, tag, slot, key, n_slots, block, sources=None):
+        """Counting sort of records by slot, then each slot's records by key. ``sources``, a device word
+        counting what writes the records: where it is zero, overlap_table zeroes the slot table and the scan
+        covers nothing (the host never reads it)."""
         cp, ws = self.cp, self.mod.ws
         n = len(slot)
         rank = ws.empty(f"{tag}_rank", n, cp.int32)
         counts = ws.zeros(f"{tag}_counts", n_slots + 1, cp.int32)
         self._launch("slot_count", n, block, (slot, np.int64(n), rank, counts))
-        start = self.mod.inclusive_scan(counts, cp.int32, f"{tag}_start")
+        scan_len = None
+        if sources is not None:       # the table the scan below writes: the workspace array under its tag
+            scan_len = ws.empty(f"{tag}_scan_len", 1, cp.int64)
+            self._launch("overlap_table", (n_slots + 4) // 4, block, (sources, np.int64(n_slots), scan_len,
+                                                                      ws.empty(f"{tag}_start", n_slots + 1, cp.int32)))
+        start = self.mod.inclusive_scan(counts, cp.int32, f"{tag}_start", n_dev=scan_len)
         order = ws.empty(f"{tag}_order", n, cp.int32)
         self._launch("slot_scatter", n, block, (slot, rank, np.int64(n), start, order))
-        self._launch("slot_sort", n_slots, block, (start, np.int64(n_slots), key, order))
+        self._launch("slot_sort", n, block, (slot, rank, np.int64(n), start, key, order))
         return start, order
 
     def area_reconstruction(self, state, st, tiling):
