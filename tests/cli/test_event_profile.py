@@ -53,8 +53,9 @@ def test_device_that_ran_is_reported(profile):
     assert [s["name"] for s in trace["stages"]] == STAGES
     assert [s["category"] for s in trace["stages"]] == ["setup", "setup", "sort", "filter", "refine", "sort"]
     for key in ("kernel", "version", "mode", "params", "device", "requested_runtime", "clocks", "tools",
-                "command_line", "git"):
+                "command_line", "git", "host"):
         assert key in params
+    assert "glibc_tunables" in params["host"]      # it changes how fast the inputs are staged
     assert params["device"]["name"] == trace["device"]["name"]
 
 

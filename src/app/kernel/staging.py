@@ -11,7 +11,11 @@ in all take the driver's pageable copy instead: measured faster there.
 An input that already lives in pinned (page-locked) host memory -- ``pin_inputs`` makes such copies,
 as a loader that reads into pinned buffers would -- with the kernel's dtype is not copied on the host at
 all: its DMA is queued straight from the caller's array. On an H200 node the host copy is the bound:
-about 34 GB/s with 4-8 threads against 55 GB/s for the DMA from pinned memory.
+about 34 GB/s with 4-8 threads against 55 GB/s for the DMA from pinned memory. Part of it is the pinned
+lines being read before they are written: glibc's memcpy streams (non-temporal stores) only past
+x86_non_temporal_threshold, 158 MB on those hosts, and with GLIBC_TUNABLES setting it to 1 MiB the build of
+join 1M x 100k took 2.11-2.29 against 2.56-2.60 ms (docs/modes/event.md). It is a process-wide setting read
+at start-up, so it is documented, not set here.
 
 The host copy is inside the timed build: the plan's inputs are ordinary (pageable) numpy arrays, as
 a caller has them. The pinned buffers themselves are allocated on the first run and reused (the cold

@@ -1,6 +1,7 @@
 """params.json: everything needed to know what was measured, where, and with what."""
 from __future__ import annotations
 
+import os
 import platform
 import shlex
 import subprocess
@@ -49,5 +50,13 @@ def params_json(plan, selection, *, mode: str, options: dict, argv: list[str] | 
         "tools": package_versions() | (tools or {}),
         "command_line": argv[0] + " " + shlex.join(argv[1:]),
         "git": git_revision(),
-        "host": {"hostname": platform.node(), "platform": platform.platform()},
+        "host": host_info(),
     }
+
+
+def host_info() -> dict:
+    """The host, and the glibc tunables the process started with: GLIBC_TUNABLES can make numpy's copies into the
+    pinned staging buffers stream past the cache (docs/modes/event.md), which changes the build's time. None
+    when unset."""
+    return {"hostname": platform.node(), "platform": platform.platform(),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}
