@@ -245,6 +245,40 @@ __device__ __forceinline__ void box_cells(const double* b, const GridParams* gp,
     cell_range(b, gp->ox, gp->oy, gp->sx, gp->sy, (int)gp->shift, x0, y0, x1, y1);
 }
 
+// A box's cells, laid out for a warp: lane i takes cell c0 + i of the box's ncell cells (nx a row, from (x0, y0)),
+// its run of bucketed items in cell_start (first, and the run's length), and the runs' inclusive offsets over
+// the lanes (incl; excl = incl less its own run). Returns the items in those 32 cells, the same on every lane.
+// Every lane must call it. With run_item below, a warp takes the joined runs 32 items at a time, every lane
+// busy, where a cell at a time (a cell holds an item or two) left most lanes idle.
+__device__ __forceinline__ int warp_cell_runs(const int* cell_start, unsigned int x0, unsigned int y0, unsigned int nx,
+                                              unsigned int ncell, unsigned int c0, int lane, int& first, int& incl,
+                                              int& excl) {
+    unsigned int c = c0 + lane;
+    int cnt = 0;
+    first = 0;
+    if (c < ncell) {
+        unsigned int cell = morton(x0 + c % nx, y0 + c / nx);
+        first = cell_start[cell];
+        cnt = cell_start[cell + 1] - first;
+    }
+    incl = cnt;
+    for (int off = 1; off < 32; off <<= 1) {
+        int v = __shfl_up_sync(FULL_MASK, incl, off);
+        if (lane >= off) incl += v;
+    }
+    excl = incl - cnt;
+    return __shfl_sync(FULL_MASK, incl, 31);
+}
+
+// Item f of warp_cell_runs' joined runs: its index in the bucketed order, found by a binary search over the lanes'
+// inclusive offsets (five shuffles). Every lane must call it; an f past the runs gives an index not to read.
+__device__ __forceinline__ int run_item(int f, int first, int incl, int excl) {
+    int k = 0;
+    for (int step = 16; step > 0; step >>= 1)            // k = lanes whose runs end at or before f
+        if (__shfl_sync(FULL_MASK, incl, k + step - 1) <= f) k += step;
+    return __shfl_sync(FULL_MASK, first, k & 31) + f - __shfl_sync(FULL_MASK, excl, k & 31);
+}
+
 // Crossing-number classification of q against every ring of geometry g (as pip.py):
 // returns the crossing parity; boundary is set when q lies on an edge.
 __device__ __forceinline__ int classify_point(const double2* coords, const int* ring_off, const int* geom_ring_off,

@@ -278,8 +278,9 @@ extern "C" __global__ void point_gather_xy(const double2* pts, const int* sorted
 // The cells' point runs are laid end to end across the warp: lane k holds the run of the warp's
 // k-th cell (32 cells at a time) and the runs' inclusive offsets, and each lane takes every 32nd
 // point of the joined runs, finding its cell by a binary search over the lanes' offsets (five
-// shuffles). A polygon over 4 cells of ~10 points then takes 2 iterations of full lanes, not 4
-// iterations a third full: the loop is latency-bound, so the trip count is the time.
+// shuffles; common.cuh's warp_cell_runs and run_item, which overlay's polygon_pairs shares). A polygon over
+// 4 cells of ~10 points then takes 2 iterations of full lanes, not 4 iterations a third full: the loop is
+// latency-bound, so the trip count is the time.
 //
 // Modes: RUNS_STASH counts the pairs examined and the candidates and keeps the candidates in the warp's
 // stash in shared memory (those past STASH_PAIRS are only counted); RUNS_WRITE scans again and writes
@@ -297,24 +298,11 @@ __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* s
                                           unsigned long long& examined, long long& out, long long cap, int g,
                                           int* cand_pt, int* cand_poly, int2* stash, int& n_stash) {
     for (unsigned int c0 = 0; c0 < ncell; c0 += 32) {          // warp-uniform bounds
-        unsigned int c = c0 + lane;
-        int start = 0, cnt = 0;
-        if (c < ncell) {
-            unsigned int cell = morton(x0 + c % nx, y0 + c / nx);
-            start = cell_start[cell];
-            cnt = cell_start[cell + 1] - start;
-        }
-        int incl = cnt;
-        for (int off = 1; off < 32; off <<= 1) {
-            int v = __shfl_up_sync(FULL_MASK, incl, off);
-            if (lane >= off) incl += v;
-        }
-        int excl = incl - cnt, total = __shfl_sync(FULL_MASK, incl, 31);
+        int start, incl, excl;
+        int total = warp_cell_runs(cell_start, x0, y0, nx, ncell, c0, lane, start, incl, excl);
         for (int base = 0; base < total; base += 32) {          // same trip count on every lane
-            int f = base + lane, k = 0;
-            for (int step = 16; step > 0; step >>= 1)            // k = lanes whose runs end at or before f
-                if (__shfl_sync(FULL_MASK, incl, k + step - 1) <= f) k += step;
-            int j = __shfl_sync(FULL_MASK, start, k & 31) + f - __shfl_sync(FULL_MASK, excl, k & 31);
+            int f = base + lane;
+            int j = run_item(f, start, incl, excl);
             bool hit = false;
             if (f < total) {
                 const double2 q = sorted_xy[j];

@@ -76,29 +76,14 @@ polygon_pairs(const double* box_a, int GA, const double* box_b, const double* su
         unsigned int nx = x1 - x0 + 1, ncell = x1 >= x0 && y1 >= y0 ? nx * (y1 - y0 + 1) : 0;   // an empty box: none
         long long out = incl_offsets ? (a == 0 ? 0 : incl_offsets[a - 1]) : 0;
         int* row = stash + (long long)a * PAIR_STASH;
-        // The cells' runs of b laid end to end across the lanes, as join.cu's cell_runs does: lane i takes the
-        // i-th cell of the next 32 (row by row), and each lane then takes every 32nd b of the joined runs,
-        // finding its cell by a binary search over the lanes' inclusive offsets. A cell holds one or two b's,
-        // so a warp that took one cell at a time had one or two of its 32 lanes busy.
+        // The cells' runs of b laid end to end across the lanes (common.cuh's warp_cell_runs): a cell holds one
+        // or two b's, so a warp that took one cell at a time had one or two of its 32 lanes busy.
         for (unsigned int c0 = 0; c0 < ncell; c0 += 32) {          // warp-uniform bounds
-            unsigned int c = c0 + lane;
-            int first = 0, cnt = 0;
-            if (c < ncell) {
-                unsigned int cell = morton(x0 + c % nx, y0 + c / nx);
-                first = cell_start[cell];
-                cnt = cell_start[cell + 1] - first;
-            }
-            int incl = cnt;
-            for (int off = 1; off < 32; off <<= 1) {
-                int v = __shfl_up_sync(FULL_MASK, incl, off);
-                if (lane >= off) incl += v;
-            }
-            int excl = incl - cnt, total = __shfl_sync(FULL_MASK, incl, 31);
+            int first, incl, excl;
+            int total = warp_cell_runs(cell_start, x0, y0, nx, ncell, c0, lane, first, incl, excl);
             for (int base = 0; base < total; base += 32) {          // the same trip count on every lane
-                int f = base + lane, k = 0;
-                for (int step = 16; step > 0; step >>= 1)            // k = lanes whose runs end at or before f
-                    if (__shfl_sync(FULL_MASK, incl, k + step - 1) <= f) k += step;
-                int j = __shfl_sync(FULL_MASK, first, k & 31) + f - __shfl_sync(FULL_MASK, excl, k & 31);
+                int f = base + lane;
+                int j = run_item(f, first, incl, excl);
                 int b = 0;
                 bool hit = false;
                 if (f < total) {
