@@ -60,6 +60,14 @@ def test_device_that_ran_is_reported(profile):
 
 
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_a_build_that_staged_nothing_says_its_dma_alone_was_not_measured(profile):
+    _, d, trace, _ = profile
+    assert "staging_dma" in trace["timing"] and trace["timing"]["staging_dma"] is None   # 20k x 2k: nothing staged
+    assert "| host->device DMA alone: the build's staged bytes again, from their pinned buffers (us) | not " \
+           "measured: the last run staged nothing" in (d / "report.md").read_text()
+
+
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
 def test_stage_times_add_up_with_spread_and_cold_apart(profile):
     _, _, trace, _ = profile
     t = trace["timing"]

@@ -47,6 +47,24 @@ def test_a_stage_read_of_the_copies_waits_for_them():
     stager.close()
 
 
+def test_the_dma_alone_sends_the_staged_bytes_again_and_only_after_a_staged_run():
+    """The link's share of a build: the last staged run's bytes sent again from their pinned buffers. A run that
+    staged nothing (small inputs: the pageable copy) leaves nothing to time, and says so with None, not 0."""
+    import cupy as cp
+
+    stager = staging.PinnedStaging(cp)
+    assert stager.dma_alone() is None                           # nothing staged yet
+    host, offsets = np.full(3_000_000, 1.0), np.arange(11, dtype=np.int64)     # 24 MB: staged
+    stager.to_device(_context(cp), {"x": (host, np.float64), "o": (offsets, np.int32)})
+    dma = stager.dma_alone(repeats=3)
+    assert dma["bytes"] == host.nbytes + 11 * 4 and dma["runs"] == 3 and dma["seconds"] > 0
+    assert dma["gbps"] == pytest.approx(dma["bytes"] / dma["seconds"] / 1e9)
+    assert 1.0 < dma["gbps"] < 1000.0                           # a host link: PCIe to NVLink-C2C rates
+    stager.to_device(_context(cp), {"o": (offsets, np.int32)})
+    assert stager.dma_alone() is None
+    stager.close()
+
+
 def test_small_inputs_take_the_pageable_copy_and_say_so():
     import cupy as cp
 

@@ -71,15 +71,16 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
             if "straight from the caller's pinned memory" in staging:
                 what = "Keep inputs device-resident across calls (they already go straight from pinned memory)"
             elif staging.startswith("pinned"):
-                what = "Overlap the pinned input copies with compute (a second stream), or keep inputs " \
-                    "device-resident across calls"
+                what = _staged_build_advice(trace, s, total)
             elif staging.startswith("pageable"):     # the backend's choice for inputs under its staging threshold
                 what = "Keep inputs device-resident across calls (pinned staging measured slower at this size)"
             else:
                 what = "Keep inputs device-resident across calls, or copy from pinned memory"
+            link = _dma_alone(trace, s)
             ops.append({"name": f"{what} ({f['stage']})",
                         "gain_pct": f["share_pct"],
-                        "trigger": f"h2d_share={f['share_pct']:.0f}%, h2d_gbps={_gbps(s):.1f}"})
+                        "trigger": f"h2d_share={f['share_pct']:.0f}%, h2d_gbps={_gbps(s):.1f}"
+                                   + (f", dma_alone_gbps={link[0]:.1f}" if link else "")})
             continue
         point = roof.get("stages", {}).get(f["stage"]) if roof.get("available") else None
         if not point:
@@ -109,6 +110,34 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
     return sorted(ops, key=lambda o: -(o["gain_pct"] or 0.0))
 
 
+def _staged_build_advice(trace: dict, stage: dict, total: float) -> str:
+    """A build that staged pageable inputs through pinned buffers. Keeping the inputs on the device saves all
+    of it. Overlapping its copies with the stages after it can hide no more than those stages take. Inputs
+    handed over in pinned memory leave the DMA alone, which the profile measured beside the build (when it
+    did): the rest of the build is the host copying into the staging buffers."""
+    build = stage["elapsed_seconds"]
+    after = sum(s["elapsed_seconds"] for s in trace["stages"] if s is not stage and s["cost"]["kind"] != "host_link")
+    overlap = 100 * min(build, after) / total
+    what = "Keep inputs device-resident across calls"
+    link = _dma_alone(trace, stage)
+    if link:
+        gbps, dma = link
+        what += (f", or hand them over in pinned memory (est. {100 * (build - dma) / total:.0f}%: the DMA alone "
+                 f"runs at {gbps:.1f} GB/s, {dma * 1e6:,.0f} of the build's {build * 1e6:,.0f} us; the rest is the "
+                 "host copying into the staging buffers)")
+    return what + f"; overlapping the copies with the stages after them can hide at most {overlap:.0f}%"
+
+
+def _dma_alone(trace: dict, stage: dict) -> tuple[float, float] | None:
+    """(GB/s, seconds) of the staged build's bytes sent alone from pinned memory, measured after the timed runs;
+    None when not measured, or when it took no less than the build that contains it: no conclusion from it."""
+    dma = (trace.get("timing") or {}).get("staging_dma") or {}
+    if not dma.get("gbps") or not str(stage["metadata"].get("staging", "")).startswith("pinned"):
+        return None
+    seconds = stage["metadata"].get("h2d_bytes", 0) / (dma["gbps"] * 1e9)
+    return (dma["gbps"], seconds) if 0 < seconds < stage["elapsed_seconds"] else None
+
+
 def _gbps(stage: dict) -> float:
     m = stage["metadata"]
     return m.get("h2d_bytes", 0) / stage["elapsed_seconds"] / 1e9 if stage["elapsed_seconds"] > 0 else 0.0
@@ -125,10 +154,13 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
         t = transfer[0]
         stage = next(s for s in trace["stages"] if s["name"] == t["stage"])
         rest = sum(s["elapsed_seconds"] for s in trace["stages"] if s["name"] != t["stage"])
+        link = _dma_alone(trace, stage)
+        bound = (f"; the same bytes sent alone from its pinned staging buffers run at {link[0]:.1f} GB/s, so the "
+                 "host's copy into those buffers is the bound" if link else "")
         return ("Transfer-bound (host->device copy)",
                 f"{t['stage']} copies {t['key_issue'].split(' host')[0]} at {_gbps(stage):.1f} GB/s and takes "
-                f"{t['share_pct']:.0f}% of the plan. The device stages after it take {rest * 1e6:,.0f} us together "
-                f"and are {top['bottleneck']}, led by {top['stage']}.")
+                f"{t['share_pct']:.0f}% of the plan{bound}. The device stages after it take {rest * 1e6:,.0f} us "
+                f"together and are {top['bottleneck']}, led by {top['stage']}.")
     if top["bottleneck"] == "n/a":
         why = roof.get("why", "no roofline")
         return ("unclassified (no roofline)",

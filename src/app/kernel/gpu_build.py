@@ -251,6 +251,11 @@ class GpuBackend:
             self._staging = PinnedStaging(self.cp)
         return self._staging.to_device(st, arrays)
 
+    def staging_dma(self) -> dict | None:
+        """The last run's staged inputs sent again from their pinned buffers, with no host copy: the link's
+        share of the build (app.kernel.staging.PinnedStaging.dma_alone). None when nothing was staged."""
+        return self._staging.dma_alone() if self._staging is not None else None
+
     def _launch(self, name, n, block, args):
         if n > 0:
             self.mod.fn[name](((n + block - 1) // block,), (block,), args)

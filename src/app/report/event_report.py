@@ -54,6 +54,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             *([["end to end, host arrays in and out (us)",
                 f"{us(timing['end_to_end']['median'])} (median of {timing['end_to_end']['runs']} runs: "
                 f"{timing['end_to_end']['how']})"]] if timing.get("end_to_end") else []),
+            *([["host->device DMA alone: the build's staged bytes again, from their pinned buffers (us)",
+                _staging_dma(timing["staging_dma"])]] if "staging_dma" in timing else []),
             ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
             ["95% interval of the median (us)", " – ".join(us(v) for v in timing["total"]["median_ci95"])
              if "median_ci95" in timing["total"] else "n/a (not recorded in this trace)"],
@@ -191,3 +193,11 @@ def _pairs_stop(ins: dict) -> str:
     if stop == "max_pairs":
         return f"; stopped at the most pairs allowed, short of the +-{100 * ins['target_ci']:.1f}% interval aimed at"
     return ""
+
+
+def _staging_dma(dma: dict | None) -> str:
+    if not dma:
+        return ("not measured: the last run staged nothing (inputs under the staging threshold take the pageable "
+                "copy, and inputs already in pinned memory go straight to the device)")
+    return (f"{us(dma['seconds'])} for {dma['bytes'] / 1e6:.1f} MB ({fmt(dma['gbps'], 1, ' GB/s')}; median of "
+            f"{dma['runs']}: {dma['how']})")

@@ -70,10 +70,12 @@ class EventMode(Mode):
                 if selection.selected == "gpu":
                     e2e = end_to_end(lambda: bare.run(plan, inputs, backend),
                                      lambda out: tuple(backend.to_host(a) for a in out), flush, len(runs), budget)
+                    staging_dma = backend.staging_dma()   # after the e2e runs: their build staged the inputs
                 else:   # the CPU plan's result is already host arrays: end to end is the bare plan, measured above
                     e2e = {"median": overhead["bare_median_seconds"], "runs": overhead["pairs"],
                            "how": "CPU: the result is already in host arrays, so this is the bare plan of the "
                                   "overhead pairs"}
+                    staging_dma = None
                 replay = _graph_replay(plan, inputs, backend, flush, len(runs), progress) \
                     if options.graph and selection.selected == "gpu" else None
                 clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
@@ -86,7 +88,7 @@ class EventMode(Mode):
         trace = build_trace(plan, inputs, selection, cold, runs, mode=self.name, nvtx=nvtx.report(),
                             compile_info=compile_info, warmup=options.warmup, verification=verification)
         trace["timing"] |= {"stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead,
-                            "end_to_end": e2e,
+                            "end_to_end": e2e, "staging_dma": staging_dma,
                             "window_waited_seconds": window["waited_seconds"]}
         if options.graph:
             trace["timing"]["graph"] = graph_capturability(runs[-1], selection.selected)
