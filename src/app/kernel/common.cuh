@@ -65,6 +65,61 @@ __device__ __forceinline__ void block_add(unsigned long long* target, const unsi
     }
 }
 
+// Block-wide sums as block_add, with no barrier at the end: each warp adds its sums into the block's shared
+// words when it is done, and the last warp of the block to get there adds them to ``target``. block_add's
+// closing __syncthreads held every warp of a block until its slowest was done: where a warp's work depends
+// on its item (a polygon pair's edges, a ring's point-in-polygon test), ncu on an H200 showed edge_pairs_warp's
+// warps stalled on that barrier for 36% of their cycles and area_rings_flip's for 45%; without it overlay v3
+// took 1,862.7 against 1,936.7 us after the build at 100k x 100k (16 interleaved rounds). join's
+// candidate_fill gained nothing measurable from it (383.8 against 385.6 us at 1M x 100k). The words are zeroed
+// at the kernel's start (warp_sums_init), behind one barrier that a block's warps reach together. Every warp
+// of the block calls warp_sums_add once, with all its lanes.
+template <int K>
+struct WarpSums {
+    unsigned long long v[K];
+    unsigned int done;
+};
+
+template <int K>
+__device__ __forceinline__ void warp_sums_init(WarpSums<K>& s) {
+    if (threadIdx.x < K) s.v[threadIdx.x] = 0ull;
+    if (threadIdx.x == 0) s.done = 0u;
+    __syncthreads();
+}
+
+template <int K>
+__device__ __forceinline__ void warp_sums_add(WarpSums<K>& s, unsigned long long* target,
+                                              const unsigned long long (&v)[K]) {
+    int lane = threadIdx.x & 31;
+    for (int k = 0; k < K; ++k) {
+        unsigned long long x = v[k];
+        for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(FULL_MASK, x, off);
+        if (lane == 0 && x) atomicAdd(&s.v[k], x);
+    }
+    if (lane == 0) {
+        __threadfence_block();                    // this warp's sums before its count of warps done
+        if (atomicAdd(&s.done, 1u) == ((blockDim.x + 31) >> 5) - 1) {
+            __threadfence_block();
+            for (int k = 0; k < K; ++k) {
+                unsigned long long x = atomicAdd(&s.v[k], 0ull);
+                if (x) atomicAdd(target + k, x);
+            }
+        }
+    }
+}
+
+// Slot of this thread's item in an append-only buffer: one atomic a warp, and no barrier (block_append's two
+// hold a block's warps until the slowest has its item). Order inside a warp is deterministic, across warps not.
+// For items that are few (area_rings_flip's cut rings): join's refine, whose hits are many, ran 12 us slower at
+// 1M x 100k with a warp's atomic on its hit counter than with block_append's one a block (H200).
+__device__ __forceinline__ unsigned long long warp_append(bool keep, unsigned long long* counter) {
+    int lane = threadIdx.x & 31;
+    unsigned int ballot = __ballot_sync(FULL_MASK, keep);
+    unsigned long long base = 0;
+    if (lane == 0 && ballot) base = atomicAdd(counter, (unsigned long long)__popc(ballot));
+    return __shfl_sync(FULL_MASK, base, 0) + __popc(ballot & ((1u << lane) - 1));
+}
+
 // Slot of this thread's item in an append-only buffer: one atomic per block; order
 // inside the block is deterministic, across blocks it is not (output_sort orders).
 __device__ __forceinline__ unsigned long long block_append(bool keep, unsigned long long* counter) {

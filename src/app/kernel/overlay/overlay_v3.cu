@@ -26,6 +26,8 @@ extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, c
                                            const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
                                            const int* pair_a, const int* pair_b, int P, long long room, int* out_p,
                                            int* out_ka, int* out_kb, unsigned long long* stats) {
+    __shared__ WarpSums<1> sums;
+    warp_sums_init(sums);
     int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
     int lane = threadIdx.x & 31;
     unsigned long long tests = 0;
@@ -84,7 +86,7 @@ extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, c
         }
     }
     unsigned long long v[1] = {tests};
-    block_add<1>(stats, v);
+    warp_sums_add(sums, stats, v);       // no barrier at the end: a pair's work varies with its edges
 }
 
 // v3: each polygon pair's edge slots, coords(a) + coords(b) (edge_pairs' count pass writes them in v1 and v2).
@@ -150,14 +152,12 @@ extern "C" __global__ void area_rings_flip(
         const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P, int max_rings,
         const long long* slot_incl, const int* ev_start, const int* ov_start, double errA, double* contrib,
         long long* cut_list, unsigned long long* stats) {
-    __shared__ unsigned int s_cut;
-    __shared__ unsigned long long s_base;
+    __shared__ WarpSums<1> sums;
+    warp_sums_init(sums);
     long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     double acc = 0.0;
     bool cut = false;
     unsigned long long n_pip = 0, ex = 0, edges = 0;
-    if (threadIdx.x == 0) s_cut = 0;
-    __syncthreads();
     int r = -1, p = 0, side = 0;
     if (tid < (long long)P * 2 * max_rings) {
         RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
@@ -180,14 +180,12 @@ extern "C" __global__ void area_rings_flip(
         }
         contrib[tid] = acc;      // a cut ring's is written by area_cut_rings
     }
-    // Append the block's cut rings with one global atomic (stats[3] counts them and sizes the list).
-    unsigned int mine = cut ? atomicAdd(&s_cut, 1u) : 0u;
-    __syncthreads();
-    if (threadIdx.x == 0) s_base = s_cut ? atomicAdd(stats + 3, (unsigned long long)s_cut) : 0ull;
-    __syncthreads();
-    if (cut) cut_list[s_base + mine] = tid;
+    // Append the warp's cut rings with one global atomic (stats[3] counts them and sizes the list). A block's
+    // append (two barriers) held its warps until the slowest ring's point-in-polygon test was done.
+    unsigned long long at = warp_append(cut, stats + 3);
+    if (cut) cut_list[at] = tid;
     unsigned long long v[1] = {n_pip};
-    block_add<1>(stats, v);
+    warp_sums_add(sums, stats, v);
 }
 
 extern "C" __global__ void area_cut_rings(
