@@ -210,3 +210,29 @@ def test_a_dma_alone_no_faster_than_its_build_draws_no_conclusion():
     top = advice.opportunities(t, roof, findings)[0]
     assert "pinned memory" not in top["name"] and "dma_alone" not in top["trigger"]
     assert "bound" not in advice.overall(t, findings, roof)[1].split(". ")[0]
+
+
+def test_the_report_says_when_the_timed_runs_were_still_changing():
+    """The real join v4 capture at 1M x 100k (one warm-up run, before --warmup auto): its first ten timed runs'
+    median is far above its last ten's, and the report's first line says so, from the capture's own runs."""
+    from app.runtime.timing import drift
+
+    t = json.loads((DATA / "join_v4_1M_100k_h200_dma.trace.json").read_text())
+    assert "drift" not in t["timing"] and t["timing"]["warmup_runs"] == 1
+    d = drift(t["timing"]["total"]["samples"])
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    params = {"command_line": "python -m app.kernel join v4 --points 1M --polygons 100k", "clocks": {"locked": False}}
+    first = build_report(t, params, roof, None).splitlines()
+    headline = next(line for line in first if line.startswith("`python -m app.kernel"))
+    assert "**The timed runs were still changing**" in headline
+    assert f"({100 * d['change']:+.1f}%; {d['runs_per_third']} runs each)" in headline
+    steady = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())
+    roof = plan_roofline(steady["device"]["name"], steady["selected_runtime"], steady["stages"])
+    md = build_report(steady, params, roof, None)
+    assert "still changing" not in md and "| drift over the timed runs | steady: " in md
+    # The graph comparison's eager runs are measured apart from the timed runs: both figures are shown.
+    from app.report.markdown import us
+
+    own, replay = steady["timing"]["after_build"]["median"], steady["timing"]["graph"]["replay"]
+    assert (f"the profile's own timed runs gave {us(own)} us after the build, "
+            f"{own / replay['graph_after_build_seconds']:,.2f}x the replay") in md

@@ -47,7 +47,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="event mode, GPU: what the per-stage marks cost, from pairs of runs with and without them. precise "
              "(default): pairs until the estimate's 95%% interval is within 0.5%% (at most 400, or about 1 s); "
              "quick: 30 pairs (sweeps use it: their points share one host's measurement window)")
-    add("--warmup", type=int, default=1, help="discarded runs after the cold run (default 1)")
+    add("--warmup", type=warmup_arg, default="auto", metavar="{N,auto}",
+        help="discarded runs after the cold run: N, or auto (default): until the plan's time stops changing "
+             "(two windows of 5 runs within 2%%, after at least 0.5 s; at most 5 s)")
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
     add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
     add("--json", action="store_true", help="print trace.json to stdout")
@@ -87,6 +89,18 @@ def bench_runs_arg(text: str):
     return n
 
 
+def warmup_arg(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of runs or 'auto', got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("--warmup must be >= 0")
+    return n
+
+
 def list_kernels() -> str:
     lines = []
     for kernel, versions in sorted(kernels().items()):
@@ -120,8 +134,6 @@ def parse(argv: list[str]):
         parser.add_argument(f"--{p.name}", dest=f"param_{p.name}", default=None, help=p.help)
     args = parser.parse_args(rest)
     given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
-    if args.warmup < 0:
-        raise BadParameter("--warmup must be >= 0")
     for flag in ("ncu_timeout", "nsys_timeout"):
         if not (math.isfinite(getattr(args, flag)) and getattr(args, flag) > 0):
             raise BadParameter(f"--{flag.replace('_', '-')} must be a finite number of seconds > 0")

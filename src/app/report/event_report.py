@@ -12,6 +12,7 @@ from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render, us
 from app.report.sections import device_section, transfers_section, verification_section
 from app.runtime.stats import robust_of
+from app.runtime.timing import drift
 
 
 def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None,
@@ -22,6 +23,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
     bottleneck, cause = advice.overall(trace, findings, roof)
     occ = {s["name"]: s["metadata"].get("theoretical_occupancy_pct") for s in trace["stages"]}
     timing = trace["timing"]
+    drift = _drift_of(timing)
     sections = [
         Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "runtime", "clocks"],
                 rows=[[fmt(v) for v in trace["metadata"]["params"].values()]
@@ -68,7 +70,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["uncovered by stages (us)", f"{us(timing['uncovered_seconds'])} "
                                          f"({fmt(100 * timing['uncovered_fraction'], 2, '%')})"],
             ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
-            ["runs", f"{timing['warmup_runs']} warm-up, {timing['timed_runs']} timed; clock: {timing['clock']}"],
+            ["runs", f"{timing['warmup_runs']} warm-up{_warmup_text(timing.get('warmup'))}, "
+                     f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
+            *([["drift over the timed runs", _drift_text(drift)]] if drift else []),
             *_hygiene_rows(timing),
         ]),
         _roofline(roof),
@@ -83,7 +87,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
     headline = (f"`{params_json['command_line']}` — {trace['selected_runtime'].upper()} "
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (>2% rel. stdev): {', '.join(unstable)}."
-                                                   if unstable else ""))
+                                                   if unstable else "")
+                + (f" **The timed runs were still changing** ({_drift_text(drift)})."
+                   if drift and drift.get("significant") else ""))
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     return render(trace["kernel"], trace["version"], headline, [s for s in sections if s])
@@ -140,10 +146,16 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         rows.append(["CUDA graph", timing["graph"]["why"]])
         replay = timing["graph"].get("replay")
         if replay and replay.get("replayed"):
+            # The timed runs' own figure beside the comparison's eager one: measured apart, on some H200 nodes
+            # they differed by up to a quarter (eager 500 against 400 us), and the speed-up depends on which.
+            own = timing.get("after_build") or {}
+            beside = (f"; the profile's own timed runs gave {us(own['median'])} us after the build, "
+                      f"{fmt(own['median'] / replay['graph_after_build_seconds'], 2, 'x')} the replay"
+                      if own.get("median") and replay["graph_after_build_seconds"] > 0 else "")
             rows.append(["graph replay vs eager, after the build (us)",
                          f"{us(replay['graph_after_build_seconds'])} replayed vs "
                          f"{us(replay['eager_after_build_seconds'])} eager ({fmt(replay['speedup'], 2, 'x')}; "
-                         f"medians of {replay['runs']} interleaved runs): "
+                         f"medians of {replay['runs']} interleaved runs{beside}): "
                          + replay["why"]])
         elif replay:
             rows.append(["graph replay", replay["why"]])
@@ -201,3 +213,35 @@ def _staging_dma(dma: dict | None) -> str:
                 "copy, and inputs already in pinned memory go straight to the device)")
     return (f"{us(dma['seconds'])} for {dma['bytes'] / 1e6:.1f} MB ({fmt(dma['gbps'], 1, ' GB/s')}; median of "
             f"{dma['runs']}: {dma['how']})")
+
+
+def _warmup_text(warm: dict | None) -> str:
+    """Why the warm-up stopped where it did (traces made before --warmup auto carry nothing to say)."""
+    if not warm or warm.get("rule") in (None, "count"):
+        return ""
+    change = f"{100 * warm['last_change']:+.1f}%" if "last_change" in warm else "n/a"
+    why = {"steady": f"until steady: the last {warm['window']} runs' median within "
+                     f"±{100 * warm['steady_within']:.0f}% of the {warm['window']} before ({change})",
+           "budget": f"stopped by its {warm.get('budget_seconds', 0):.0f} s budget, not yet steady ({change})",
+           "max_runs": f"stopped at {warm.get('max_runs')} runs, not yet steady ({change})"}[warm["rule"]]
+    return f" ({why}; {warm['seconds']:.2f} s)"
+
+
+def _drift_of(timing: dict) -> dict | None:
+    """The trace's drift check; for a trace made before it, the same check on the trace's own timed runs."""
+    if "drift" in timing:
+        return timing["drift"]
+    samples = timing.get("total", {}).get("samples")
+    return drift(samples) if samples else None
+
+
+def _drift_text(d: dict) -> str:
+    if not d.get("checked"):
+        return f"not checked: {d['why']}"
+    f, lst = d["first_third_median"], d["last_third_median"]
+    level = (f"first third's median {us(f)} us, last third's {us(lst)} us ({100 * d['change']:+.1f}%; "
+             f"{d['runs_per_third']} runs each)")
+    if d["significant"]:
+        return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels; more "
+                "--warmup gives a steady one")
+    return f"steady: {level}, their 95% intervals overlap"

@@ -4,6 +4,14 @@
   L2 before every timed run and waits for it, so no run finds the previous run's data
   still cached -- a fresh call with fresh data, which is what the plan is for. ``keep``
   leaves L2 warm (a loop over the same inputs). The flush is outside the timed region.
+* Warm-up (``--warmup N|auto``): ``auto`` (the default) runs discarded runs until the plan's
+  time stops changing (the medians of the last two windows of runs within 2% of each other,
+  after at least half a second), or a budget is spent, and says which stopped it. On the lent
+  H200 hosts one warm-up run was not enough: over the next 10-20 runs the build got 20-40%
+  faster and join v4's launch-bound plan at 100k x 10k stepped from ~0.6 to ~0.35 ms after the
+  build, so a median of 30 timed runs mixed a warming start with the steady state.
+* Drift: whether the timed runs were still changing, from the medians of their first and last
+  thirds and those medians' 95% intervals (the report flags a change the intervals resolve).
 * How many runs (``--bench_runs N|auto``): ``auto`` runs until the 95% interval of the
   median total is within 1% of it, or a time budget is spent, and says which stopped it.
 * Instrumentation overhead: pairs of runs with per-stage marks and bare (one pair of
@@ -33,6 +41,12 @@ OVERHEAD_PAIRS_CPU = 10
 OVERHEAD_MIN_PAIRS = 3
 OVERHEAD_SHARE = 0.25     # the overhead pairs may add at most this share of the timed runs' time (or 1 s)
 L2_MODES = ("flush", "keep")
+WARMUP_MIN_SECONDS = 0.5  # --warmup auto: warm for at least this long ...
+WARMUP_WINDOW = 5         # ... and until the median of the last WARMUP_WINDOW runs is within
+WARMUP_STEADY = 0.02      # this share of the median of the WARMUP_WINDOW before them,
+WARMUP_BUDGET_SECONDS = 5.0   # or this long has passed,
+WARMUP_MAX_RUNS = 500         # or this many runs
+DRIFT_MIN_RUNS = 9        # the drift check compares thirds of the timed runs: three runs each at least
 
 
 class L2Flush:
@@ -89,6 +103,54 @@ class Progress:
         if self.shown and self.tty:
             self.out.write("\n")
             self.out.flush()
+
+
+def warm_up(run_once, how, flush, progress: Progress | None = None) -> dict:
+    """Discarded runs after the cold run: ``how`` of them, or with "auto" until the plan's total time is steady
+    (see the module's notes). Returns how many ran, what stopped them and for how long they ran."""
+    t0 = time.monotonic()
+    if how != "auto":
+        for i in range(int(how)):
+            if progress:
+                progress.update(f"warm-up {i + 1}/{how}")
+            flush()
+            run_once()
+        return {"runs": int(how), "rule": "count", "seconds": time.monotonic() - t0}
+    totals: list[float] = []
+    while True:
+        if progress:
+            progress.update(f"warm-up {len(totals) + 1}")
+        flush()
+        totals.append(run_once()[1].total_seconds)
+        elapsed = time.monotonic() - t0
+        out = {"runs": len(totals), "seconds": elapsed, "window": WARMUP_WINDOW, "steady_within": WARMUP_STEADY}
+        if len(totals) >= 2 * WARMUP_WINDOW:
+            last = statistics.median(totals[-WARMUP_WINDOW:])
+            before = statistics.median(totals[-2 * WARMUP_WINDOW:-WARMUP_WINDOW])
+            out["last_change"] = (last - before) / before if before > 0 else 0.0
+            if elapsed >= WARMUP_MIN_SECONDS and abs(out["last_change"]) <= WARMUP_STEADY:
+                return out | {"rule": "steady"}
+        if elapsed >= WARMUP_BUDGET_SECONDS:
+            return out | {"rule": "budget", "budget_seconds": WARMUP_BUDGET_SECONDS}
+        if len(totals) >= WARMUP_MAX_RUNS:
+            return out | {"rule": "max_runs", "max_runs": WARMUP_MAX_RUNS}
+
+
+def drift(totals: list[float]) -> dict:
+    """Were the timed runs still changing? The medians of their first and last thirds with each median's 95%
+    interval: a change the intervals resolve (they do not overlap) is ``significant``, and the plan's median
+    then mixes two levels."""
+    n = len(totals)
+    if n < DRIFT_MIN_RUNS:
+        return {"checked": False, "why": f"{n} timed runs: the check compares thirds of at least "
+                                         f"{DRIFT_MIN_RUNS // 3} runs"}
+    k = n // 3
+    first, last = totals[:k], totals[-k:]
+    f, lst = statistics.median(first), statistics.median(last)
+    fi, li = median_interval(first), median_interval(last)
+    return {"checked": True, "runs_per_third": k, "first_third_median": f, "last_third_median": lst,
+            "first_ci95": list(fi), "last_ci95": list(li), "change": (lst - f) / f if f > 0 else 0.0,
+            "significant": fi[0] > li[1] or li[0] > fi[1]}
 
 
 def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tuple[list, dict, object]:

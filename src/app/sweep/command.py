@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from app.errors import BadParameter, OneLineParser, Terminated
-from app.kernel.cli import bench_runs_arg
+from app.kernel.cli import bench_runs_arg, warmup_arg
 from app.kernel.plan import get_plan_class
 from app.report.writer import check_writable, claim_folder
 from app.runtime import device as devmod
@@ -47,7 +47,8 @@ def _parser(kernel: str | None) -> OneLineParser:
     add("--device", default="auto", choices=devmod.DEVICES, help="every point's --device (default auto)")
     add("--bench_runs", "--bench-runs", type=bench_runs_arg, default=None, metavar="{N,auto}",
         help="every point's timed runs")
-    add("--warmup", type=int, default=1, metavar="N", help="discarded runs after the cold run (default 1)")
+    add("--warmup", type=warmup_arg, default="auto", metavar="{N,auto}",
+        help="every point's discarded runs after the cold run: N, or auto (default): until its time stops changing")
     add("--l2", choices=L2_MODES, default="flush", help="event mode's L2 policy between timed runs (default flush)")
     add("--point-timeout", type=float, default=1800.0, metavar="SECONDS",
         help="a point still running after this is stopped and counts as failed (default 1800)")
@@ -89,8 +90,6 @@ def _spec(kernel, versions_text, args) -> SweepSpec:
     clash = sorted(set(fixed) & {n for axis in axes for n in axis.split(",")})
     if clash:
         raise BadParameter(f"--{clash[0]} is both fixed and a --grid axis; give it once")
-    if args.warmup < 0:
-        raise BadParameter("--warmup must be >= 0")
     if args.prof_type not in ("event", "annotation", "ncu", "nsys"):
         raise BadParameter(f"unknown --prof_type {args.prof_type!r}; use event, annotation, ncu or nsys")
     if args.prof_type in ("annotation", "ncu") and args.bench_runs not in (None, 1):

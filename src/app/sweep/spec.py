@@ -27,7 +27,7 @@ class SweepSpec:
     prof_type: str = "event"
     device: str = "auto"
     bench_runs: int | str | None = None
-    warmup: int = 1
+    warmup: int | str = "auto"
     l2: str = "flush"
 
     @property

@@ -20,7 +20,7 @@ class ProfileOptions:
     # None: the mode's default -- DEFAULT_BENCH_RUNS timed runs in event and nsys mode; the counter
     # modes profile one warm iteration and refuse any other explicit count.
     bench_runs: int | str | None = None      # an int, "auto" (event mode), or None
-    warmup: int = 1
+    warmup: int | str = "auto"    # a count, or "auto": until the plan's time is steady (timing.warm_up)
     nvtx: bool = False
     verify: bool = True
     baseline: dict | None = None

@@ -2,8 +2,9 @@
 
 Order: inputs are generated (untimed); kernels are compiled and timed apart;
 the first run is the cold run (module load, library JIT, pool growth); then
-``warmup`` discarded runs; then ``bench_runs`` timed runs give median and
-spread per stage and for the whole plan.
+discarded warm-up runs (``warmup``: a count, or "auto": until the plan's time is
+steady); then ``bench_runs`` timed runs give median and spread per stage and for
+the whole plan, and a check that they were not still drifting.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_m
 from app.runtime.provenance import params_json
 from app.runtime.recorder import Recorder
 from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, OVERHEAD_TARGET_CI, L2Flush,
-                                Progress, end_to_end, graph_capturability, instrumentation_overhead, timed_runs)
+                                Progress, drift, end_to_end, graph_capturability, instrumentation_overhead,
+                                timed_runs, warm_up)
 
 
 @register_mode
@@ -51,10 +53,7 @@ class EventMode(Mode):
                 progress.update("cold run")
                 _, cold = rec.run(plan, inputs, backend)
                 flush = L2Flush(selection.selected, options.l2, selection.info.get("l2_bytes"))
-                for i in range(options.warmup):
-                    progress.update(f"warm-up {i + 1}/{options.warmup}")
-                    flush()
-                    rec.run(plan, inputs, backend)
+                warmed = warm_up(lambda: rec.run(plan, inputs, backend), options.warmup, flush, progress)
                 with sampler_for(selection) as sampler:     # GPU clocks every ~20 ms of the timed runs
                     runs, stopped, output = timed_runs(lambda: rec.run(plan, inputs, backend), options.timed_runs(),
                                                        flush, progress)
@@ -86,8 +85,9 @@ class EventMode(Mode):
         verification = plan.verify(inputs, host_output) if options.verify else None
         progress.done()
         trace = build_trace(plan, inputs, selection, cold, runs, mode=self.name, nvtx=nvtx.report(),
-                            compile_info=compile_info, warmup=options.warmup, verification=verification)
-        trace["timing"] |= {"stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead,
+                            compile_info=compile_info, warmup=warmed["runs"], verification=verification)
+        trace["timing"] |= {"warmup": warmed, "drift": drift([r.total_seconds for r in runs]),
+                            "stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead,
                             "end_to_end": e2e, "staging_dma": staging_dma,
                             "window_waited_seconds": window["waited_seconds"]}
         if options.graph:

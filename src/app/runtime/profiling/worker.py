@@ -22,6 +22,7 @@ from app.runtime import device as devmod
 from app.runtime.execute import backend_for, xp_for
 from app.runtime.nvtx import Nvtx
 from app.runtime.recorder import Recorder
+from app.runtime.timing import warm_up
 
 PROFILE_RANGE = "profile"
 
@@ -36,7 +37,7 @@ def _iterations(rec: Recorder, nvtx: Nvtx, plan, inputs, backend, n: int) -> tup
     return records, output
 
 
-def run_worker(plan, device: str, warmup: int, out_path: str, iterations: int = 1, collect: str = "none",
+def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, collect: str = "none",
                verify: bool = True) -> int:
     # The parent insists on a GPU; the worker runs where it is told (--device gpu from the parent).
     selection = devmod.select(device)
@@ -44,8 +45,8 @@ def run_worker(plan, device: str, warmup: int, out_path: str, iterations: int = 
     inputs = plan.make_inputs()
     backend, compile_info = backend_for(plan, selection)
     quiet = Recorder(dev, xp_for(dev), Nvtx(False, plan.kernel))
-    for _ in range(1 + warmup):                 # cold run + warm-ups: not profiled
-        quiet.run(plan, inputs, backend)
+    quiet.run(plan, inputs, backend)            # cold run and warm-ups: not profiled
+    warm_up(lambda: quiet.run(plan, inputs, backend), warmup, lambda: None)
     extra = {}
     if collect == "cupti":
         from app.runtime.profiling.cupti_trace import CuptiTrace
