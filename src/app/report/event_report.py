@@ -23,7 +23,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
     bottleneck, cause = advice.overall(trace, findings, roof)
     occ = {s["name"]: s["metadata"].get("theoretical_occupancy_pct") for s in trace["stages"]}
     timing = trace["timing"]
-    drift = _drift_of(timing)
+    drift_check = _drift_of(timing)
     sections = [
         Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "runtime", "clocks"],
                 rows=[[fmt(v) for v in trace["metadata"]["params"].values()]
@@ -72,7 +72,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
             ["runs", f"{timing['warmup_runs']} warm-up{_warmup_text(timing.get('warmup'))}, "
                      f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
-            *([["drift over the timed runs", _drift_text(drift)]] if drift else []),
+            *([["drift over the timed runs", _drift_text(drift_check)]] if drift_check else []),
             *_hygiene_rows(timing),
         ]),
         _roofline(roof),
@@ -88,8 +88,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (>2% rel. stdev): {', '.join(unstable)}."
                                                    if unstable else "")
-                + (f" **The timed runs were still changing** ({_drift_text(drift)})."
-                   if drift and drift.get("significant") else ""))
+                + (f" **The timed runs were still changing** ({_drift_text(drift_check)})."
+                   if drift_check and drift_check.get("significant") else ""))
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     return render(trace["kernel"], trace["version"], headline, [s for s in sections if s])
