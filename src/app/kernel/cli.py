@@ -77,28 +77,25 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--worker-tiling", help=argparse.SUPPRESS)
 
 
-def bench_runs_arg(text: str):
+def _count_or_auto(text: str, flag: str, least: int):
+    """A run count for ``flag``: a whole number of at least ``least``, or "auto"."""
     if text == "auto":
         return "auto"
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number of runs or 'auto', got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("--bench_runs must be >= 1")
+    if n < least:
+        raise argparse.ArgumentTypeError(f"{flag} must be >= {least}")
     return n
+
+
+def bench_runs_arg(text: str):
+    return _count_or_auto(text, "--bench_runs", 1)
 
 
 def warmup_arg(text: str):
-    if text == "auto":
-        return "auto"
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of runs or 'auto', got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError("--warmup must be >= 0")
-    return n
+    return _count_or_auto(text, "--warmup", 0)
 
 
 def list_kernels() -> str:
