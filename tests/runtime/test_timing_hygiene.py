@@ -110,8 +110,9 @@ def test_drift_is_flagged_in_real_captures_of_warming_runs_and_not_in_steady_one
     assert d["change"] < -0.2 and d["first_ci95"][0] > d["last_ci95"][1]
     steady = json.loads((data / "join_v3_100k_10k_h200.trace.json").read_text())["timing"]["total"]["samples"]
     assert timing.drift(steady)["significant"] is False
-    assert timing.drift(warming[:8]) == {"checked": False, "why": "8 timed runs: the check compares thirds of at "
-                                                                  "least 3 runs"}
+    assert timing.drift(warming[:14]) == {"checked": False, "why": "14 timed runs: the check compares thirds of at "
+                                                                   "least 5 runs"}
+    assert timing.drift(warming[:15])["runs_per_third"] == 5
 
 
 def test_only_the_last_runs_output_is_kept():

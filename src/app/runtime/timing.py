@@ -46,7 +46,10 @@ WARMUP_WINDOW = 5         # ... and until the median of the last WARMUP_WINDOW r
 WARMUP_STEADY = 0.02      # this share of the median of the WARMUP_WINDOW before them,
 WARMUP_BUDGET_SECONDS = 5.0   # or this long has passed,
 WARMUP_MAX_RUNS = 500         # or this many runs
-DRIFT_MIN_RUNS = 9        # the drift check compares thirds of the timed runs: three runs each at least
+# The drift check compares thirds of the timed runs, five runs each at least. With three, each median's interval
+# is the third's whole range, and three runs all above three others happen by chance one time in ten (a
+# CPU profile of 10 runs on a busy 2-core host was flagged so); with five, one time in 126.
+DRIFT_MIN_RUNS = 15
 
 
 class L2Flush:
