@@ -48,13 +48,13 @@ def time_plan(plan, inputs, device: str, runs: int):
     for _ in range(runs):
         t0 = time.perf_counter()
         out, r = rec.run(plan, inputs, backend)
-        host = tuple(backend.to_host(a) for a in out)     # end to end: host arrays in, host result out
+        host = backend.outputs_to_host(out)     # end to end: host arrays in, host result out
         e2e.append(time.perf_counter() - t0)
         build.append(r.stages[0]["seconds"])
         after.append(r.total_seconds - r.stages[0]["seconds"])
         total.append(r.total_seconds)
     if not runs:
-        host = tuple(backend.to_host(a) for a in out)
+        host = backend.outputs_to_host(out)
     res = {"build": statistics.median(build), "after": statistics.median(after),
            "total": statistics.median(total), "after_min": min(after), "e2e": statistics.median(e2e),
            "out": host, "device_name": sel.device_name}
@@ -75,7 +75,7 @@ def pinned_end_to_end(plan, inputs, backend, rec, runs: int) -> dict:
     for _ in range(runs):
         t0 = time.perf_counter()
         out, _ = rec.run(plan, pinned, backend)
-        host = tuple(backend.to_host(a) for a in out)
+        host = backend.outputs_to_host(out)
         times.append(time.perf_counter() - t0)
     return {"e2e_pinned": statistics.median(times), "out_pinned": host}
 

@@ -102,17 +102,20 @@ def test_inputs_in_pinned_memory_go_straight_to_the_device_and_say_so():
     stager.close()
 
 
-def test_large_results_come_back_in_pinned_memory():
+def test_results_come_back_in_pinned_memory_all_at_once():
     import cupy as cp
 
-    from app.kernel.gpu_build import PINNED_RESULT_BYTES
     from app.kernel.join.gpu import JoinGPU
     from app.kernel.plan import get_plan_class
 
     backend = JoinGPU(get_plan_class("join", "v3")({}).tiling, "v3")
-    big = cp.arange(PINNED_RESULT_BYTES // 8 + 1, dtype=cp.int64)
-    small = cp.arange(10, dtype=cp.int64)
-    host_big, host_small = backend.to_host(big), backend.to_host(small)
-    assert staging.is_pinned(cp, host_big) and not staging.is_pinned(cp, host_small)
-    np.testing.assert_array_equal(host_big, np.arange(big.size))
-    assert host_small.tolist() == list(range(10))
+    big = cp.arange(300_000, dtype=cp.int64)
+    small = cp.arange(10, dtype=cp.float64)
+    strided = cp.arange(20, dtype=cp.int32)[::2]       # not contiguous: copied contiguous first
+    empty = cp.empty(0, dtype=cp.int64)
+    host = backend.outputs_to_host((big, small, strided, empty))
+    assert all(staging.is_pinned(cp, h) for h in host[:3])
+    np.testing.assert_array_equal(host[0], np.arange(300_000))
+    assert host[1].tolist() == list(range(10)) and host[1].dtype == np.float64
+    assert host[2].tolist() == list(range(0, 20, 2))
+    assert host[3].shape == (0,) and host[3].dtype == np.int64

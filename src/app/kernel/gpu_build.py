@@ -34,7 +34,6 @@ SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64"
                 "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
 SCAN_TILE = 2048
 SMALL_SCAN_TILES = 4096   # up to here each tile sums its predecessors itself: two launches, not three
-PINNED_RESULT_BYTES = 1 << 20   # results from this size come back in pinned memory (GpuBackend.to_host)
 # (input dtype, output dtype) -> (tile kernel, sums kernel, add kernel). Keyed by dtype objects: formatting
 # dtype names on every call cost more host time than a kernel launch.
 _SCAN_KERNELS = {(np.dtype(a), np.dtype(b)): (f"scan_tiles_{ta}", f"scan_sums_{tb}", f"add_offsets_{tb}")
@@ -231,17 +230,23 @@ class GpuBackend:
     def artifacts(self) -> dict:
         return self.mod.artifacts(self._blocks())
 
-    def to_host(self, array):
-        """A result to a host array. From PINNED_RESULT_BYTES up, into pinned memory from CuPy's pinned pool:
-        the copy runs at the link's speed instead of through the driver's pageable staging (a 5 MB join result
-        took about 0.6 ms that way on an H200 node), and the pool keeps the pages pinned for the next result."""
-        if array.nbytes < PINNED_RESULT_BYTES:
-            return self.cp.asnumpy(array)
+    def outputs_to_host(self, arrays) -> tuple:
+        """A run's result columns to host arrays, all waited for at once: each column's copy is queued on the
+        current stream into pinned memory from CuPy's pinned pool (the copy runs at the link's speed instead
+        of through the driver's pageable staging, and the pool keeps the pages pinned for the next result),
+        then the stream is waited for once. Synchronous for the caller, as cupy.asnumpy is. On an H200 node,
+        against a synchronous copy a column: join's two columns 64 against 102 us at 100k x 10k and 164
+        against 169 us at 1M x 100k, overlay's three 132 against 158 us at 100k x 100k."""
         import cupyx
 
-        out = cupyx.empty_pinned(array.shape, array.dtype)
-        array.get(out=out)     # synchronous for the caller, as cupy.asnumpy is
-        return out
+        stream = self.cp.cuda.get_current_stream()
+        arrays = [self.cp.ascontiguousarray(a) for a in arrays]
+        host = tuple(cupyx.empty_pinned(a.shape, a.dtype) for a in arrays)
+        for array, out in zip(arrays, host):
+            if array.size:
+                array.get(out=out, stream=stream, blocking=False)
+        stream.synchronize()
+        return host
 
     def stage_in(self, st, **arrays) -> dict:
         """Host arrays to the device through pinned staging, ``name=(array, dtype)``; see app.kernel.staging."""

@@ -167,7 +167,7 @@ def gpu_measure(plan_cls, params: dict, selection):
         stages = {s["name"]: spread([r.stages[i]["seconds"] for r in runs])["median"]
                   for i, s in enumerate(runs[0].stages)}
         output, _ = rec.run(plan, inputs, backend)
-        verified = plan.verify(inputs, tuple(backend.to_host(a) for a in output))["matches"]
+        verified = plan.verify(inputs, backend.outputs_to_host(output))["matches"]
         return spread([r.total_seconds for r in runs])["median"], stages, verified
 
     return measure

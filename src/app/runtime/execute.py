@@ -37,4 +37,4 @@ def run_once(plan, inputs, device: str = "auto"):
     backend, _ = backend_for(plan, selection)
     rec = Recorder(selection.selected, xp_for(selection.selected), Nvtx(False, plan.kernel))
     output, _ = rec.run(plan, inputs, backend)
-    return tuple(backend.to_host(a) for a in output)
+    return backend.outputs_to_host(output)

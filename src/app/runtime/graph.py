@@ -60,7 +60,7 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None) -> dict
         tape = SizeTape()
         taped = Recorder("gpu", cp, Nvtx(False, plan.kernel), tape=tape)
         ref_out, ref = taped.run(plan, inputs, backend)
-        ref_host = tuple(backend.to_host(a) for a in ref_out)
+        ref_host = backend.outputs_to_host(ref_out)
         first = build_stages(ref)
         blockers = replay_blockers(ref, first)
         if blockers:
@@ -77,7 +77,7 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None) -> dict
         finally:
             graph = stream.end_capture()
         graph.launch(stream)
-        got = tuple(backend.to_host(a) for a in state["output"])
+        got = backend.outputs_to_host(state["output"])
         if len(got) != len(ref_host) or not all(np.array_equal(a, b) for a, b in zip(got, ref_host)):
             return {"replayed": False, "why": "the graph's output differs from the eager run's: no figure is given"}
         # Both sides alike, as the profile's runs: L2 flushed, the build run (its copies queued), then one pair
@@ -110,7 +110,7 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None) -> dict
                 progress.update(f"graph replay {i + 1}/{runs}")
             eager.append(timed(lambda fresh: plan.run_stages(fresh, after, backend, bare)))
             replay.append(timed(replay_and_read))
-        again = tuple(backend.to_host(a) for a in state["output"])
+        again = backend.outputs_to_host(state["output"])
         if not all(np.array_equal(a, b) for a, b in zip(again, ref_host)):
             return {"replayed": False, "why": "the graph's output changed between replays: no figure is given"}
     e, g = statistics.median(eager), statistics.median(replay)

@@ -18,8 +18,8 @@ class JoinCPU:
         return {}  # nothing to JIT on the CPU
 
     @staticmethod
-    def to_host(array):
-        return np.asarray(array)
+    def outputs_to_host(arrays) -> tuple:
+        return tuple(np.asarray(a) for a in arrays)
 
     def artifacts(self) -> dict:
         return {}  # compiled/ holds GPU kernels only

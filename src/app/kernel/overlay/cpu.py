@@ -63,8 +63,8 @@ class OverlayCPU:
         return {}
 
     @staticmethod
-    def to_host(array):
-        return np.asarray(array)
+    def outputs_to_host(arrays) -> tuple:
+        return tuple(np.asarray(a) for a in arrays)
 
     def artifacts(self) -> dict:
         return {}

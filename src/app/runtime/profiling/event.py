@@ -68,7 +68,7 @@ class EventMode(Mode):
                                                     if on_gpu and options.overhead == "precise" else None)
                 if selection.selected == "gpu":
                     e2e = end_to_end(lambda: bare.run(plan, inputs, backend),
-                                     lambda out: tuple(backend.to_host(a) for a in out), flush, len(runs), budget)
+                                     backend.outputs_to_host, flush, len(runs), budget)
                     staging_dma = backend.staging_dma()   # after the e2e runs: their build staged the inputs
                 else:   # the CPU plan's result is already host arrays: end to end is the bare plan, measured above
                     e2e = {"median": overhead["bare_median_seconds"], "runs": overhead["pairs"],
@@ -79,7 +79,7 @@ class EventMode(Mode):
                     if options.graph and selection.selected == "gpu" else None
                 clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
                                       end=clock_snapshot(selection), samples=sampler.summary())
-                host_output = tuple(backend.to_host(a) for a in output)
+                host_output = backend.outputs_to_host(output)
         if options.verify:
             progress.update("verifying against the oracle")
         verification = plan.verify(inputs, host_output) if options.verify else None

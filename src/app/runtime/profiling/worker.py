@@ -67,7 +67,7 @@ def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, co
             raise DeviceUnavailable(f"NVTX is unavailable ({nvtx.reason}); the profiler cannot find the stages")
         records, output = _iterations(Recorder(dev, xp_for(dev), nvtx), nvtx, plan, inputs, backend, iterations)
     # After the profiled iterations and outside every range: the oracle check the other modes make.
-    verification = plan.verify(inputs, tuple(backend.to_host(a) for a in output)) if verify else None
+    verification = plan.verify(inputs, backend.outputs_to_host(output)) if verify else None
     first = records[0]
     costs = {s["name"]: asdict(plan.cost(s["name"], s["rows_in"], s["rows_out"], s["meta"], inputs))
              for s in first.stages}
