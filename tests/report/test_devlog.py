@@ -50,6 +50,42 @@ def test_other_parameters_start_their_own_series(in_repo):
     assert rows[0].endswith("| -- |") and rows[1].endswith("| -- |")
 
 
+def test_another_device_starts_its_own_series(in_repo):
+    """An entry compares only with the previous one measured on the same device: a profile from another GPU is
+    not "faster" because it ran on other hardware. Markers written before they named the device take it from
+    their Performance line."""
+    import shutil
+
+    assert main([*ARGS, "--devlog"]) == 0
+    assert main([*ARGS, "--devlog"]) == 0
+    first, second = sorted((in_repo / "out").glob("profiles/event/join/*/*"))
+    log = in_repo / "docs" / "kernels" / "join.md"
+    text = log.read_text()
+    name = json.loads((first / "trace.json").read_text())["device"]["name"]
+    for m in MARKER.finditer(text):         # both entries as an older version wrote them: no device in the marker
+        old = json.loads(m.group(1))
+        assert old.pop("device") == name
+        text = text.replace(m.group(1), json.dumps(old, sort_keys=True))
+    log.write_text(text)
+    other = second.with_name(second.name + "-other-gpu")
+    shutil.copytree(second, other)
+    trace = json.loads((other / "trace.json").read_text())
+    trace["device"]["name"] = "Another GPU, 80 GB"
+    (other / "trace.json").write_text(json.dumps(trace))
+    assert main(["devlog", str(other)]) == 0
+    entries = log.read_text().split("**Performance** (")[1:]
+    assert entries[2].startswith("Another GPU, 80 GB, clocks")
+    duration = [ln for ln in entries[2].splitlines() if ln.startswith("| Duration")][0]
+    assert duration.endswith("| -- |") and "compared with" not in entries[2]
+    third = second.with_name(second.name + "-again")
+    shutil.copytree(second, third)
+    assert main(["devlog", str(third)]) == 0
+    last = log.read_text().split("**Performance** (")[-1]      # found by the second's Performance line
+    assert not [ln for ln in last.splitlines() if ln.startswith("| Duration")][0].endswith("| -- |")
+    assert f"compared with `{'/'.join(second.resolve().parts[-4:])}`" in last
+    assert [json.loads(m.group(1)) for m in MARKER.finditer(log.read_text())][-1]["device"] == name
+
+
 @pytest.mark.parametrize("setup,fragment", [
     (lambda p: None, "devlog {p}/nope: not a readable profile trace"),
     (lambda p: (p / "t.json").write_text(json.dumps({"kernel": "join", "version": "v2", "total_elapsed_seconds": 1.0,

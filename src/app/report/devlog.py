@@ -3,8 +3,10 @@
 The devlog is a markdown file in the user's own repository (``docs/kernels/<kernel>.md``
 under the current folder by default). Each entry ends with a machine-readable
 marker keyed by the profile's folder, so appending the same profile twice adds
-nothing, and the next entry of the same kernel, version, mode and parameters
-finds the previous values to compare with.
+nothing, and the next entry of the same kernel, version, mode, parameters and
+device finds the previous values to compare with. A profile from another GPU
+starts a series of its own: an H100 is not "faster" than an H200 because one
+plan ran on each (``compare`` refuses such a pair for the same reason).
 """
 from __future__ import annotations
 
@@ -20,17 +22,24 @@ from app.analysis.compare import samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
 
 MARKER = re.compile(r"<!-- app-kernel devlog entry (\{.*?\}) -->")
+# The device an entry names in its Performance line, for entries whose marker predates the device field.
+PERFORMANCE_DEVICE = re.compile(r"\*\*Performance\*\* \((.+?), clocks (?:not )?locked,")
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                           trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
 
 def _entries(text: str) -> list[dict]:
-    out = []
+    out, start = [], 0
     for m in MARKER.finditer(text):
         try:
-            out.append(json.loads(m.group(1)))
+            entry = json.loads(m.group(1))
         except ValueError:
             continue
+        if "device" not in entry:      # written before markers named the device: its Performance line does
+            named = PERFORMANCE_DEVICE.findall(text, start, m.start())
+            entry["device"] = named[-1] if named else None
+        out.append(entry)
+        start = m.end()
     return out
 
 
@@ -65,12 +74,15 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     entries = _entries(text)
     if any(e.get("key") == key for e in entries):
         return path, False
-    same = [e for e in entries if (e.get("kernel"), e.get("version"), e.get("mode"), e.get("params")) ==
-            (trace["kernel"], trace["version"], trace.get("mode"), trace.get("metadata", {}).get("params"))]
+    device = trace.get("device", {}).get("name")
+    series = (trace["kernel"], trace["version"], trace.get("mode"), trace.get("metadata", {}).get("params"), device)
+    same = [e for e in entries
+            if (e.get("kernel"), e.get("version"), e.get("mode"), e.get("params"), e.get("device")) == series]
     prev = same[-1] if same else {}
     miss = summary.get("missing", {})
     record = {"key": key, "kernel": trace["kernel"], "version": trace["version"], "mode": trace.get("mode"),
-              "params": trace.get("metadata", {}).get("params"), "duration_us": summary.get("duration_us"),
+              "params": trace.get("metadata", {}).get("params"), "device": device,
+              "duration_us": summary.get("duration_us"),
               "achieved_tflops": summary.get("achieved_tflops"), "achieved_gbps": summary.get("achieved_gbps"),
               "samples": samples_of(trace)}
     duration_vs = _vs(summary.get("duration_us"), prev.get("duration_us"), True)
@@ -90,7 +102,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     clocks = params.get("clocks", {})
     block = _ENV.get_template("devlog.md.j2").render(
         date=time.strftime("%Y-%m-%d", time.gmtime()), kernel=trace["kernel"], version=trace["version"],
-        mode=trace.get("mode"), device=trace.get("device", {}).get("name"),
+        mode=trace.get("mode"), device=device,
         clocks="clocks locked" if clocks.get("locked") else "clocks not locked",
         params=", ".join(f"{k}={v}" for k, v in (trace.get("metadata", {}).get("params") or {}).items()),
         rows=rows, bottleneck=summary.get("bottleneck") or "n/a", issues=summary.get("issues") or [],
