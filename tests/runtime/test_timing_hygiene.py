@@ -11,7 +11,7 @@ import pytest
 from app.kernel.cli import main
 from app.runtime import timing
 from app.runtime.recorder import RunRecord
-from app.runtime.stats import median_interval, spread
+from app.runtime.stats import median_interval, outlier_runs, spread
 
 
 def test_one_outlier_neither_moves_the_figure_nor_makes_it_unstable():
@@ -21,6 +21,18 @@ def test_one_outlier_neither_moves_the_figure_nor_makes_it_unstable():
     assert sp["median"] == pytest.approx(100.5) and sp["robust_rel_spread"] < 0.01
     assert sp["rel_stdev"] > 0.5                                       # what the old judgement would have used
     assert spread([100.0, 130.0, 70.0, 120.0, 80.0])["stable"] is False
+
+
+def test_an_unstable_stage_names_its_outlier_runs_in_words_that_agree_with_the_count():
+    from app.analysis.advice import stage_findings
+
+    assert [outlier_runs(n) for n in (0, 1, 4)] == ["0 outlier runs", "1 outlier run", "4 outlier runs"]
+    unstable = spread([100.0, 130.0, 70.0, 120.0, 80.0, 100.0, 400.0])
+    assert unstable["stable"] is False and unstable["outliers"] == 1
+    trace = {"stages": [{"name": "bounds", "elapsed_seconds": 1e-4, "spread": unstable, "metadata": {},
+                         "cost": {"kind": "dram"}, "device": "gpu"}], "total_elapsed_seconds": 1e-4}
+    issue = stage_findings(trace, {"available": False})[0]["key_issue"]
+    assert issue.startswith("unstable (") and issue.endswith(", 1 outlier run)")
 
 
 def test_median_interval_covers_the_median_and_narrows_with_runs():

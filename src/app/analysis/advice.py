@@ -8,7 +8,7 @@ measured values through the same functions.
 from __future__ import annotations
 
 from app.runtime.recorder import mid_plan_reads
-from app.runtime.stats import robust_of
+from app.runtime.stats import outlier_runs, robust_of
 
 MEMORY_BOUND_PCT = 60.0      # "DRAM% high"
 COMPUTE_BOUND_PCT = 60.0     # "TC%/SM% high"
@@ -49,7 +49,7 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
                 issues.append(f"DRAM {dram:.1f}% of peak")
             if not s["spread"].get("stable", True) and s["spread"]["runs"] > 1:
                 issues.append(f"unstable (±{100 * robust_of(s['spread']):.1f}% robust spread"
-                              + (f", {s['spread']['outliers']} outlier runs)" if "outliers" in s["spread"] else ")"))
+                              + (f", {outlier_runs(s['spread']['outliers'])})" if "outliers" in s["spread"] else ")"))
             issue = "; ".join(issues) or "-"
         out.append({"stage": s["name"], "share_pct": 100 * s["elapsed_seconds"] / total,
                     "dram_pct": dram, "flop_pct": flop, "bottleneck": bneck, "key_issue": issue})

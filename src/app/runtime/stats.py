@@ -42,6 +42,10 @@ def median_interval(vals: list[float], z: float = 1.96) -> tuple[float, float]:
     return s[lo], s[hi]
 
 
+def outlier_runs(n: int) -> str:
+    return f"{n} outlier run{'' if n == 1 else 's'}"
+
+
 def robust_of(sp: dict) -> float:
     """A spread's robust relative spread; for a trace written before it was recorded, from its samples, else
     its relative stdev (the best that trace has)."""

@@ -25,6 +25,7 @@ from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.provenance import params_json
 from app.runtime.recorder import Recorder
+from app.runtime.stats import outlier_runs
 from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, OVERHEAD_TARGET_CI, L2Flush,
                                 Progress, drift, end_to_end, graph_capturability, instrumentation_overhead,
                                 timed_runs, warm_up)
@@ -130,7 +131,7 @@ def _summary(trace: dict) -> str:
     lines = [f"{trace['kernel']} {trace['version']} on {trace['selected_runtime']} ({trace['device']['name']}): "
              f"total {trace['total_elapsed_seconds'] * 1e6:,.1f} us (median of {trace['timing']['timed_runs']}, "
              f"±{100 * trace['timing']['total']['robust_rel_spread']:.1f}% robust spread, "
-             f"{trace['timing']['total']['outliers']} outlier runs)"]
+             f"{outlier_runs(trace['timing']['total']['outliers'])})"]
     for s in trace["stages"]:
         lines.append(f"  {s['name']:<20} {s['elapsed_seconds'] * 1e6:>12,.1f} us  "
                      f"rows {s['rows_in']:>10,} -> {s['rows_out']:<10,}")
