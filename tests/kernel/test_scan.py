@@ -1,8 +1,13 @@
-"""scan.cu's inclusive prefix sum equals numpy's cumsum for every size class and dtype pair."""
+"""scan.cu's single-pass inclusive prefix sum equals numpy's cumsum for every size class and dtype pair, run
+after run on the same state buffer (the kernel zeroes its own state at the end), and over a length it reads
+from the device."""
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
+
+SIZES = [0, 1, 2047, 2048, 2049, 1024 * 2048 + 5, 4096 * 2048, 4096 * 2048 + 1, 20_000_000]
+DTYPES = [("int32", "int32"), ("int32", "int64"), ("int64", "int64")]
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +20,8 @@ def module():
     return mod
 
 
-@pytest.mark.parametrize("n", [0, 1, 2047, 2048, 2049, 1024 * 2048 + 5, 4096 * 2048, 4096 * 2048 + 1, 20_000_000])
-@pytest.mark.parametrize("in_dtype,out_dtype", [("int32", "int32"), ("int32", "int64"), ("int64", "int64")])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("in_dtype,out_dtype", DTYPES)
 def test_inclusive_scan_matches_numpy(module, n, in_dtype, out_dtype):
     import cupy as cp
 
@@ -25,3 +30,31 @@ def test_inclusive_scan_matches_numpy(module, n, in_dtype, out_dtype):
     got = cp.asnumpy(module.inclusive_scan(cp.asarray(x), out_dtype, "test"))
     np.testing.assert_array_equal(got, np.cumsum(x, dtype=out_dtype))
     assert got.dtype == np.dtype(out_dtype)
+
+
+def test_state_is_left_zeroed_run_after_run(module):
+    """Every run leaves the tile counter, the done count and the status words at zero for the next: 50 runs
+    of varied lengths (the largest first, so later runs use part of the buffer) on one tag, each checked."""
+    import cupy as cp
+
+    rng = np.random.default_rng(7)
+    for i, n in enumerate([3_000_000, *rng.integers(1, 3_000_000, 49)]):
+        x = rng.integers(-5, 9, int(n)).astype(np.int64)        # negative items too: totals may dip below zero
+        got = cp.asnumpy(module.inclusive_scan(cp.asarray(x), np.int64, "repeat"))
+        np.testing.assert_array_equal(got, np.cumsum(x), err_msg=f"run {i}, n={n}")
+        state = cp.asnumpy(module.ws.self_zeroing("repeat.state", 1, np.uint64))
+        assert not state.any(), f"run {i} left its state non-zero"
+
+
+def test_length_read_from_the_device(module):
+    """With n_dev the scan covers its first n_dev[0] entries and leaves the rest of the output untouched."""
+    import cupy as cp
+
+    x = cp.arange(1, 100_001, dtype=cp.int32)
+    out = module.ws.empty("devlen", len(x), cp.int64)
+    out.fill(-1)
+    for real in (0, 1, 70_001, 100_000):
+        out.fill(-1)
+        got = cp.asnumpy(module.inclusive_scan(x, cp.int64, "devlen", n_dev=cp.array([real], dtype=cp.int64)))
+        np.testing.assert_array_equal(got[:real], np.cumsum(np.arange(1, real + 1, dtype=np.int64)))
+        assert (got[real:] == -1).all()

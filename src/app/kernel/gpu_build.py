@@ -30,15 +30,16 @@ def module_source(paths) -> str:
     return "\n".join(f'#line 1 "{p.resolve()}"\n{p.read_text()}' for p in paths)
 SCAN_SOURCE = Path(__file__).with_name("scan.cu")
 COMMON_SOURCE = Path(__file__).with_name("common.cuh")
-SCAN_KERNELS = ("scan_tiles_i32_i32", "scan_tiles_i32_i64", "scan_tiles_i64_i64", "scan_sums_i32",
-                "scan_sums_i64", "add_offsets_i32", "add_offsets_i64")
-SCAN_TILE = 2048
-SMALL_SCAN_TILES = 4096   # up to here each tile sums its predecessors itself: two launches, not three
-# (input dtype, output dtype) -> (tile kernel, sums kernel, add kernel). Keyed by dtype objects: formatting
-# dtype names on every call cost more host time than a kernel launch.
-_SCAN_KERNELS = {(np.dtype(a), np.dtype(b)): (f"scan_tiles_{ta}", f"scan_sums_{tb}", f"add_offsets_{tb}")
-                 for (a, b), (ta, tb) in {("int32", "int32"): ("i32_i32", "i32"), ("int32", "int64"): ("i32_i64", "i64"),
-                                          ("int64", "int64"): ("i64_i64", "i64")}.items()}
+SCAN_KERNELS = ("scan_i32_i32", "scan_i32_i64", "scan_i64_i64")
+SCAN_TILE = 2048          # scan.cu's SCAN_TILE: items a tile
+SCAN_THREADS = 1024       # scan.cu's SCAN_THREADS: a block's threads
+SCAN_BLOCKS_PER_SM = 2    # the scan's fixed grid: as many of its blocks as an SM holds (2,048 threads)
+SCAN_STATE_HEAD = 2       # scan.cu's state: tile counter and blocks done, then a status word a tile
+# (input dtype, output dtype) -> scan kernel. Keyed by dtype objects: formatting dtype names on every call cost
+# more host time than a kernel launch.
+_SCAN_KERNELS = {(np.dtype(a), np.dtype(b)): f"scan_{ta}_{tb}"
+                 for a, ta in (("int32", "i32"), ("int64", "i64")) for b, tb in (("int32", "i32"), ("int64", "i64"))
+                 if (a, b) != ("int64", "int32")}
 
 
 class Workspace:
@@ -67,6 +68,14 @@ class Workspace:
             self.cp.cuda.runtime.memsetAsync(arr.data.ptr, 0, arr.nbytes, self.cp.cuda.get_current_stream().ptr)
         return arr
 
+    def self_zeroing(self, tag: str, n: int, dtype):
+        """At least ``n`` entries, zeroed when allocated and never again here: for state a kernel leaves zeroed
+        when it is done (scan.cu's), so no memset is queued between runs."""
+        arr = self._bufs.get(tag)
+        if arr is None or len(arr) < n or arr.dtype != self.cp.dtype(dtype):
+            arr = self._bufs[tag] = self.cp.zeros(n, dtype=dtype)
+        return arr
+
 
 class CudaModule:
     """One NVRTC module: scan.cu (prefix sums) + common.cuh (shared device code) + the kernel's .cu file(s).
@@ -90,6 +99,7 @@ class CudaModule:
         self.module = cupy.RawModule(code=self.source, options=self.options)
         self.fn: dict = {}
         self.ws = Workspace(cupy)
+        self.scan_blocks = SCAN_BLOCKS_PER_SM * cupy.cuda.Device().attributes["MultiProcessorCount"]
         self._ptx: str | None = None
 
     def compile(self, blocks: dict) -> dict:
@@ -105,7 +115,7 @@ class CudaModule:
                 "note": "includes CuPy's on-disk kernel cache: a warm cache makes this a module load"}
 
     def inclusive_scan(self, x, out_dtype, tag: str, n_dev=None):
-        """Inclusive prefix sum of a 1-D int array on the current stream (no host sync).
+        """Inclusive prefix sum of a 1-D int array on the current stream, in one launch (no host sync).
 
         The result lives in the workspace under ``tag``: valid until the next scan with that tag.
         ``n_dev``, a one-element int64 device array, makes the scan cover only its first
@@ -115,16 +125,11 @@ class CudaModule:
         out = self.ws.empty(tag, n, out_dtype)
         if n == 0:
             return out
-        tiles_fn, sums_fn, add_fn = _SCAN_KERNELS[(x.dtype, out.dtype)]
         tiles = (n + SCAN_TILE - 1) // SCAN_TILE
-        sums = self.ws.empty(tag + ".tile_sums", tiles, out_dtype)
+        state = self.ws.self_zeroing(tag + ".state", SCAN_STATE_HEAD + tiles, np.uint64)
         nd = np.intp(0) if n_dev is None else n_dev
-        self.fn[tiles_fn]((tiles,), (1024,), (x, _i64(n), nd, out, sums))
-        if tiles > 1:
-            scanned = tiles > SMALL_SCAN_TILES
-            if scanned:
-                self.fn[sums_fn]((1,), (1024,), (sums, _i64(tiles)))
-            self.fn[add_fn]((tiles,), (1024,), (out, _i64(n), nd, sums, np.int32(scanned)))
+        blocks = min(tiles, self.scan_blocks)
+        self.fn[_SCAN_KERNELS[(x.dtype, out.dtype)]]((blocks,), (SCAN_THREADS,), (x, _i64(n), nd, out, state))
         return out
 
     def resources(self, fn) -> dict:

@@ -20,9 +20,11 @@ extern "C" __global__ void join_extent(const double* coords, const int* ring_off
     }
     double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0;
     long long stride = (long long)(gridDim.x - poly_blocks) * blockDim.x;
+    const double2* xy = reinterpret_cast<const double2*>(pts);         // one 16-byte load a point
+#pragma unroll 4
     for (long long i = (blockIdx.x - poly_blocks) * (long long)blockDim.x + threadIdx.x; i < N; i += stride) {
-        double x = pts[2 * i], y = pts[2 * i + 1];
-        x0 = fmin(x0, x); y0 = fmin(y0, y); x1 = fmax(x1, x); y1 = fmax(y1, y);
+        const double2 v = xy[i];
+        x0 = fmin(x0, v.x); y0 = fmin(y0, v.y); x1 = fmax(x1, v.x); y1 = fmax(y1, v.y);
     }
     block_extent(summary, x0, y0, x1, y1);
 }
@@ -304,8 +306,11 @@ __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* s
             int f = base + lane;
             int j = run_item(f, start, incl, excl);
             bool hit = false;
+            int pt = 0;
             if (f < total) {
+                // The point's index is loaded beside its coordinates, not after the test: one wait, not two.
                 const double2 q = sorted_xy[j];
+                pt = sorted_pt[j];
                 hit = (bx0 <= q.x) & (q.x <= bx1) & (by0 <= q.y) & (q.y <= by1);
                 if (MODE == RUNS_STASH) ++examined;
             }
@@ -313,11 +318,11 @@ __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* s
             int before = __popc(ballot & ((1u << lane) - 1));
             if (MODE == RUNS_WRITE) {
                 long long pos = out + before;
-                if (hit && pos < cap) { cand_pt[pos] = sorted_pt[j]; cand_poly[pos] = g; }
+                if (hit && pos < cap) { cand_pt[pos] = pt; cand_poly[pos] = g; }
                 out += __popc(ballot);
             } else {
                 int pos = n_stash + before;
-                if (hit && pos < STASH_PAIRS) stash[pos] = make_int2(sorted_pt[j], g);
+                if (hit && pos < STASH_PAIRS) stash[pos] = make_int2(pt, g);
                 n_stash += __popc(ballot);        // warp-uniform: every candidate counts, the stash full or not
             }
         }
@@ -337,6 +342,26 @@ __device__ __forceinline__ void polygon_cells(const double* bbox, long long g, l
     bx0 = b[0]; by0 = b[1]; bx1 = b[2]; by1 = b[3];
     unsigned int x1, y1;
     box_cells(b, gp, x0, y0, x1, y1);
+    if (x1 >= x0 && y1 >= y0) {                      // an empty polygon's box (+inf, -inf) covers no cell
+        nx = x1 - x0 + 1;
+        ncell = nx * (y1 - y0 + 1);
+    }
+}
+
+// polygon_cells for polygon g0 + i of a warp whose lane i holds that polygon's box (b, loaded for the warp's
+// polygons at once): the box comes by shuffles, so the warp waits for memory once for all its boxes instead of
+// once a polygon. Every lane must call it.
+__device__ __forceinline__ void warp_polygon_cells(const double (&b)[4], int i, long long g, long long G,
+                                                   const GridParams* gp, double& bx0, double& by0, double& bx1,
+                                                   double& by1, unsigned int& x0, unsigned int& y0,
+                                                   unsigned int& nx, unsigned int& ncell) {
+    double box[4];
+    for (int k = 0; k < 4; ++k) box[k] = __shfl_sync(FULL_MASK, b[k], i);
+    ncell = 0;                                       // no cells past the last polygon
+    if (g >= G) return;
+    bx0 = box[0]; by0 = box[1]; bx1 = box[2]; by1 = box[3];
+    unsigned int x1, y1;
+    box_cells(box, gp, x0, y0, x1, y1);
     if (x1 >= x0 && y1 >= y0) {                      // an empty polygon's box (+inf, -inf) covers no cell
         nx = x1 - x0 + 1;
         ncell = nx * (y1 - y0 + 1);
@@ -383,9 +408,12 @@ __device__ __forceinline__ void candidate_fill_warp(const double2* sorted_xy, co
     double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
     unsigned int x0 = 0, y0 = 0, nx = 0, ncell = 0;
     long long out = 0;
+    double mine_box[4] = {0.0, 0.0, 0.0, 0.0};      // lane i: polygon g0 + i's box
+    if (lane < per_warp && g0 + lane < G)
+        for (int k = 0; k < 4; ++k) mine_box[k] = bbox[4 * (g0 + lane) + k];
 #pragma unroll
     for (int i = 0; i < per_warp; ++i) {
-        polygon_cells(bbox, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
+        warp_polygon_cells(mine_box, i, g0 + i, G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
         int had = n_stash;
         cell_runs<RUNS_STASH>(sorted_xy, sorted_pt, cell_start, x0, y0, nx, ncell, bx0, by0, bx1, by1, lane,
                               examined, out, cap, (int)(g0 + i), cand_pt, cand_poly, stash, n_stash);
