@@ -71,6 +71,8 @@ def measure(sizes: dict, runs: int, cpu_runs: int, shapely_runs: int, vertices: 
                 if gpu:
                     g = bench_join.time_plan(plan, inputs, "gpu", runs)
                     row |= {"gpu_after": g["after"], "gpu_build": g["build"], "gpu_total": g["total"],
+                            "gpu_after_ci": g.get("after_ci"), "gpu_e2e_ci": g.get("e2e_ci"),
+                            "gpu_e2e_pinned_ci": g.get("e2e_pinned_ci"),
                             "gpu_e2e": g["e2e"], "gpu_e2e_pinned": g.get("e2e_pinned"),
                             "gpu_ok": ok(g["out"]) and ok(g.get("out_pinned", g["out"])), "card": g["device_name"],
                             "graph_after": g.get("graph_after"), "graph_new_inputs": g.get("graph_new_inputs")}
@@ -83,7 +85,8 @@ def _line(r: dict) -> str:
     s = (f"{r['kernel']:<8} {r['version']:<3} {r['size']:>20}  shapely {r['shapely'] * 1e3:10.2f} ms  cpu "
          f"{r['cpu'] * 1e3:10.2f} ms  shapely/cpu {r['shapely'] / r['cpu']:6.2f}x  ok={r['cpu_ok']}")
     if "gpu_after" in r:
-        s += (f"  |  gpu after build {r['gpu_after'] * 1e3:8.3f} ms  build {r['gpu_build'] * 1e3:7.3f} ms  plan "
+        s += (f"  |  gpu after build {bench_join.ms(r['gpu_after'], r.get('gpu_after_ci'))}  build "
+              f"{r['gpu_build'] * 1e3:7.3f} ms  plan "
               f"{r['gpu_total'] * 1e3:8.3f} ms  {bench_join.e2e_text(r)}  shapely/gpu "
               f"{r['shapely'] / r['gpu_after']:7.0f}x after build, {r['shapely'] / r['gpu_e2e']:6.0f}x end to end  "
               f"{bench_join.graph_text(r)}  ok={r['gpu_ok']}")
@@ -105,7 +108,11 @@ def main(argv=None) -> int:
         rows = measure(sizes, args.runs, args.cpu_runs, args.shapely_runs, args.vertices, sel.selected == "gpu")
     card = rows[0].get("card", "no GPU") if rows else "no GPU"
     print(f"\nAll kernels and versions, one run, medians ({card}; shapely and the CPU plan on this host's CPU, "
-          "one thread). GPU after build: inputs already on the device; plan: host arrays in, result on the device "
+          "one thread). GPU after build and end to end come with the ~95% interval of their median in brackets "
+          "(order statistics of the timed runs). The versions run one after another, so a slowdown of the host "
+          "between them is in no interval: where two versions' intervals overlap or lie close, time them "
+          "interleaved before calling one faster. "
+          "GPU after build: inputs already on the device; plan: host arrays in, result on the device "
           "(CUDA events); end to end: host arrays in, host arrays out (host clock), and again with the inputs in "
           "pinned host memory (no host copy before their DMA); graph replay: the stages after "
           "the build as one CUDA graph, for any input that fits or for these sizes only.")

@@ -27,6 +27,7 @@ from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for, xp_for  # noqa: E402
 from app.runtime.nvtx import Nvtx  # noqa: E402
 from app.runtime.recorder import Recorder  # noqa: E402
+from app.runtime.stats import median_interval  # noqa: E402
 from app.runtime.timing import warm_up  # noqa: E402
 
 
@@ -58,6 +59,8 @@ def time_plan(plan, inputs, device: str, runs: int):
     res = {"build": statistics.median(build), "after": statistics.median(after),
            "total": statistics.median(total), "after_min": min(after), "e2e": statistics.median(e2e),
            "out": host, "device_name": sel.device_name}
+    if runs:     # the medians' ~95% intervals: where two versions' intervals overlap, the runs cannot tell them apart
+        res |= {"after_ci": median_interval(after), "e2e_ci": median_interval(e2e)}
     if device == "gpu" and runs:
         res |= graph_after_build(plan, inputs, backend, r, runs)
         res |= pinned_end_to_end(plan, inputs, backend, rec, runs)
@@ -77,12 +80,18 @@ def pinned_end_to_end(plan, inputs, backend, rec, runs: int) -> dict:
         out, _ = rec.run(plan, pinned, backend)
         host = backend.outputs_to_host(out)
         times.append(time.perf_counter() - t0)
-    return {"e2e_pinned": statistics.median(times), "out_pinned": host}
+    return {"e2e_pinned": statistics.median(times), "e2e_pinned_ci": median_interval(times), "out_pinned": host}
+
+
+def ms(value: float, ci=None) -> str:
+    """A median in ms, with its ~95% interval in brackets when there is one."""
+    return f"{value * 1e3:.3f} ms" + (f" [{ci[0] * 1e3:.3f}-{ci[1] * 1e3:.3f}]" if ci else "")
 
 
 def e2e_text(r) -> str:
-    pinned = f" (inputs in pinned memory {r['gpu_e2e_pinned'] * 1e3:.3f} ms)" if r.get("gpu_e2e_pinned") else ""
-    return f"end to end {r['gpu_e2e'] * 1e3:.3f} ms{pinned}"
+    pinned = (f" (inputs in pinned memory {ms(r['gpu_e2e_pinned'], r.get('gpu_e2e_pinned_ci'))})"
+              if r.get("gpu_e2e_pinned") else "")
+    return f"end to end {ms(r['gpu_e2e'], r.get('gpu_e2e_ci'))}{pinned}"
 
 
 def graph_after_build(plan, inputs, backend, record, runs: int) -> dict:
@@ -144,14 +153,17 @@ def main(argv=None) -> int:
             if gpu:
                 gp = time_plan(plan, inputs, "gpu", args.runs)
                 res |= {"gpu_after": gp["after"], "gpu_after_min": gp["after_min"], "gpu_build": gp["build"],
+                        "gpu_after_ci": gp.get("after_ci"), "gpu_e2e_ci": gp.get("e2e_ci"),
                         "gpu_e2e": gp["e2e"], "gpu_e2e_pinned": gp.get("e2e_pinned"),
+                        "gpu_e2e_pinned_ci": gp.get("e2e_pinned_ci"),
                         "graph_after": gp.get("graph_after"), "graph_new_inputs": gp.get("graph_new_inputs"),
                         "gpu_ok": all(np.array_equal(a, b) for out in (gp["out"], gp.get("out_pinned", gp["out"]))
                                       for a, b in zip(out, ref)),
                         "card": gp["device_name"]}
             rows.append(res)
             print(_row(res), flush=True)
-    print("\njoin benchmark (medians; GPU: stages after the owned-buffer build, inputs on device)")
+    print("\njoin benchmark (medians, GPU ones with their ~95% intervals in brackets; GPU: stages after the "
+          "owned-buffer build, inputs on device)")
     for r in rows:
         print(_row(r))
     return 0 if all(r["cpu_ok"] and r.get("gpu_ok", True) for r in rows) else 1
@@ -161,7 +173,7 @@ def _row(r) -> str:
     s = (f"{r['size']:>22}  pairs {r['pairs']:>9,}  shapely {r['shapely'] * 1e3:9.2f} ms  "
          f"cpu {r['cpu'] * 1e3:9.2f} ms (shapely/cpu {r['shapely'] / r['cpu']:5.2f}x, ok={r['cpu_ok']})")
     if "gpu_after" in r:
-        s += (f"  gpu {r['gpu_after'] * 1e3:7.3f} ms (min {r['gpu_after_min'] * 1e3:.3f}) + H2D "
+        s += (f"  gpu {ms(r['gpu_after'], r.get('gpu_after_ci'))} (min {r['gpu_after_min'] * 1e3:.3f}) + H2D "
               f"{r['gpu_build'] * 1e3:.3f} ms  {e2e_text(r)}  shapely/gpu "
               f"{r['shapely'] / r['gpu_after']:8.0f}x after build, {r['shapely'] / r['gpu_e2e']:6.0f}x end to end  "
               f"{graph_text(r)}  ok={r['gpu_ok']}  [{r['card']}]")

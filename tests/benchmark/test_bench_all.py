@@ -1,5 +1,7 @@
 """bench_all runs every kernel and version in one process, checks each output against shapely and
 prints one table (tiny sizes here: the ratios that matter are measured on the GPU machine)."""
+import re
+
 import pytest
 
 from app.kernel.plan import kernels
@@ -15,6 +17,16 @@ def test_every_kernel_and_version_in_one_table(capsys):
     assert all("ok=True" in line for line in table)
 
 
+def test_a_median_is_shown_with_its_interval():
+    from tests.benchmark.bench_join import e2e_text, ms
+
+    assert ms(0.000365, (0.000352, 0.00038)) == "0.365 ms [0.352-0.380]"
+    assert ms(0.000365) == "0.365 ms"
+    assert e2e_text({"gpu_e2e": 0.00295, "gpu_e2e_ci": (0.0029, 0.0031), "gpu_e2e_pinned": 0.0016,
+                     "gpu_e2e_pinned_ci": (0.0015, 0.0017)}) == \
+        "end to end 2.950 ms [2.900-3.100] (inputs in pinned memory 1.600 ms [1.500-1.700])"
+
+
 def test_bad_sizes_name_the_format():
     with pytest.raises(SystemExit, match="expected KERNEL=A:B"):
         bench_all.parse_sizes("joins=1k:1k")
@@ -28,3 +40,10 @@ def test_on_a_gpu_each_row_has_its_graph_replay_and_says_which_inputs_it_serves(
     assert "(these sizes only)" in table["v1"] and "(these sizes only)" in table["v2"]
     # Each GPU row also gives end to end with the inputs in pinned memory, its output checked too (ok=True).
     assert all("(inputs in pinned memory " in line and "ok=True" in line for line in table.values())
+    # After the build, end to end and end to end from pinned inputs each come with their median's interval.
+    for line in table.values():
+        for what in ("gpu after build", "end to end", "inputs in pinned memory"):
+            m = re.search(what + r" (\d+\.\d+) ms \[(\d+\.\d+)-(\d+\.\d+)\]", line)
+            assert m, f"{what}: no interval in {line}"
+            median, lo, hi = (float(x) for x in m.groups())
+            assert lo <= median <= hi
