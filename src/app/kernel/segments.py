@@ -43,7 +43,11 @@ def _inside_split(t):
     return np.where((t > 0.0) & (t < 1.0), t, np.nan)
 
 
-def classify_pairs(e0x, e0y, e1x, e1y, f0x, f0y, f1x, f1y) -> PairSplits:
+def classify_pairs(e0x, e0y, e1x, e1y, f0x, f0y, f1x, f1y, marks: bool = False) -> PairSplits:
+    """With ``marks`` (overlay v3, which carries inside/outside status along each ring and so may lose no
+    point where the other boundary meets a ring), a proper crossing keeps its parameter even where it rounds
+    to 0 or 1, and a touch at a segment's own end, which splits nothing, is recorded as a mark at t = 0 or 1
+    on that segment (when the segment has no split of its own)."""
     n = len(e0x)
     o1, a1 = orient2d_flags(e0x, e0y, e1x, e1y, f0x, f0y)
     o2, a2 = orient2d_flags(e0x, e0y, e1x, e1y, f1x, f1y)
@@ -89,25 +93,34 @@ def classify_pairs(e0x, e0y, e1x, e1y, f0x, f0y, f1x, f1y) -> PairSplits:
         dfx, dfy = f1x[i] - f0x[i], f1y[i] - f0y[i]
         wx, wy = f0x[i] - e0x[i], f0y[i] - e0y[i]
         den = dex * dfy - dey * dfx
-        e_t[i, 0] = _inside_split(np.clip((wx * dfy - wy * dfx) / den, 0.0, 1.0))
-        f_t[i, 0] = _inside_split(np.clip((wx * dey - wy * dex) / den, 0.0, 1.0))
+        ue = np.clip((wx * dfy - wy * dfx) / den, 0.0, 1.0)
+        uf = np.clip((wx * dey - wy * dex) / den, 0.0, 1.0)
+        e_t[i, 0] = ue if marks else _inside_split(ue)
+        f_t[i, 0] = uf if marks else _inside_split(uf)
 
     # Touch: an endpoint of one segment lies on the other (collinear single point included).
     touch_cand = (~col | single) & ~proper
     if touch_cand.any():
         i = np.flatnonzero(touch_cand)
         hit = np.zeros(len(i), dtype=bool)
+        on_end = []                     # f0 on e, f1 on e, e0 on f, e1 on f
         for slot, (o, px, py, on, (x0, y0, x1, y1), out) in enumerate((
                 (o1, f0x, f0y, "e", (e0x, e0y, e1x, e1y), e_t),
                 (o2, f1x, f1y, "e", (e0x, e0y, e1x, e1y), e_t),
                 (o3, e0x, e0y, "f", (f0x, f0y, f1x, f1y), f_t),
                 (o4, e1x, e1y, "f", (f0x, f0y, f1x, f1y), f_t))):
             on_seg = (o[i] == 0) & _in_box(px[i], py[i], x0[i], y0[i], x1[i], y1[i])
+            on_end.append(on_seg)
             hit |= on_seg
             t = _param(px[i], py[i], x0[i], y0[i], x1[i], y1[i])
             col_idx = slot % 2
             out[i, col_idx] = np.where(on_seg, _inside_split(t), out[i, col_idx])
         kind[i[hit]] = TOUCH
+        if marks:       # as overlay.cu's refine_pairs: a segment's own end on the other one, when nothing split it
+            for out, first, second in ((e_t, on_end[2], on_end[3]), (f_t, on_end[0], on_end[1])):
+                bare = hit & np.isnan(out[i, 0]) & np.isnan(out[i, 1])
+                out[i[bare & first], 0] = 0.0
+                out[i[bare & ~first & second], 0] = 1.0
     ambiguous = a1 | a2 | a3 | a4
     return PairSplits(kind, ambiguous, e_t, f_t, e_ov, f_ov, same)
 

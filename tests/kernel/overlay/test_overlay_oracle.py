@@ -119,6 +119,13 @@ def test_gpu_and_cpu_stage_metadata_agree(layout, version):
         for k in keys:
             assert by["cpu"][stage]["meta"][k] == by["gpu"][stage]["meta"][k], (stage, k)
     assert by["cpu"]["area_reconstruction"]["rows_out"] == by["gpu"]["area_reconstruction"]["rows_out"]
+    if version == "v3":
+        # The CPU carries the status along each ring as the GPU walks it: the same marks, cut rings, pieces,
+        # kept pieces and point-in-polygon tests, exactly.
+        assert by["cpu"]["exact_intersection_refine"]["meta"]["end_marks"] == \
+            by["gpu"]["exact_intersection_refine"]["meta"]["end_marks"]
+        for k in ("cut_rings", "fragments", "fragments_kept", "pip_tests"):
+            assert by["cpu"]["area_reconstruction"]["meta"][k] == by["gpu"]["area_reconstruction"]["meta"][k], k
 
 
 @pytest.mark.gpu

@@ -17,7 +17,8 @@ reconstruction walks each cut ring carrying its inside/outside status: refine re
 which splits are proper crossings (the status flips there) and marks touches at a
 segment's own ends (the status is unknown past them), so a point-in-polygon test is
 needed only where the status is unknown -- about one a cut ring instead of one a piece.
-On the CPU, v3 runs v1's stages.
+On the CPU, v3 finds v1's candidates and carries the status along each ring the same way
+(cpu.py's _walk: the same pieces, kept pieces and point-in-polygon tests, tested).
 """
 from __future__ import annotations
 

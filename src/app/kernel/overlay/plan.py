@@ -134,8 +134,8 @@ class OverlayV3(OverlayPlan):
     version = "v3"
     summary = ("v1's candidates found in one pass (a warp per polygon pair, b's edges broadcast by shuffles, written "
                "into a room kept from run to run), and each cut ring's inside/outside status carried along it "
-               "(flipped at proper crossings) instead of a point-in-polygon test per piece (on the CPU it runs v1's "
-               "stages)")
+               "(flipped at proper crossings) instead of a point-in-polygon test per piece (on the CPU: v1's "
+               "candidates, the status carried the same way)")
 
 
 set_default("overlay", "v3", "the fastest after the build on an NVIDIA H200, 40 interleaved runs each at the default sizes, "
