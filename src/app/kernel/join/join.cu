@@ -333,12 +333,12 @@ __device__ __forceinline__ void cell_runs(const double2* sorted_xy, const int* s
 // them all, reserves room for their candidates with one atomic add, and writes them. With a warp
 // per polygon, 100k polygons made 100k atomic adds on the one room counter, and on an H200 that
 // contention cost about 45 of candidate_fill's 170 us at 1M x 100k.
-__device__ __forceinline__ void polygon_cells(const double* bbox, long long g, long long G, const GridParams* gp,
-                                              double& bx0, double& by0, double& bx1, double& by1, unsigned int& x0,
+// The cells of box b (a polygon's; ``real`` false past the last polygon: no cells), laid out for cell_runs.
+__device__ __forceinline__ void box_cell_runs(const double* b, bool real, const GridParams* gp, double& bx0,
+                                              double& by0, double& bx1, double& by1, unsigned int& x0,
                                               unsigned int& y0, unsigned int& nx, unsigned int& ncell) {
-    ncell = 0;                                       // no cells past the last polygon
-    if (g >= G) return;
-    const double* b = bbox + 4 * g;
+    ncell = 0;
+    if (!real) return;
     bx0 = b[0]; by0 = b[1]; bx1 = b[2]; by1 = b[3];
     unsigned int x1, y1;
     box_cells(b, gp, x0, y0, x1, y1);
@@ -346,6 +346,12 @@ __device__ __forceinline__ void polygon_cells(const double* bbox, long long g, l
         nx = x1 - x0 + 1;
         ncell = nx * (y1 - y0 + 1);
     }
+}
+
+__device__ __forceinline__ void polygon_cells(const double* bbox, long long g, long long G, const GridParams* gp,
+                                              double& bx0, double& by0, double& bx1, double& by1, unsigned int& x0,
+                                              unsigned int& y0, unsigned int& nx, unsigned int& ncell) {
+    box_cell_runs(bbox + 4 * g, g < G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
 }
 
 // polygon_cells for polygon g0 + i of a warp whose lane i holds that polygon's box (b, loaded for the warp's
@@ -357,15 +363,7 @@ __device__ __forceinline__ void warp_polygon_cells(const double (&b)[4], int i, 
                                                    unsigned int& nx, unsigned int& ncell) {
     double box[4];
     for (int k = 0; k < 4; ++k) box[k] = __shfl_sync(FULL_MASK, b[k], i);
-    ncell = 0;                                       // no cells past the last polygon
-    if (g >= G) return;
-    bx0 = box[0]; by0 = box[1]; bx1 = box[2]; by1 = box[3];
-    unsigned int x1, y1;
-    box_cells(box, gp, x0, y0, x1, y1);
-    if (x1 >= x0 && y1 >= y0) {                      // an empty polygon's box (+inf, -inf) covers no cell
-        nx = x1 - x0 + 1;
-        ncell = nx * (y1 - y0 + 1);
-    }
+    box_cell_runs(box, g < G, gp, bx0, by0, bx1, by1, x0, y0, nx, ncell);
 }
 
 // The warp's room: one atomic add on stats[1] for its ``total`` candidates, from ``base`` on. A warp whose
