@@ -44,6 +44,13 @@ __device__ __forceinline__ void atomic_max_double(double* addr, double v) {
     }
 }
 
+// How many of a buffer's ``n`` entries are live: ``n`` itself, or where the count is a device word (``n_dev``,
+// written by an earlier kernel: a buffer sized by a room kept from run to run, whose real length the host has not
+// read), that count, at most ``n`` (a count past the room means the run overflowed it and runs again).
+__device__ __forceinline__ long long live_count(long long n, const unsigned long long* n_dev) {
+    return n_dev ? (long long)min((unsigned long long)n, *n_dev) : n;
+}
+
 // Block-wide aggregation: one atomic per block and counter instead of one per thread
 // (same-address atomics serialise in L2). Every thread of the block must call these.
 template <int K>

@@ -130,9 +130,11 @@ def test_gpu_and_cpu_stage_metadata_agree(layout, version):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["random", "self"])
-def test_v3_candidates_past_the_room_grow_it_and_run_again_exactly(layout):
-    """v3 writes edge pairs into a room kept from run to run: a run that finds more grows it, runs the pass
-    again in that same run (and says so), and the next run fits with one read."""
+@pytest.mark.parametrize("small", ["pairs", "candidates", "slots"])
+def test_v3_counts_past_a_room_grow_it_and_run_again_exactly(layout, small):
+    """v3 reads no size before its result: polygon pairs, candidate edge pairs and edge slots go into rooms kept
+    from run to run, checked by the one read at the end. A run that counts more than a room holds grows it and
+    runs the filter to the areas again in that same run (and says so); the next run fits, with that one read."""
     import cupy as cp
 
     from app.kernel.overlay.gpu import OverlayGPU
@@ -144,14 +146,22 @@ def test_v3_candidates_past_the_room_grow_it_and_run_again_exactly(layout):
     inp = plan.make_inputs()
     backend = OverlayGPU(plan.tiling, "v3")
     backend.compile()
-    backend._room = 100
+    out, rec = Recorder("gpu", cp, Nvtx(False, "overlay")).run(plan, inp, backend)     # rooms fitted to these
+    fitted = dict(backend.rooms)
+    backend.rooms = fitted | {small: 50}
     for first in (True, False):
         out, rec = Recorder("gpu", cp, Nvtx(False, "overlay")).run(plan, inp, backend)
         assert plan.verify(inp, tuple(cp.asnumpy(a) for a in out))["matches"]
-        filt = {s["name"]: s for s in rec.stages}["segment_mbr_filter"]
-        assert ("candidate_room_grown" in filt["meta"]) == first
-        assert filt["counters"]["allocation_size_reads"] == (3 if first else 2)   # polygon pairs, candidates (x2)
-        assert filt["meta"]["candidates"] <= filt["meta"]["candidate_room"]
+        by = {s["name"]: s for s in rec.stages}
+        filt, area = by["segment_mbr_filter"]["meta"], by["area_reconstruction"]
+        assert ("room_grown" in area["meta"]) == first
+        if first:
+            assert f"{small} did not fit the room for 50" in area["meta"]["room_grown"]
+        reads = {name: s["counters"]["allocation_size_reads"] for name, s in by.items()}
+        assert reads == {**dict.fromkeys(by, 0), "area_reconstruction": 2 if first else 1}
+        assert area["counters"]["result_size_reads"] == reads["area_reconstruction"]
+        assert filt["polygon_pairs"] <= filt["pair_room"] and filt["candidates"] <= filt["candidate_room"]
+        assert backend.rooms == fitted
 
 
 @pytest.mark.gpu

@@ -1,20 +1,27 @@
 """The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu and overlay_v3.cu.
 
-Device->host reads inside the pipeline are allocation-size reads only, both in the
-filter: the polygon-pair total (the grid it buckets by is chosen on the device, and
-its level comes back with this read), then the candidate-pair total (v1, v2) or the
-check of the candidates' room (v3). The output's length is read after the last launch
-(the output is written into columns as long as the polygon pairs), and the refine's
-counters come back with it.
+Every counter of a run lands in one device array, the run's ledger (the grid the filter
+buckets by, chosen on the device, then the filter's, refine's and area's counters), which
+grid_zero zeroes at the start of the filter; the host reads it once, after the last
+launch, with the output's length (the output is written into columns as long as the
+polygon pairs and cut to length after).
 
-v3 keeps v1's stages with two kernels changed. The edge-pair filter gives each polygon
-pair a warp whose lanes hold a's edges, and broadcasts b's near edges to them by
-shuffles (v1's tests and candidates, with no lane looping over b on its own); it writes
-the candidates in one pass into buffers with a room kept from run to run, so v1's count
-pass goes, and its read comes after the pass to check the room (a pass that overflowed
-runs again in a grown room, and the filter's metadata says so). Area
-reconstruction walks each cut ring carrying its inside/outside status: refine records
-which splits are proper crossings (the status flips there) and marks touches at a
+v1 and v2 also read two allocation sizes mid-run, both in the filter: the polygon-pair
+total, then the candidate-pair total. Each read stops the host until the GPU has caught
+up, and then the GPU waits for the host's next launches.
+
+v3 reads no size before the end. Its polygon pairs, candidate edge pairs and edge slots
+live in buffers with rooms the backend keeps from run to run, and its kernels read the
+live counts from the ledger (common.cuh's live_count). The read at the end checks the
+rooms; where a count did not fit, the room grows and the filter, refine, sort and area
+stages run again within that same run (the area stage's metadata says so). The plan can
+therefore be captured as one CUDA graph that replays for any input whose counts fit.
+
+v3 changes two of v1's kernels too. The edge-pair filter gives each polygon pair a warp
+whose lanes hold a's edges, and broadcasts b's near edges to them by shuffles (v1's tests
+and candidates, with no lane looping over b on its own), writing the candidates in one
+pass. Area reconstruction walks each cut ring carrying its inside/outside status: refine
+records which splits are proper crossings (the status flips there) and marks touches at a
 segment's own ends (the status is unknown past them), so a point-in-polygon test is
 needed only where the status is unknown -- about one a cut ring instead of one a piece.
 On the CPU, v3 finds v1's candidates and carries the status along each ring the same way
@@ -33,21 +40,33 @@ from app.kernel.robust import CCW_ERRBOUND_A
 SOURCE = (Path(__file__).with_name("overlay.cu"), Path(__file__).with_name("overlay_v3.cu"))
 # overlay.cu's PAIR_STASH: b's each a keeps from polygon_pairs' count pass (an a with more is tested again).
 PAIR_STASH = 16
-# The filter's ledger, 64-bit words the host reads once: common.cuh's GridParams (ox, oy, sx, sy as fp64 bits, level,
-# shift, cells, table length), then polygon_pairs' counters (bbox tests, pairs, a's tested twice).
+# The run's ledger, 64-bit words: common.cuh's GridParams (ox, oy, sx, sy as fp64 bits, level, shift, cells, table
+# length), then the counters grid_zero zeroes: polygon_pairs' (bbox tests, pairs, a's tested twice), the edge-pair
+# filter's (MBR tests, candidates), v3's edge slots, refine_pairs' (proper, touch, collinear overlap, ambiguous
+# pairs, split events, v3's end marks) and the area stage's (point-in-polygon tests, pieces, kept pieces, cut
+# rings, kept pairs: the output's length).
 GRID = slice(0, 8)
 TABLE = slice(7, 8)
+COUNTERS = slice(8, 25)
 PAIR_STATS = slice(8, 11)
-LEDGER_WORDS = 11
-# v3's first candidate room: 8 edge pairs a polygon pair (random layers find about 4.5).
-MIN_ROOM_PER_PAIR = 8
+N_PAIRS = slice(9, 10)
+EDGE_STATS = slice(11, 13)
+N_CANDIDATES = slice(12, 13)
+SLOTS = slice(13, 14)
+REFINE = slice(14, 20)
+OVERLAPS = slice(16, 17)
+AREA = slice(20, 25)
+KEPT_PAIRS = slice(24, 25)
+LEDGER_WORDS = 25
+# v3's first rooms, before a run has counted: 4 polygon pairs a polygon of the larger layer (random layers find
+# about 2.2), 8 candidate edge pairs a polygon pair (they find about 4.5), and each pair's mean edge slots.
+# A run that counts more grows them and runs again; after every run they fit its counts with a quarter to spare.
+FIRST_PAIRS_PER_POLYGON = 4
+FIRST_CANDIDATES_PER_PAIR = 8
 MIN_ROOM = 4096
 # v3's walk of the cut rings: a fixed grid of this many blocks a multiprocessor (each holds one or two at 128
 # registers a thread), striding over the list.
 WALK_BLOCKS_PER_SM = 4
-# refine_pairs' counters: proper, touch, collinear overlap, ambiguous pairs, split events, v3's end marks.
-REFINE_STATS = 6
-OVERLAPS = slice(2, 3)
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
     "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs",
@@ -58,10 +77,7 @@ STAGE_KERNELS = {
 }
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
-    "segment_mbr_filter": "cupy.zeros (candidate stats)",
-    "exact_intersection_refine": "cupy.zeros (stats)",
-    "reconstruction_event_sort": "cupy.zeros (slot counts)",
-    "area_reconstruction": "cupy.zeros (stats), cupy.concatenate (one read)",
+    "reconstruction_event_sort": "cudaMemsetAsync (slot counts)",
 }
 
 
@@ -71,8 +87,20 @@ class OverlayGPU(GpuBackend):
 
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
-        self._room: int | None = None     # v3: candidate edge pairs the buffers hold, kept from run to run
         self.sm_count = self.cp.cuda.Device().attributes["MultiProcessorCount"]
+        self.rooms: dict | None = None    # v3: polygon pairs, candidates and edge slots its buffers hold
+        self._views: dict | None = None
+
+    def _ledger(self) -> dict:
+        """The run's ledger and its parts by name: views made once, since slicing a CuPy array costs
+        microseconds of host time and the launches are host-bound at the default sizes."""
+        arr = self.mod.ws.empty("ledger", LEDGER_WORDS, self.cp.uint64)
+        if self._views is None or self._views["all"] is not arr:
+            parts = {"grid": GRID, "table": TABLE, "counters": COUNTERS, "pairs": PAIR_STATS, "n_pairs": N_PAIRS,
+                     "edges": EDGE_STATS, "n_candidates": N_CANDIDATES, "slots": SLOTS, "refine": REFINE,
+                     "overlaps": OVERLAPS, "area": AREA, "kept": KEPT_PAIRS}
+            self._views = {"all": arr} | {name: arr[part] for name, part in parts.items()}
+        return self._views
 
     def owned_buffer_build(self, state, st, tiling):
         inp = state["inputs"]
@@ -115,127 +143,154 @@ class OverlayGPU(GpuBackend):
                        segments_right=int(state["b"]["coords"].shape[0] - state["b"]["n_rings"]))
 
     def segment_mbr_filter(self, state, st, tiling):
-        cp, ws, block = self.cp, self.mod.ws, tiling["block"]
         A, B = state["a"], state["b"]
-        ga, gb = A["n_geoms"], B["n_geoms"]
-        # The grid (as grid.grid_level and grid.world_scale would choose it from the world box) is chosen on the
-        # device, its cell table zeroed and the pair counters with it, in one launch: a table for the largest
-        # level, of which the kernels use the real length. Reading the world box to choose it on the host
-        # stopped the GPU for about 145 us at 100k x 100k on an H200 (the read, then the launches after it).
-        ledger = ws.empty("ledger", LEDGER_WORDS, cp.uint64)
-        gp, pstats = ledger[GRID], ledger[PAIR_STATS]
-        counts = ws.empty("corner_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
-        self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), (
-            state["summary"], np.int64(ga + gb), np.int32(tiling["level_bias"]), np.int32(grid.MAX_LEVEL), gp, counts,
-            pstats, np.int64(2 * pstats.size)))
-        # B bucketed by the cell of its bbox's lower-left corner.
-        cell = ws.empty("corner_cell", gb, cp.uint32)
-        slot = ws.empty("corner_slot", gb, cp.int32)
-        self._launch("corner_cells", gb, block, (B["bbox"], np.int32(gb), gp, cell, slot, counts))
-        cell_start = self.mod.inclusive_scan(counts, cp.int32, "corner_start", n_dev=ledger[TABLE])
-        sorted_b = ws.empty("sorted_b", gb, cp.int32)
-        self._launch("corner_scatter", gb, block, (cell, slot, np.int32(gb), cell_start, sorted_b))
-        # Polygon pairs: count (keeping each a's first PAIR_STASH b's), scan, read, place them in a-major order,
-        # order each a's b's. Only a's with more pairs than that are tested again, in an emit pass.
-        pcounts = ws.empty("pair_counts", ga, cp.int64)
-        stash = ws.empty("pair_stash", ga * PAIR_STASH, cp.int32)
-        common = (A["bbox"], np.int32(ga), B["bbox"], state["summary"], gp, cell_start, sorted_b)
-        null = np.intp(0)
-        self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, null, null, stash, pstats))
-        poffsets = self.mod.inclusive_scan(pcounts, cp.int64, "pair_offsets")
-        words = st.read_size(ledger, "grid and polygon pairs -> buffer size")
+        state.update(filter_block=tiling["block"], level_bias=tiling["level_bias"], filter_st=st,
+                     ledger=self._ledger())
+        st.rows_in = A["n_geoms"] + B["n_geoms"]
+        if self.version == "v3":        # the counts and the grid's level come back with the final read
+            self._filter_in_rooms(state)
+            return
+        cp, ws, block = self.cp, self.mod.ws, tiling["block"]
+        led, (pcounts, poffsets, common) = state["ledger"], self._polygon_pair_counts(state)
+        words = st.read_size(led["all"], "grid and polygon pairs -> buffer size")
         level = int(words[GRID][4])
         bbox_tests, npairs, crowded = (int(v) for v in words[PAIR_STATS])
         pair_a = ws.empty("pair_a", npairs, cp.int32)
         pair_b = ws.empty("pair_b", npairs, cp.int32)
         if crowded:
-            self._launch("polygon_pairs", 32 * ga, block, common + (pcounts, poffsets, pair_b, stash, pstats))
-        self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), stash, pair_a, pair_b))
-        geo = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"],
-               B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], pair_a, pair_b, np.int32(npairs))
-        if self.version == "v3":
-            tests, c, n_slots, slot_incl, cand = self._edge_pairs_in_room(st, geo, npairs, block)
-        else:
-            tests, c, n_slots, slot_incl, cand = self._edge_pairs_counted(st, geo, npairs, block)
-        state.update(level=level, pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
-        st.rows_in, st.rows_out = ga + gb, c
+            self._launch("polygon_pairs", 32 * A["n_geoms"], block, common[:-2] + (
+                pcounts, poffsets, pair_b, np.int64(npairs)) + common[-2:])
+        self._launch("sort_pairs", A["n_geoms"], block, (poffsets, np.int32(A["n_geoms"]), np.int64(npairs),
+                                                         common[-2], pair_a, pair_b))
+        tests, c, n_slots, slot_incl, cand = self._edge_pairs_counted(st, self._pair_geometry(state, pair_a, pair_b),
+                                                                      npairs, block)
+        state.update(pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
+        st.rows_out = c
         st.meta.update(polygon_pairs=npairs, pairs_examined=tests, candidates=c, grid_level=level,
                        bbox_tests=bbox_tests, polygons_tested_twice=crowded)
 
+    def _polygon_pair_counts(self, state):
+        """The grid, B bucketed by it, and each a's polygon pairs counted (its first PAIR_STASH b's kept), then
+        scanned: no read. Returns the counts, their inclusive offsets and polygon_pairs' leading arguments, with
+        the stash and the counters last."""
+        cp, ws, block = self.cp, self.mod.ws, state["filter_block"]
+        A, B, led = state["a"], state["b"], state["ledger"]
+        ga, gb = A["n_geoms"], B["n_geoms"]
+        # The grid (as grid.grid_level and grid.world_scale would choose it from the world box) is chosen on the
+        # device, its cell table zeroed and the run's counters with it, in one launch: a table for the largest
+        # level, of which the kernels use the real length. Reading the world box to choose it on the host
+        # stopped the GPU for about 145 us at 100k x 100k on an H200 (the read, then the launches after it).
+        counts = ws.empty("corner_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
+        self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), (
+            state["summary"], np.int64(ga + gb), np.int32(state["level_bias"]), np.int32(grid.MAX_LEVEL),
+            led["grid"], counts, led["counters"], np.int64(2 * led["counters"].size)))
+        # B bucketed by the cell of its bbox's lower-left corner.
+        cell = ws.empty("corner_cell", gb, cp.uint32)
+        slot = ws.empty("corner_slot", gb, cp.int32)
+        self._launch("corner_cells", gb, block, (B["bbox"], np.int32(gb), led["grid"], cell, slot, counts))
+        cell_start = self.mod.inclusive_scan(counts, cp.int32, "corner_start", n_dev=led["table"])
+        sorted_b = ws.empty("sorted_b", gb, cp.int32)
+        self._launch("corner_scatter", gb, block, (cell, slot, np.int32(gb), cell_start, sorted_b))
+        # Polygon pairs counted, each a's first PAIR_STASH b's kept; then (in the callers) placed in a-major
+        # order and each a's b's ordered. Only a's with more pairs than that are tested again, in an emit pass.
+        pcounts = ws.empty("pair_counts", ga, cp.int64)
+        stash = ws.empty("pair_stash", ga * PAIR_STASH, cp.int32)
+        common = (A["bbox"], np.int32(ga), B["bbox"], state["summary"], led["grid"], cell_start, sorted_b, stash,
+                  led["pairs"])
+        null = np.intp(0)
+        self._launch("polygon_pairs", 32 * ga, block, common[:-2] + (pcounts, null, null, np.int64(0)) + common[-2:])
+        return pcounts, self.mod.inclusive_scan(pcounts, cp.int64, "pair_offsets"), common
+
+    def _pair_geometry(self, state, pair_a, pair_b) -> tuple:
+        A, B = state["a"], state["b"]
+        return (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"],
+                B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"], pair_a, pair_b,
+                np.int32(len(pair_a)))
+
+    def _first_rooms(self, state) -> dict:
+        A, B = state["a"], state["b"]
+        pairs = FIRST_PAIRS_PER_POLYGON * max(A["n_geoms"], B["n_geoms"]) + MIN_ROOM
+        mean_slots = len(A["coords"]) / max(A["n_geoms"], 1) + len(B["coords"]) / max(B["n_geoms"], 1)
+        return {"pairs": pairs, "candidates": FIRST_CANDIDATES_PER_PAIR * pairs,
+                "slots": int(pairs * mean_slots) + MIN_ROOM}
+
+    def _filter_in_rooms(self, state):
+        """v3: polygon pairs and candidate edge pairs into buffers with the kept rooms, no read. The kernels
+        read the live counts from the ledger; the final read checks them against the rooms."""
+        cp, ws, block, led = self.cp, self.mod.ws, state["filter_block"], state["ledger"]
+        A, B = state["a"], state["b"]
+        if self.rooms is None:
+            self.rooms = self._first_rooms(state)
+        room = self.rooms
+        pcounts, poffsets, common = self._polygon_pair_counts(state)
+        pair_a = ws.empty("pair_a", room["pairs"], cp.int32)
+        pair_b = ws.empty("pair_b", room["pairs"], cp.int32)
+        ga, P = A["n_geoms"], np.int64(room["pairs"])
+        # The emit pass: every warp returns at once unless some a had more pairs than its stash.
+        self._launch("polygon_pairs", 32 * ga, block, common[:-2] + (pcounts, poffsets, pair_b, P) + common[-2:])
+        self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), P, common[-2], pair_a, pair_b))
+        slots = ws.empty("pair_slots", room["pairs"], cp.int64)
+        self._launch("pair_slots", room["pairs"], block, (A["ring_offsets"], A["geom_ring_offsets"], B["ring_offsets"],
+                                                          B["geom_ring_offsets"], pair_a, pair_b, np.int32(P),
+                                                          led["n_pairs"], slots, led["slots"]))
+        slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl", n_dev=led["n_pairs"])
+        cand = [ws.empty(f"cand_{k}", room["candidates"], cp.int32) for k in ("p", "ka", "kb")]
+        self._launch("edge_pairs_warp", 32 * room["pairs"], block, self._pair_geometry(state, pair_a, pair_b) + (
+            led["n_pairs"], slot_incl, np.int64(room["slots"]), np.int64(room["candidates"]), *cand, led["edges"]))
+        state.update(pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=room["slots"], cand=cand)
+
     def _edge_pairs_counted(self, st, geo, npairs, block):
         """v1, v2: edge pairs of each polygon pair counted (with the pair's slots), scanned, read, then emitted."""
-        cp, ws, null = self.cp, self.mod.ws, np.intp(0)
+        cp, ws, null, led = self.cp, self.mod.ws, np.intp(0), self._views
         ecounts = ws.empty("edge_counts", npairs, cp.int64)
         slots = ws.empty("pair_slots", npairs, cp.int64)
-        estats = ws.zeros("edge_stats", 2, cp.uint64)
         # v2's sweep keeps 8 warps' edge lists in shared memory: its block is fixed at 256.
         kernel, eblock = ("edge_pairs_sweep", 256) if self.version == "v2" else ("edge_pairs", block)
-        self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, null, null, null, null, estats))
+        self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, null, null, null, null, led["edges"]))
         eoffsets = self.mod.inclusive_scan(ecounts, cp.int64, "edge_offsets")
         slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl")
         tail = slot_incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
-        tests, c, n_slots = (int(v) for v in st.read_size(cp.concatenate([estats.view(cp.int64), tail]),
+        tests, c, n_slots = (int(v) for v in st.read_size(cp.concatenate([led["edges"].view(cp.int64), tail]),
                                                            "candidate edge pairs -> buffer size"))
         _check_int32(c, n_slots)
         cand = [ws.empty(f"cand_{k}", c, cp.int32) for k in ("p", "ka", "kb")]
-        self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, eoffsets, *cand, estats))
+        self._launch(kernel, 32 * npairs, eblock, geo + (ecounts, slots, eoffsets, *cand, led["edges"]))
         return tests, c, n_slots, slot_incl, cand
 
-    def _edge_pairs_in_room(self, st, geo, npairs, block):
-        """v3: edge pairs found and written in one pass into buffers with a room kept from run to run; the
-        read after it checks the room. Candidates past it grow the room and the pass runs again, in this same
-        run (the stage's metadata says so): v1's count pass and its scan are gone."""
-        cp, ws = self.cp, self.mod.ws
-        pair_a, pair_b = geo[8], geo[9]
-        slots = ws.empty("pair_slots", npairs, cp.int64)
-        self._launch("pair_slots", npairs, block, (geo[1], geo[2], geo[5], geo[6], pair_a, pair_b, np.int32(npairs),
-                                                   slots))
-        slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl")
-        tail = slot_incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
-        room = self._room or max(MIN_ROOM_PER_PAIR * npairs, MIN_ROOM)
-        while True:
-            cand = [ws.empty(f"cand_{k}", room, cp.int32) for k in ("p", "ka", "kb")]
-            estats = ws.zeros("edge_stats", 2, cp.uint64)
-            self._launch("edge_pairs_warp", 32 * npairs, block, geo + (np.int64(room), *cand, estats))
-            tests, c, n_slots = (int(v) for v in st.read_size(cp.concatenate([estats.view(cp.int64), tail]),
-                                                               "candidate edge pairs -> room check"))
-            _check_int32(c, n_slots)
-            if c <= room:
-                break
-            room = c + c // 4 + MIN_ROOM
-            st.meta["candidate_room_grown"] = room
-        self._room = room
-        st.meta["candidate_room"] = room
-        return tests, c, n_slots, slot_incl, [x[:c] for x in cand]
-
     def exact_intersection_refine(self, state, st, tiling):
-        cp, ws = self.cp, self.mod.ws
+        state.update(refine_block=tiling["block"], refine_st=st)
+        self._refine(state)
+        # Counters come back with the final read (area_reconstruction fills rows_out and meta).
+        st.rows_in = len(state["cand"][0])
+
+    def _refine(self, state):
+        cp, ws, led = self.cp, self.mod.ws, state["ledger"]
         A, B = state["a"], state["b"]
-        c = len(state["cand"][0])
+        c = len(state["cand"][0])                  # v3: the room; the kernel reads the live count
         ev_slot, ev_t = ws.empty("ev_slot", 4 * c, cp.int32), ws.empty("ev_t", 4 * c, cp.float64)
         ov_slot, ov_lo = ws.empty("ov_slot", 2 * c, cp.int32), ws.empty("ov_lo", 2 * c, cp.float64)
         ov_hi, ov_keep = ws.empty("ov_hi", 2 * c, cp.float64), ws.empty("ov_keep", 2 * c, cp.int32)
         # v3 also records whether each split is a proper crossing, and marks touches at segment ends.
-        ev_kind = ws.empty("ev_kind", 4 * c, cp.int8) if self.version == "v3" else None
-        stats = ws.zeros("refine_stats", REFINE_STATS, cp.uint64)
-        self._launch("refine_pairs", c, tiling["block"], (
+        v3 = self.version == "v3"
+        ev_kind = ws.empty("ev_kind", 4 * c, cp.int8) if v3 else None
+        self._launch("refine_pairs", c, state["refine_block"], (
             A["coords"], A["geom_ring_offsets"], A["ring_offsets"], B["coords"], B["geom_ring_offsets"],
             B["ring_offsets"], state["pair_a"], state["pair_b"], state["slot_incl"], *state["cand"], np.int32(c),
-            CCW_ERRBOUND_A, ev_slot, ev_t, ov_slot, ov_lo, ov_hi, ov_keep,
-            np.intp(0) if ev_kind is None else ev_kind, stats))
-        # Counters come back with the final read (area_reconstruction fills rows_out and meta).
-        state.update(ev=(ev_slot, ev_t), ev_kind=ev_kind, ov=(ov_slot, ov_lo, ov_hi, ov_keep), refine_stats=stats,
-                     refine_st=st)
-        st.rows_in = c
+            led["n_candidates"] if v3 else np.intp(0), CCW_ERRBOUND_A, ev_slot, ev_t, ov_slot, ov_lo, ov_hi,
+            ov_keep, np.intp(0) if ev_kind is None else ev_kind, led["refine"]))
+        state.update(ev=(ev_slot, ev_t), ev_kind=ev_kind, ov=(ov_slot, ov_lo, ov_hi, ov_keep))
 
     def reconstruction_event_sort(self, state, st, tiling):
-        n_slots, block = state["n_slots"], tiling["block"]
+        state.update(sort_block=tiling["block"], sort_st=st)   # rows (split events) arrive with the final read
+        self._sort_events(state)
+
+    def _sort_events(self, state):
+        n_slots, block = state["n_slots"], state["sort_block"]
         ev_slot, ev_t = state["ev"]
         ov_slot, ov_lo = state["ov"][0], state["ov"][1]
         state["ev_start"], state["ev_order"] = self._by_slot("ev", ev_slot, ev_t, n_slots, block)
-        overlaps = state["refine_stats"][OVERLAPS]      # refine's count of collinear overlaps, on the device
+        overlaps = state["ledger"]["overlaps"]      # refine's count of collinear overlaps, on the device
         state["ov_start"], state["ov_order"] = self._by_slot("ov", ov_slot, ov_lo, n_slots, block, overlaps)
-        state["sort_st"] = st   # rows (split events) arrive with the final read, like refine's counters
 
     def _by_slot(self, tag, slot, key, n_slots, block, sources=None):
         """Counting sort of records by slot, then each slot's records by key. ``sources``, a device word
@@ -258,12 +313,50 @@ class OverlayGPU(GpuBackend):
         return start, order
 
     def area_reconstruction(self, state, st, tiling):
-        cp, ws, block = self.cp, self.mod.ws, tiling["block"]
+        state["area_block"] = tiling["block"]
+        out = self._areas(state)
+        led = state["ledger"]
+        why = "output pairs -> output size" + (", room check" if self.version == "v3" else "")
+        words = st.read_result_size(led["all"], why)
+        while self.version == "v3" and not self._fit_rooms(words, st):
+            # A count past its room: the buffers were too small for these inputs. The rooms fit the counts now
+            # (those of the pairs that fitted, where the pairs did not: a third pass may still grow the others).
+            self._filter_in_rooms(state)
+            self._refine(state)
+            self._sort_events(state)
+            out = self._areas(state)
+            words = st.read_result_size(led["all"], "output pairs -> output size, after the rooms grew")
+        h = int(words[KEPT_PAIRS][0])
+        state["output"] = tuple(col[:h] for col in out)
+        st.later(lambda: self._count_rows(state, st, words))
+
+    def _fit_rooms(self, words, st) -> bool:
+        """v3: whether the run's counts fit its rooms. A run that fits sets them to fit its counts with a
+        quarter to spare (a warm run of the same inputs fits; a smaller input does not keep buffers, and
+        launches, sized for a larger one). One that does not grows those it overflowed and shrinks none:
+        where the pairs overflowed, the other counts cover only the pairs that fitted."""
+        counts = {"pairs": int(words[N_PAIRS][0]), "candidates": int(words[N_CANDIDATES][0]),
+                  "slots": int(words[SLOTS][0])}
+        _check_int32(counts["candidates"], counts["slots"])
+        over = {k: f"{v:,} {k} did not fit the room for {self.rooms[k]:,}" for k, v in counts.items()
+                if v > self.rooms[k]}
+        fit = {k: min(v + v // 4 + MIN_ROOM, 2**31 - 1) for k, v in counts.items()}
+        self.rooms = {k: max(fit[k], self.rooms[k]) for k in fit} if over else fit
+        if over:
+            grown = "; ".join(over.values()) + ": grown; filter, refine, sort and areas ran again"
+            prev = st.meta.get("room_grown")
+            st.meta["room_grown"] = f"{prev}; then {grown}" if prev else grown
+        return not over
+
+    def _areas(self, state) -> tuple:
+        """Each pair's area from its rings' pieces, and the output columns (as long as the polygon pairs' room:
+        the read of their real length comes after this stage's last launch)."""
+        cp, ws, block, led = self.cp, self.mod.ws, state["area_block"], state["ledger"]
         A, B = state["a"], state["b"]
-        npairs = len(state["pair_a"])
+        npairs = len(state["pair_a"])       # v3: the room; the kernels read the live count
+        n_pairs = led["n_pairs"] if self.version == "v3" else np.intp(0)
         max_rings = max(A["max_rings"], B["max_rings"])
         contrib = ws.empty("contrib", npairs * 2 * max_rings, cp.float64)
-        stats = ws.zeros("area_stats", 4, cp.uint64)
         side_a = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"])
         side_b = (B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"])
         pairs = (state["pair_a"], state["pair_b"])
@@ -272,7 +365,7 @@ class OverlayGPU(GpuBackend):
             self._launch("area_rings", npairs * 2 * max_rings, block, (
                 *side_a, A["ring_area2"], A["ring_box"], *side_b, B["ring_area2"], B["ring_box"], *pairs,
                 np.int32(npairs), np.int32(max_rings), state["slot_incl"], state["ev_start"], state["ev_order"],
-                state["ev"][1], *overlaps, CCW_ERRBOUND_A, contrib, stats))
+                state["ev"][1], *overlaps, CCW_ERRBOUND_A, contrib, led["area"]))
         else:
             # v3: uncut rings settled by one midpoint test each, cut rings listed, then walked 32 to a warp
             # carrying their inside/outside status (flipped at proper crossings). The walk's grid is fixed:
@@ -280,43 +373,47 @@ class OverlayGPU(GpuBackend):
             cut_list = ws.empty("cut_list", npairs * 2 * max_rings, cp.int64)
             self._launch("area_rings_flip", npairs * 2 * max_rings, block, (
                 *side_a, A["ring_area2"], A["ring_box"], *side_b, B["ring_area2"], B["ring_box"], *pairs,
-                np.int32(npairs), np.int32(max_rings), state["slot_incl"], state["ev_start"], state["ov_start"],
-                CCW_ERRBOUND_A, contrib, cut_list, stats))
+                np.int32(npairs), n_pairs, np.int32(max_rings), state["slot_incl"], np.int64(state["n_slots"]),
+                state["ev_start"], state["ov_start"], CCW_ERRBOUND_A, contrib, cut_list, led["area"]))
             if npairs:
                 self.mod.fn["area_cut_rings"]((WALK_BLOCKS_PER_SM * self.sm_count,), (block,), (
                     *side_a, *side_b, *pairs, np.int32(max_rings), state["slot_incl"], state["ev_start"],
                     state["ev_order"], state["ev"][1], state["ev_kind"], *overlaps, CCW_ERRBOUND_A, cut_list, contrib,
-                    stats))
+                    led["area"]))
         area = ws.empty("pair_area", npairs, cp.float64)
         keep = ws.empty("pair_keep", npairs, cp.int32)
-        self._launch("pair_area", npairs, block, (contrib, np.int32(npairs), np.int32(max_rings), area, keep))
-        incl = self.mod.inclusive_scan(keep, cp.int64, "keep_incl")
-        tail = incl[-1:] if npairs else cp.zeros(1, dtype=cp.int64)
+        self._launch("pair_area", npairs, block, (contrib, np.int32(npairs), n_pairs, np.int32(max_rings), area, keep,
+                                                  led["kept"]))
+        incl = self.mod.inclusive_scan(keep, cp.int64, "keep_incl", n_dev=n_pairs if self.version == "v3" else None)
         # The output is written before its length is read, into columns as long as the polygon pairs (the
         # most it can be) and cut to length after: the read comes after the last launch, so the GPU does not
         # wait for the host to read the length and launch once more (about 45 us at 100k x 100k on an H200).
         out = tuple(cp.empty(npairs, dtype=t) for t in (cp.int64, cp.int64, cp.float64))   # the caller's: fresh
-        self._launch("emit_areas", npairs, block, (keep, incl, np.int32(npairs), state["pair_a"], state["pair_b"],
-                                                   area, *out))
-        vals = st.read_result_size(cp.concatenate([tail, state["refine_stats"].view(cp.int64), stats.view(cp.int64)]),
-                                   "output pairs -> output size")
-        h = int(vals[0])
-        state["output"] = tuple(col[:h] for col in out)
-        st.later(lambda: self._count_rows(state, st, vals, npairs))
+        self._launch("emit_areas", npairs, block, (keep, incl, np.int32(npairs), n_pairs, state["pair_a"],
+                                                   state["pair_b"], area, *out))
+        return out
 
-    def _count_rows(self, state, st, vals, npairs):
-        """The refine's and this stage's counters, read with the output size, into the stages' rows and
-        metadata (after the clock: see StageContext.later)."""
-        h = int(vals[0])
-        proper, touch, overlap, amb, events, marks = (int(v) for v in vals[1:1 + REFINE_STATS])
+    def _count_rows(self, state, st, words):
+        """The run's counters, read with the output size, into the stages' rows and metadata (after the clock:
+        see StageContext.later)."""
+        proper, touch, overlap, amb, events, marks = (int(v) for v in words[REFINE])
         refine = state["refine_st"]
         refine.rows_out = events + marks
         state["sort_st"].rows_in = state["sort_st"].rows_out = events + marks
         refine.meta.update(proper=proper, touch=touch, collinear_overlap=overlap, ambiguous_pairs=amb,
                            split_events=events)
-        if state["ev_kind"] is not None:
+        npairs = len(state["pair_a"])
+        if self.version == "v3":        # the filter's counts and the grid came back in this read
             refine.meta["end_marks"] = marks
-        pip, pieces, kept, cut = (int(v) for v in vals[1 + REFINE_STATS:5 + REFINE_STATS])
+            bbox_tests, npairs, crowded = (int(v) for v in words[PAIR_STATS])
+            tests, c = (int(v) for v in words[EDGE_STATS])
+            refine.rows_in = c
+            f = state["filter_st"]
+            f.rows_out = c
+            f.meta.update(polygon_pairs=npairs, pairs_examined=tests, candidates=c, grid_level=int(words[GRID][4]),
+                          bbox_tests=bbox_tests, polygons_tested_twice=crowded, candidate_room=len(state["cand"][0]),
+                          pair_room=len(state["pair_a"]), slot_room=state["n_slots"])
+        pip, pieces, kept, cut, h = (int(v) for v in words[AREA])
         st.rows_in, st.rows_out = npairs, h
         st.meta.update(cut_rings=cut, fragments=pieces, fragments_kept=kept, pip_tests=pip)
 

@@ -53,9 +53,10 @@ extern "C" __global__ void corner_scatter(const unsigned int* cell, const int* s
 // PAIR_STASH pairs.
 // Count pass (offsets == 0): counts[a], and a's first PAIR_STASH b's kept in its row of ``stash`` (global
 // memory), so that sort_pairs copies them to their place instead of this kernel testing every bbox again.
-// Emit pass (offsets != 0), launched only when some a had more: those a's write each b at its a-major position.
-// At 100k x 100k an a meets about 2.2 b's; the second pass over all of them took as long as the first
-// (143 us on an H200).
+// Emit pass (offsets != 0): those a's write each b at its a-major position, those that fit in ``room``. v1 and v2
+// launch it only when their read of stats[2] says some a had more; v3 reads no sizes, so it always launches it,
+// and every warp returns at once when stats[2] is zero. At 100k x 100k an a meets about 2.2 b's; a second pass
+// over all of them took as long as the first (143 us on an H200).
 // The launch bounds cap it at 42 registers (it takes 40, no spills): 48 of an SM's 64 warps. Its cell runs keep a
 // warp's lanes busy, so the warps it gives up cost little: on an H200 the count pass took 73.3 us against 75.0 us
 // held to 32 registers (with spills), one nsys capture each.
@@ -63,7 +64,8 @@ extern "C" __global__ void corner_scatter(const unsigned int* cell, const int* s
 extern "C" __global__ void __launch_bounds__(512, 3)
 polygon_pairs(const double* box_a, int GA, const double* box_b, const double* summary, const GridParams* gp,
               const int* cell_start, const int* sorted_b, long long* counts, const long long* incl_offsets,
-              int* pair_b, int* stash, unsigned long long* stats) {
+              int* pair_b, long long room, int* stash, unsigned long long* stats) {
+    if (incl_offsets && stats[2] == 0) return;     // the emit pass, with no a past its stash (no barrier below)
     int a = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
     int lane = threadIdx.x & 31;
     unsigned long long tests = 0, found = 0, overflow = 0;
@@ -94,7 +96,7 @@ polygon_pairs(const double* box_a, int GA, const double* box_b, const double* su
                 unsigned int ballot = __ballot_sync(FULL_MASK, hit);
                 long long pos = out + __popc(ballot & ((1u << lane) - 1));
                 if (hit) {
-                    if (incl_offsets) pair_b[pos] = b;
+                    if (incl_offsets) { if (pos < room) pair_b[pos] = b; }
                     else if (pos < PAIR_STASH) row[pos] = b;
                 }
                 out += __popc(ballot);
@@ -109,12 +111,13 @@ polygon_pairs(const double* box_a, int GA, const double* box_b, const double* su
 
 // Pairs of one a in ascending b (insertion sort of a short segment), and each pair's a. An a with at most
 // PAIR_STASH pairs has them in its stash row (polygon_pairs' count pass); the emit pass wrote the others'.
-extern "C" __global__ void sort_pairs(const long long* incl_offsets, int GA, const int* stash, int* pair_a,
-                                      int* pair_b) {
+// Pairs past ``room`` are not written (v3: the run found more pairs than its buffers hold, and runs again).
+extern "C" __global__ void sort_pairs(const long long* incl_offsets, int GA, long long room, const int* stash,
+                                      int* pair_a, int* pair_b) {
     int a = blockIdx.x * blockDim.x + threadIdx.x;
     if (a >= GA) return;
-    long long s = a == 0 ? 0 : incl_offsets[a - 1], e = incl_offsets[a];
-    if (e - s <= PAIR_STASH)
+    long long s = a == 0 ? 0 : incl_offsets[a - 1], found = incl_offsets[a] - s, e = min(incl_offsets[a], room);
+    if (found <= PAIR_STASH)
         for (long long i = s; i < e; ++i) pair_b[i] = stash[(long long)a * PAIR_STASH + (i - s)];
     for (long long i = s; i < e; ++i) pair_a[i] = a;
     for (long long i = s + 1; i < e; ++i) {
@@ -240,12 +243,18 @@ __device__ __forceinline__ double2 interval_point(double c, bool use_x, double2 
 extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, const int* ro_a, const double2* cb,
                                         const int* gro_b, const int* ro_b, const int* pair_a, const int* pair_b,
                                         const long long* slot_incl, const int* cand_p, const int* cand_ka,
-                                        const int* cand_kb, int C, double errA, int* ev_slot, double* ev_t,
-                                        int* ov_slot, double* ov_lo, double* ov_hi, int* ov_keep,
-                                        signed char* ev_kind, unsigned long long* stats) {
+                                        const int* cand_kb, int C, const unsigned long long* n_cand, double errA,
+                                        int* ev_slot, double* ev_t, int* ov_slot, double* ov_lo, double* ov_hi,
+                                        int* ov_keep, signed char* ev_kind, unsigned long long* stats) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned long long n_proper = 0, n_touch = 0, n_overlap = 0, n_amb = 0, n_events = 0, n_marks = 0;
-    if (c < C) {
+    // v3's buffers have a room of C; n_cand (a device word) holds the real count. The records of the entries
+    // past it say "none", so the sort after this takes all C entries' records without reading the count.
+    long long live = live_count(C, n_cand);
+    if (c < C && c >= live) {
+        for (int i = 0; i < 4; ++i) ev_slot[4 * c + i] = -1;
+        ov_slot[2 * c] = -1; ov_slot[2 * c + 1] = -1;
+    } else if (c < live) {
         int p = cand_p[c], ka = cand_ka[c], kb = cand_kb[c];
         int a = pair_a[p], b = pair_b[p];
         int a0 = ro_a[gro_a[a]], b0 = ro_b[gro_b[b]];
@@ -477,21 +486,27 @@ extern "C" __global__ void area_rings(
     block_add<4>(stats, v);
 }
 
-// Per pair: half the sum of its rings' contributions; keep[p] = area > 0.
-extern "C" __global__ void pair_area(const double* contrib, int P, int max_rings, double* area, int* keep) {
+// Per pair: half the sum of its rings' contributions; keep[p] = area > 0. kept[0] += pairs kept (the result's
+// length, read by the host with the run's other counters). n_pairs: as live_count's (v3), or null.
+extern "C" __global__ void pair_area(const double* contrib, int P, const unsigned long long* n_pairs, int max_rings,
+                                     double* area, int* keep, unsigned long long* kept) {
     int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= P) return;
-    double s = 0.0;
-    for (int i = 0; i < 2 * max_rings; ++i) s += contrib[(long long)p * 2 * max_rings + i];
-    area[p] = 0.5 * s;
-    keep[p] = 0.5 * s > 0.0;
+    unsigned long long k = 0;
+    if (p < live_count(P, n_pairs)) {
+        double s = 0.0;
+        for (int i = 0; i < 2 * max_rings; ++i) s += contrib[(long long)p * 2 * max_rings + i];
+        area[p] = 0.5 * s;
+        keep[p] = k = 0.5 * s > 0.0;
+    }
+    unsigned long long v[1] = {k};
+    block_add<1>(kept, v);
 }
 
-extern "C" __global__ void emit_areas(const int* keep, const long long* incl, int P, const int* pair_a,
-                                      const int* pair_b, const double* area, long long* out_a, long long* out_b,
-                                      double* out_area) {
+extern "C" __global__ void emit_areas(const int* keep, const long long* incl, int P, const unsigned long long* n_pairs,
+                                      const int* pair_a, const int* pair_b, const double* area, long long* out_a,
+                                      long long* out_b, double* out_area) {
     int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= P || !keep[p]) return;
+    if (p >= live_count(P, n_pairs) || !keep[p]) return;
     long long i = incl[p] - 1;
     out_a[i] = pair_a[p]; out_b[i] = pair_b[p]; out_area[i] = area[p];
 }

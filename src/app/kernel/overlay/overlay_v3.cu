@@ -8,10 +8,19 @@
 // counts a chunk's candidates, reserves room for them with one atomic add on stats[1],
 // and writes those that fit in ``room`` (the caller grows the room and runs it again if
 // stats[1] comes back larger). Candidates land in no particular order across pairs:
-// refine's records are grouped by slot and sorted by t afterwards anyway.
+// refine's records are grouped by slot and sorted by t afterwards anyway. The pairs' buffers
+// have a room of P too: n_pairs, a device word, holds how many are live (live_count), and
+// so do the slot tables (n_slots): a pair whose slots end past it is skipped (pair_in_room).
 // stats[0] += MBR tests, stats[1] += candidates.
 // The bbox of the edge a lane's coordinate k starts, if it starts one: k < end, and not its ring's last
 // coordinate (a ring's last repeats its first). (ring, ring_end) follow k forward, chunk after chunk.
+// Whether live pair p's edge slots fit the slot tables' room (n_slots): v3's sort and area kernels index those
+// tables by slot. Where they do not, the run's slot count is past the room, and the run goes again in a larger one.
+__device__ __forceinline__ bool pair_in_room(int p, int P, const unsigned long long* n_pairs,
+                                             const long long* slot_incl, long long n_slots) {
+    return p < live_count(P, n_pairs) && slot_incl[p] <= n_slots;
+}
+
 __device__ __forceinline__ bool lane_edge_box(const double2* c, const int* ro, int k, int end, int& ring,
                                               int& ring_end, double& x0, double& y0, double& x1, double& y1) {
     if (k >= end) return false;
@@ -24,14 +33,16 @@ __device__ __forceinline__ bool lane_edge_box(const double2* c, const int* ro, i
 
 extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const double* box_a,
                                            const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
-                                           const int* pair_a, const int* pair_b, int P, long long room, int* out_p,
-                                           int* out_ka, int* out_kb, unsigned long long* stats) {
+                                           const int* pair_a, const int* pair_b, int P,
+                                           const unsigned long long* n_pairs, const long long* slot_incl,
+                                           long long n_slots, long long room, int* out_p, int* out_ka, int* out_kb,
+                                           unsigned long long* stats) {
     __shared__ WarpSums<1> sums;
     warp_sums_init(sums);
     int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
     int lane = threadIdx.x & 31;
     unsigned long long tests = 0;
-    if (p < P) {
+    if (pair_in_room(p, P, n_pairs, slot_incl, n_slots)) {
         int a = pair_a[p], b = pair_b[p];
         const double* BA = box_a + 4 * (long long)a;
         const double* BB = box_b + 4 * (long long)b;
@@ -89,13 +100,19 @@ extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, c
     warp_sums_add(sums, stats, v);       // no barrier at the end: a pair's work varies with its edges
 }
 
-// v3: each polygon pair's edge slots, coords(a) + coords(b) (edge_pairs' count pass writes them in v1 and v2).
+// v3: each live polygon pair's edge slots, coords(a) + coords(b) (edge_pairs' count pass writes them in v1 and
+// v2), and their total into total[0]: the host checks it against the slot tables' room when the run is done.
 extern "C" __global__ void pair_slots(const int* ro_a, const int* gro_a, const int* ro_b, const int* gro_b,
-                                      const int* pair_a, const int* pair_b, int P, long long* slots) {
+                                      const int* pair_a, const int* pair_b, int P, const unsigned long long* n_pairs,
+                                      long long* slots, unsigned long long* total) {
     int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= P) return;
-    int a = pair_a[p], b = pair_b[p];
-    slots[p] = (long long)(ro_a[gro_a[a + 1]] - ro_a[gro_a[a]]) + (ro_b[gro_b[b + 1]] - ro_b[gro_b[b]]);
+    unsigned long long n = 0;
+    if (p < live_count(P, n_pairs)) {
+        int a = pair_a[p], b = pair_b[p];
+        slots[p] = n = (long long)(ro_a[gro_a[a + 1]] - ro_a[gro_a[a]]) + (ro_b[gro_b[b + 1]] - ro_b[gro_b[b]]);
+    }
+    unsigned long long v[1] = {n};
+    block_add<1>(total, v);
 }
 
 // ---- v3 area reconstruction: inside/outside carried along the ring -----------------
@@ -149,9 +166,10 @@ __device__ __forceinline__ RingRef ring_ref(long long tid, int max_rings, const 
 extern "C" __global__ void area_rings_flip(
         const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
         const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
-        const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P, int max_rings,
-        const long long* slot_incl, const int* ev_start, const int* ov_start, double errA, double* contrib,
-        long long* cut_list, unsigned long long* stats) {
+        const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P,
+        const unsigned long long* n_pairs, int max_rings, const long long* slot_incl, long long n_slots,
+        const int* ev_start, const int* ov_start, double errA, double* contrib, long long* cut_list,
+        unsigned long long* stats) {
     __shared__ WarpSums<1> sums;
     warp_sums_init(sums);
     long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
@@ -159,7 +177,8 @@ extern "C" __global__ void area_rings_flip(
     bool cut = false;
     unsigned long long n_pip = 0, ex = 0, edges = 0;
     int r = -1, p = 0, side = 0;
-    if (tid < (long long)P * 2 * max_rings) {
+    if (tid < (long long)P * 2 * max_rings &&
+        pair_in_room((int)(tid / (2LL * max_rings)), P, n_pairs, slot_incl, n_slots)) {
         RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
                              slot_incl, r, p, side);
         if (r >= 0) {
