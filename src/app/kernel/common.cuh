@@ -127,6 +127,21 @@ __device__ __forceinline__ unsigned long long warp_append(bool keep, unsigned lo
     return __shfl_sync(FULL_MASK, base, 0) + __popc(ballot & ((1u << lane) - 1));
 }
 
+// Room for ``count`` items of this thread in an append-only buffer: the index of its first. One atomic a warp (its
+// lanes' counts summed by shuffles) and no barrier; every lane of the warp must call it. refine_pairs appends up to
+// four records a thread this way.
+__device__ __forceinline__ unsigned long long warp_reserve(unsigned int count, unsigned long long* counter) {
+    int lane = threadIdx.x & 31;
+    unsigned int incl = count;
+    for (int off = 1; off < 32; off <<= 1) {
+        unsigned int up = __shfl_up_sync(FULL_MASK, incl, off);
+        if (lane >= off) incl += up;
+    }
+    unsigned long long base = 0;
+    if (lane == 31 && incl) base = atomicAdd(counter, (unsigned long long)incl);     // lane 31 holds the total
+    return __shfl_sync(FULL_MASK, base, 31) + (incl - count);
+}
+
 // Slot of this thread's item in an append-only buffer: one atomic per block; order
 // inside the block is deterministic, across blocks it is not (output_sort orders).
 __device__ __forceinline__ unsigned long long block_append(bool keep, unsigned long long* counter) {

@@ -43,21 +43,21 @@ PAIR_STASH = 16
 # The run's ledger, 64-bit words: common.cuh's GridParams (ox, oy, sx, sy as fp64 bits, level, shift, cells, table
 # length), then the counters grid_zero zeroes: polygon_pairs' (bbox tests, pairs, a's tested twice), the edge-pair
 # filter's (MBR tests, candidates), v3's edge slots, refine_pairs' (proper, touch, collinear overlap, ambiguous
-# pairs, split events, v3's end marks) and the area stage's (point-in-polygon tests, pieces, kept pieces, cut
-# rings, kept pairs: the output's length).
+# pairs, split events, v3's end marks), the area stage's (point-in-polygon tests, pieces, kept pieces, cut
+# rings, kept pairs: the output's length), and the split and overlap records refine appends (the sort's lengths).
 GRID = slice(0, 8)
 TABLE = slice(7, 8)
-COUNTERS = slice(8, 25)
+COUNTERS = slice(8, 27)
 PAIR_STATS = slice(8, 11)
 N_PAIRS = slice(9, 10)
 EDGE_STATS = slice(11, 13)
 N_CANDIDATES = slice(12, 13)
 SLOTS = slice(13, 14)
 REFINE = slice(14, 20)
-OVERLAPS = slice(16, 17)
 AREA = slice(20, 25)
 KEPT_PAIRS = slice(24, 25)
-LEDGER_WORDS = 25
+RECORDS = slice(25, 27)
+LEDGER_WORDS = 27
 # v3's first rooms, before a run has counted: 4 polygon pairs a polygon of the larger layer (random layers find
 # about 2.2), 8 candidate edge pairs a polygon pair (they find about 4.5), and each pair's mean edge slots.
 # A run that counts more grows them and runs again; after every run they fit its counts with a quarter to spare.
@@ -67,12 +67,15 @@ MIN_ROOM = 4096
 # v3's walk of the cut rings: a fixed grid of this many blocks a multiprocessor (each holds one or two at 128
 # registers a thread), striding over the list.
 WALK_BLOCKS_PER_SM = 4
+# The event sort's kernels: a fixed grid of this many blocks a multiprocessor, striding over the records, whose
+# number only the device knows.
+SORT_BLOCKS_PER_SM = 4
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
     "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs",
                            "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp", "pair_slots"),
     "exact_intersection_refine": ("refine_pairs",),
-    "reconstruction_event_sort": ("slot_count", "overlap_table", "slot_scatter", "slot_sort"),
+    "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
     "area_reconstruction": ("area_rings", "area_rings_flip", "area_cut_rings", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
@@ -98,7 +101,7 @@ class OverlayGPU(GpuBackend):
         if self._views is None or self._views["all"] is not arr:
             parts = {"grid": GRID, "table": TABLE, "counters": COUNTERS, "pairs": PAIR_STATS, "n_pairs": N_PAIRS,
                      "edges": EDGE_STATS, "n_candidates": N_CANDIDATES, "slots": SLOTS, "refine": REFINE,
-                     "overlaps": OVERLAPS, "area": AREA, "kept": KEPT_PAIRS}
+                     "area": AREA, "kept": KEPT_PAIRS, "records": RECORDS}
             self._views = {"all": arr} | {name: arr[part] for name, part in parts.items()}
         return self._views
 
@@ -267,6 +270,8 @@ class OverlayGPU(GpuBackend):
         cp, ws, led = self.cp, self.mod.ws, state["ledger"]
         A, B = state["a"], state["b"]
         c = len(state["cand"][0])                  # v3: the room; the kernel reads the live count
+        # Records are appended, at most four split and two overlap records a candidate: their counts are
+        # ledger words.
         ev_slot, ev_t = ws.empty("ev_slot", 4 * c, cp.int32), ws.empty("ev_t", 4 * c, cp.float64)
         ov_slot, ov_lo = ws.empty("ov_slot", 2 * c, cp.int32), ws.empty("ov_lo", 2 * c, cp.float64)
         ov_hi, ov_keep = ws.empty("ov_hi", 2 * c, cp.float64), ws.empty("ov_keep", 2 * c, cp.int32)
@@ -276,8 +281,9 @@ class OverlayGPU(GpuBackend):
         self._launch("refine_pairs", c, state["refine_block"], (
             A["coords"], A["geom_ring_offsets"], A["ring_offsets"], B["coords"], B["geom_ring_offsets"],
             B["ring_offsets"], state["pair_a"], state["pair_b"], state["slot_incl"], *state["cand"], np.int32(c),
-            led["n_candidates"] if v3 else np.intp(0), CCW_ERRBOUND_A, ev_slot, ev_t, ov_slot, ov_lo, ov_hi,
-            ov_keep, np.intp(0) if ev_kind is None else ev_kind, led["refine"]))
+            led["n_candidates"] if v3 else np.intp(0), CCW_ERRBOUND_A, ev_slot, ev_t,
+            np.intp(0) if ev_kind is None else ev_kind, ov_slot, ov_lo, ov_hi, ov_keep, led["refine"],
+            led["records"]))
         state.update(ev=(ev_slot, ev_t), ev_kind=ev_kind, ov=(ov_slot, ov_lo, ov_hi, ov_keep))
 
     def reconstruction_event_sort(self, state, st, tiling):
@@ -285,32 +291,29 @@ class OverlayGPU(GpuBackend):
         self._sort_events(state)
 
     def _sort_events(self, state):
-        n_slots, block = state["n_slots"], state["sort_block"]
-        ev_slot, ev_t = state["ev"]
-        ov_slot, ov_lo = state["ov"][0], state["ov"][1]
-        state["ev_start"], state["ev_order"] = self._by_slot("ev", ev_slot, ev_t, n_slots, block)
-        overlaps = state["ledger"]["overlaps"]      # refine's count of collinear overlaps, on the device
-        state["ov_start"], state["ov_order"] = self._by_slot("ov", ov_slot, ov_lo, n_slots, block, overlaps)
-
-    def _by_slot(self, tag, slot, key, n_slots, block, sources=None):
-        """Counting sort of records by slot, then each slot's records by key. ``sources``, a device word
-        counting what writes the records: where it is zero, overlap_table zeroes the slot table and the scan
-        covers nothing (the host never reads it)."""
-        cp, ws = self.cp, self.mod.ws
-        n = len(slot)
-        rank = ws.empty(f"{tag}_rank", n, cp.int32)
-        counts = ws.zeros(f"{tag}_counts", n_slots + 1, cp.int32)
-        self._launch("slot_count", n, block, (slot, np.int64(n), rank, counts))
-        scan_len = None
-        if sources is not None:       # the table the scan below writes: the workspace array under its tag
-            scan_len = ws.empty(f"{tag}_scan_len", 1, cp.int64)
-            self._launch("overlap_table", (n_slots + 4) // 4, block, (sources, np.int64(n_slots), scan_len,
-                                                                      ws.empty(f"{tag}_start", n_slots + 1, cp.int32)))
-        start = self.mod.inclusive_scan(counts, cp.int32, f"{tag}_start", n_dev=scan_len)
-        order = ws.empty(f"{tag}_order", n, cp.int32)
-        self._launch("slot_scatter", n, block, (slot, rank, np.int64(n), start, order))
-        self._launch("slot_sort", n, block, (slot, rank, np.int64(n), start, key, order))
-        return start, order
+        """Split records by slot, then by t; overlap records by slot, then by lo: counting sorts of both sets
+        in the same launches (their lengths are ledger words), each with its own slot table."""
+        cp, ws, block, led = self.cp, self.mod.ws, state["sort_block"], state["ledger"]
+        n_slots = state["n_slots"]
+        (ev_slot, ev_t), (ov_slot, ov_lo) = state["ev"], state["ov"][:2]
+        counts = ws.zeros("slot_counts", 2 * (n_slots + 1), cp.int32)     # both tables, one memset
+        ev_counts, ov_counts = counts[:n_slots + 1], counts[n_slots + 1:]
+        ev_rank = ws.empty("ev_rank", len(ev_slot), cp.int32)
+        ov_rank = ws.empty("ov_rank", len(ov_slot), cp.int32)
+        scan_len = ws.empty("ov_scan_len", 1, cp.int64)
+        ov_start = ws.empty("ov_start", n_slots + 1, cp.int32)     # the scan's output below, under its tag
+        grid = (SORT_BLOCKS_PER_SM * self.sm_count,)
+        self.mod.fn["slot_count"](grid, (block,), (ev_slot, ev_rank, ev_counts, ov_slot, ov_rank, ov_counts,
+                                                   led["records"], np.int64(n_slots), scan_len, ov_start))
+        ev_start = self.mod.inclusive_scan(ev_counts, cp.int32, "ev_start")
+        ov_start = self.mod.inclusive_scan(ov_counts, cp.int32, "ov_start", n_dev=scan_len)
+        ev_order = ws.empty("ev_order", len(ev_slot), cp.int32)
+        ov_order = ws.empty("ov_order", len(ov_slot), cp.int32)
+        self.mod.fn["slot_scatter"](grid, (block,), (ev_slot, ev_rank, ev_start, ev_order, ov_slot, ov_rank, ov_start,
+                                                     ov_order, led["records"]))
+        self.mod.fn["slot_sort"](grid, (block,), (ev_slot, ev_rank, ev_start, ev_t, ev_order, ov_slot, ov_rank,
+                                                  ov_start, ov_lo, ov_order, led["records"]))
+        state.update(ev_start=ev_start, ev_order=ev_order, ov_start=ov_start, ov_order=ov_order)
 
     def area_reconstruction(self, state, st, tiling):
         state["area_block"] = tiling["block"]

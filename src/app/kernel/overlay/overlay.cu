@@ -216,9 +216,9 @@ extern "C" __global__ void edge_pairs(const double2* ca, const int* ro_a, const 
 
 // ---- exact intersection refine ----------------------------------------------------
 // The same classification as segments.py. Parameters along a segment use its
-// dominant axis, so its own endpoints sit at exactly 0 and 1. Each candidate writes
-// four split records (slot, t; slot -1 when none) and two overlap records
-// (slot, lo, hi, keep; slot -1 when none). stats: [0] proper, [1] touch,
+// dominant axis, so its own endpoints sit at exactly 0 and 1. Each candidate appends
+// up to four split records (slot, t) and, for a collinear overlap, two overlap records
+// (slot, lo, hi, keep), counted in n_records[0] and [1]. stats: [0] proper, [1] touch,
 // [2] collinear overlap, [3] ambiguous pairs, [4] split events, [5] v3's marks at segment ends.
 // With ev_kind (v3) each split record also says whether it is a proper crossing (1) or
 // not (0: a touch, or an end of a shared stretch).
@@ -244,23 +244,22 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
                                         const int* gro_b, const int* ro_b, const int* pair_a, const int* pair_b,
                                         const long long* slot_incl, const int* cand_p, const int* cand_ka,
                                         const int* cand_kb, int C, const unsigned long long* n_cand, double errA,
-                                        int* ev_slot, double* ev_t, int* ov_slot, double* ov_lo, double* ov_hi,
-                                        int* ov_keep, signed char* ev_kind, unsigned long long* stats) {
+                                        int* ev_slot, double* ev_t, signed char* ev_kind, int* ov_slot, double* ov_lo,
+                                        double* ov_hi, int* ov_keep, unsigned long long* stats,
+                                        unsigned long long* n_records) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned long long n_proper = 0, n_touch = 0, n_overlap = 0, n_amb = 0, n_events = 0, n_marks = 0;
-    // v3's buffers have a room of C; n_cand (a device word) holds the real count. The records of the entries
-    // past it say "none", so the sort after this takes all C entries' records without reading the count.
-    long long live = live_count(C, n_cand);
-    if (c < C && c >= live) {
-        for (int i = 0; i < 4; ++i) ev_slot[4 * c + i] = -1;
-        ov_slot[2 * c] = -1; ov_slot[2 * c + 1] = -1;
-    } else if (c < live) {
+    double te[2] = {-1.0, -1.0}, tf[2] = {-1.0, -1.0}, ov_e[2] = {0.0, 0.0}, ov_f[2] = {0.0, 0.0};
+    int slot_e = 0, slot_f = 0;
+    bool same = false;
+    // v3's candidate buffers have a room of C; n_cand (a device word) holds the real count.
+    if (c < live_count(C, n_cand)) {
         int p = cand_p[c], ka = cand_ka[c], kb = cand_kb[c];
         int a = pair_a[p], b = pair_b[p];
         int a0 = ro_a[gro_a[a]], b0 = ro_b[gro_b[b]];
         long long base = p == 0 ? 0 : slot_incl[p - 1];
-        int slot_e = (int)(base + (ka - a0));
-        int slot_f = (int)(base + (ro_a[gro_a[a + 1]] - a0) + (kb - b0));
+        slot_e = (int)(base + (ka - a0));
+        slot_f = (int)(base + (ro_a[gro_a[a + 1]] - a0) + (kb - b0));
         double2 e0 = ca[ka], e1 = ca[ka + 1], f0 = cb[kb], f1 = cb[kb + 1];
         unsigned long long ex = 0;
         int o1 = orient2d(e0.x, e0.y, e1.x, e1.y, f0.x, f0.y, errA, ex);
@@ -268,13 +267,11 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
         int o3 = orient2d(f0.x, f0.y, f1.x, f1.y, e0.x, e0.y, errA, ex);
         int o4 = orient2d(f0.x, f0.y, f1.x, f1.y, e1.x, e1.y, errA, ex);
         n_amb = ex > 0;
-        double te[2] = {-1.0, -1.0}, tf[2] = {-1.0, -1.0};
         bool col = o1 == 0 && o2 == 0;
         bool use_x = fabs(e1.x - e0.x) >= fabs(e1.y - e0.y);
         double ce0 = use_x ? e0.x : e0.y, ce1 = use_x ? e1.x : e1.y;
         double cf0 = use_x ? f0.x : f0.y, cf1 = use_x ? f1.x : f1.y;
         double lo = fmax(fmin(ce0, ce1), fmin(cf0, cf1)), hi = fmin(fmax(ce0, ce1), fmax(cf0, cf1));
-        ov_slot[2 * c] = -1; ov_slot[2 * c + 1] = -1;
         if (col && lo < hi) {
             n_overlap = 1;
             double2 plo = interval_point(lo, use_x, e0, e1, f0, f1), phi = interval_point(hi, use_x, e0, e1, f0, f1);
@@ -283,10 +280,8 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
             double elo = fmin(el, eh), ehi = fmax(el, eh), flo = fmin(fl, fh), fhi = fmax(fl, fh);
             te[0] = inside_split(elo); te[1] = inside_split(ehi);
             tf[0] = inside_split(flo); tf[1] = inside_split(fhi);
-            bool same = (ce1 - ce0) * (cf1 - cf0) > 0.0;
-            // A keeps a shared piece when both run the same way; B never does (no double count).
-            ov_slot[2 * c] = slot_e; ov_lo[2 * c] = elo; ov_hi[2 * c] = ehi; ov_keep[2 * c] = same;
-            ov_slot[2 * c + 1] = slot_f; ov_lo[2 * c + 1] = flo; ov_hi[2 * c + 1] = fhi; ov_keep[2 * c + 1] = 0;
+            same = (ce1 - ce0) * (cf1 - cf0) > 0.0;
+            ov_e[0] = elo; ov_e[1] = ehi; ov_f[0] = flo; ov_f[1] = fhi;
         } else if (!col && o1 * o2 < 0 && o3 * o4 < 0) {
             n_proper = 1;
             double dex = e1.x - e0.x, dey = e1.y - e0.y, dfx = f1.x - f0.x, dfy = f1.y - f0.y;
@@ -319,64 +314,98 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
             }
         }
         for (int i = 0; i < 2; ++i) {
-            ev_slot[4 * c + i] = te[i] >= 0.0 ? slot_e : -1; ev_t[4 * c + i] = te[i];
-            ev_slot[4 * c + 2 + i] = tf[i] >= 0.0 ? slot_f : -1; ev_t[4 * c + 2 + i] = tf[i];
             // Split events are the records strictly inside a segment; v3's records at its ends are marks.
             n_events += (te[i] > 0.0 && te[i] < 1.0) + (tf[i] > 0.0 && tf[i] < 1.0);
             n_marks += (te[i] == 0.0 || te[i] == 1.0) + (tf[i] == 0.0 || tf[i] == 1.0);
-            if (ev_kind) { ev_kind[4 * c + i] = n_proper; ev_kind[4 * c + 2 + i] = n_proper; }
         }
+    }
+    // The records, appended (a warp reserves its lanes' room with one atomic on n_records[0] or [1]): the
+    // sort after this groups them by slot and reads how many there are from those words. A record slot a
+    // candidate with fewer records left empty cost the sort a thread (4.8M records' threads for 773k records
+    // at 100k x 100k).
+    unsigned long long at = warp_reserve((te[0] >= 0.0) + (te[1] >= 0.0) + (tf[0] >= 0.0) + (tf[1] >= 0.0), n_records);
+    for (int i = 0; i < 4; ++i) {
+        double t = i < 2 ? te[i] : tf[i - 2];
+        if (t < 0.0) continue;
+        ev_slot[at] = i < 2 ? slot_e : slot_f;
+        ev_t[at] = t;
+        if (ev_kind) ev_kind[at] = n_proper;
+        ++at;
+    }
+    // A collinear overlap: a stretch shared by both segments. A keeps it when both run the same way; B never
+    // does (no double count).
+    at = warp_reserve(n_overlap ? 2u : 0u, n_records + 1);
+    if (n_overlap) {
+        ov_slot[at] = slot_e; ov_lo[at] = ov_e[0]; ov_hi[at] = ov_e[1]; ov_keep[at] = same;
+        ov_slot[at + 1] = slot_f; ov_lo[at + 1] = ov_f[0]; ov_hi[at + 1] = ov_f[1]; ov_keep[at + 1] = 0;
     }
     unsigned long long v[6] = {n_proper, n_touch, n_overlap, n_amb, n_events, n_marks};
     block_add<6>(stats, v);
 }
 
-// ---- reconstruction-event sort: records grouped by slot, then ordered by t -----------
-// Counting sort (count with an atomic rank, scan, scatter) and an insertion sort of
-// each slot's few records. Used for split records (t) and overlap records (lo).
-extern "C" __global__ void slot_count(const int* slot, long long n, int* rank, int* counts) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= n || slot[i] < 0) return;
-    rank[i] = atomicAdd(counts + slot[i] + 1, 1);
+// ---- reconstruction-event sort: records grouped by slot, then ordered by their key ---
+// Counting sort (count with an atomic rank, scan, scatter) and an insertion sort of each
+// slot's few records: split records by t, overlap records by lo, both sets in the same
+// launches (a fixed grid striding over both; how many records each set holds is a device
+// word, n_records[0] and [1], counted by refine_pairs). Each set has its own slot table.
+// Also the overlap table's fate, decided here where the count is known: with no overlap record (refine found
+// no collinear overlap, the usual case) its starts are zeroed and the scan after this is told to cover nothing
+// (ov_scan_len 0), in place of a scan of every edge slot (71 us at 100k x 100k on an H200); otherwise
+// ov_scan_len is the table's length. ``ov_start`` is the scan's output buffer.
+extern "C" __global__ void slot_count(const int* ev_slot, int* ev_rank, int* ev_counts, const int* ov_slot,
+                                      int* ov_rank, int* ov_counts, const unsigned long long* n_records,
+                                      long long n_slots, long long* ov_scan_len, int* ov_start) {
+    long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
+    long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    if (i0 == 0) *ov_scan_len = n_ov ? n_slots + 1 : 0;
+    for (long long i = i0; i < n_ev + n_ov; i += stride) {
+        bool ov = i >= n_ev;
+        long long r = ov ? i - n_ev : i;
+        const int* slot = ov ? ov_slot : ev_slot;
+        (ov ? ov_rank : ev_rank)[r] = atomicAdd((ov ? ov_counts : ev_counts) + slot[r] + 1, 1);
+    }
+    if (n_ov == 0)
+        for (long long i = i0; i <= n_slots; i += stride) ov_start[i] = 0;
 }
 
-extern "C" __global__ void slot_scatter(const int* slot, const int* rank, long long n, const int* start, int* order) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= n || slot[i] < 0) return;
-    order[start[slot[i]] + rank[i]] = (int)i;
-}
-
-// A thread per record: the one ranked first in its slot sorts that slot's records by key. Most edge slots hold no
-// record (773k split events over about 8.5M slots at 100k x 100k), and a thread per slot took 36 us on an
-// H200, most of its threads finding nothing to sort.
-extern "C" __global__ void slot_sort(const int* slot, const int* rank, long long n, const int* start, const double* key,
-                                     int* order) {
-    long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (r >= n || slot[r] < 0 || rank[r] != 0) return;
-    int s = slot[r];
-    int i0 = start[s], i1 = start[s + 1];
-    for (int i = i0 + 1; i < i1; ++i) {
-        int v = order[i];
-        double kv = key[v];
-        int j = i - 1;
-        while (j >= i0 && key[order[j]] > kv) { order[j + 1] = order[j]; --j; }
-        order[j + 1] = v;
+extern "C" __global__ void slot_scatter(const int* ev_slot, const int* ev_rank, const int* ev_start, int* ev_order,
+                                        const int* ov_slot, const int* ov_rank, const int* ov_start, int* ov_order,
+                                        const unsigned long long* n_records) {
+    long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_ev + n_ov; i += stride) {
+        bool ov = i >= n_ev;
+        long long r = ov ? i - n_ev : i;
+        int s = (ov ? ov_slot : ev_slot)[r];
+        (ov ? ov_order : ev_order)[(ov ? ov_start : ev_start)[s] + (ov ? ov_rank : ev_rank)[r]] = (int)r;
     }
 }
 
-// The overlap records' slot table where there are none (no collinear overlap: refine's count n_overlap is zero,
-// the usual case): its starts are zeroed here and the scan after this is told to cover nothing (scan_len 0), in
-// place of a scan of every edge slot (71 us at 100k x 100k on an H200). Otherwise scan_len is the table's length.
-// A thread zeroes 4 entries with one 16-byte store (``start`` is a CuPy allocation: 256-byte aligned).
-extern "C" __global__ void overlap_table(const unsigned long long* n_overlap, long long n_slots, long long* scan_len,
-                                         int* start) {
-    bool none = *n_overlap == 0;
-    long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
-    if (i0 == 0) *scan_len = none ? 0 : n_slots + 1;
-    if (!none) return;
-    long long n = n_slots + 1, quads = n / 4;
-    for (long long i = i0; i < quads; i += stride) ((int4*)start)[i] = make_int4(0, 0, 0, 0);
-    for (long long i = 4 * quads + i0; i < n; i += stride) start[i] = 0;
+// The record ranked first in its slot sorts that slot's records by key. Most edge slots hold no record (773k
+// split events over about 8.5M slots at 100k x 100k), and a thread per slot took 36 us on an H200, most of its
+// threads finding nothing to sort.
+extern "C" __global__ void slot_sort(const int* ev_slot, const int* ev_rank, const int* ev_start, const double* ev_t,
+                                     int* ev_order, const int* ov_slot, const int* ov_rank, const int* ov_start,
+                                     const double* ov_lo, int* ov_order, const unsigned long long* n_records) {
+    long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_ev + n_ov; i += stride) {
+        bool ov = i >= n_ev;
+        long long r = ov ? i - n_ev : i;
+        if ((ov ? ov_rank : ev_rank)[r] != 0) continue;
+        const int* start = ov ? ov_start : ev_start;
+        const double* key = ov ? ov_lo : ev_t;
+        int* order = ov ? ov_order : ev_order;
+        int s = (ov ? ov_slot : ev_slot)[r];
+        int i0 = start[s], i1 = start[s + 1];
+        for (int k = i0 + 1; k < i1; ++k) {
+            int v = order[k];
+            double kv = key[v];
+            int j = k - 1;
+            while (j >= i0 && key[order[j]] > kv) { order[j + 1] = order[j]; --j; }
+            order[j + 1] = v;
+        }
+    }
 }
 
 // ---- area reconstruction ------------------------------------------------------------
