@@ -234,6 +234,9 @@ extern "C" __global__ void init_summary(double* summary) {
     if (threadIdx.x < 8) summary[threadIdx.x] = threadIdx.x < 2 ? 1.0 / 0.0 : (threadIdx.x < 4 ? -1.0 / 0.0 : 0.0);
 }
 
+__device__ __forceinline__ void bounds_summary_add(double* summary, double x0, double y0, double x1, double y1,
+                                                   double w, double h);
+
 // A geometry's vertices run from its first ring's start to its last ring's end: read through the two
 // offset tables here rather than gathered into a third table by an extra launch.
 // polygon_bounds_at: thread's polygon g (any g; past G it adds nothing); the whole block must call it.
@@ -250,6 +253,13 @@ __device__ __forceinline__ void polygon_bounds_at(const double* coords, const in
         bbox[4 * g] = x0; bbox[4 * g + 1] = y0; bbox[4 * g + 2] = x1; bbox[4 * g + 3] = y1;
         w = x1 - x0; h = y1 - y0;
     }
+    bounds_summary_add(summary, x0, y0, x1, y1, w, h);
+}
+
+// A block's polygon boxes (each thread's, empty past the last polygon: w = h = 0) into summary: the world box,
+// the sums of the widths and heights, and their maxima. The whole block must call it.
+__device__ __forceinline__ void bounds_summary_add(double* summary, double x0, double y0, double x1, double y1,
+                                                   double w, double h) {
     __shared__ double wh[4][32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     double mw = w, mh = h;
@@ -270,10 +280,6 @@ __device__ __forceinline__ void polygon_bounds_at(const double* coords, const in
     }
 }
 
-extern "C" __global__ void polygon_bounds(const double* coords, const int* ring_off, const int* geom_ring_off,
-                                          long long G, double* bbox, double* summary) {
-    polygon_bounds_at(coords, ring_off, geom_ring_off, G, bbox, summary, blockIdx.x * (long long)blockDim.x + threadIdx.x);
-}
 
 
 __device__ __forceinline__ void cell_range(const double* b, double ox, double oy, double sx, double sy, int shift,

@@ -71,9 +71,9 @@ WALK_BLOCKS_PER_SM = 4
 # number only the device knows.
 SORT_BLOCKS_PER_SM = 4
 STAGE_KERNELS = {
-    "segment_extraction": ("init_summary", "polygon_bounds", "ring_tables"),
+    "segment_extraction": ("init_summary", "polygon_tables"),
     "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs",
-                           "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp", "pair_slots"),
+                           "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
     "area_reconstruction": ("area_rings", "area_rings_flip", "area_cut_rings", "pair_area", "emit_areas"),
@@ -128,16 +128,17 @@ class OverlayGPU(GpuBackend):
         cp, ws, block = self.cp, self.mod.ws, tiling["block"]
         summary = ws.empty("summary", 8, cp.float64)
         self.mod.fn["init_summary"]((1,), (32,), (summary,))
+        tables = []
         for side in ("a", "b"):
             L = state[side]
             g, r = L["n_geoms"], L["n_rings"]
             L["bbox"] = ws.empty(f"bbox_{side}", (g, 4), cp.float64)
-            self._launch("polygon_bounds", g, block, (L["coords"], L["ring_offsets"], L["geom_ring_offsets"],
-                                                      np.int64(g), L["bbox"], summary))
             L["ring_area2"] = ws.empty(f"ring_area2_{side}", r, cp.float64)
             L["ring_box"] = ws.empty(f"ring_box_{side}", (r, 4), cp.float64)
-            self._launch("ring_tables", r, block, (L["coords"], L["ring_offsets"], np.int32(r), L["ring_area2"],
-                                                   L["ring_box"]))
+            tables += [L["coords"], L["ring_offsets"], L["geom_ring_offsets"], np.int64(g), L["bbox"],
+                       L["ring_area2"], L["ring_box"]]
+        # Both layers' rings and boxes in one launch, a thread a polygon.
+        self._launch("polygon_tables", state["a"]["n_geoms"] + state["b"]["n_geoms"], block, (*tables, summary))
         state["summary"] = summary      # the filter chooses its grid from it on the device
         g_all = state["a"]["n_geoms"] + state["b"]["n_geoms"]
         n_edges = sum(int(state[s]["coords"].shape[0] - state[s]["n_rings"]) for s in ("a", "b"))
@@ -163,8 +164,10 @@ class OverlayGPU(GpuBackend):
         if crowded:
             self._launch("polygon_pairs", 32 * A["n_geoms"], block, common[:-2] + (
                 pcounts, poffsets, pair_b, np.int64(npairs)) + common[-2:])
+        null = np.intp(0)
         self._launch("sort_pairs", A["n_geoms"], block, (poffsets, np.int32(A["n_geoms"]), np.int64(npairs),
-                                                         common[-2], pair_a, pair_b))
+                                                         common[-2], pair_a, pair_b, null, null, null, null, null,
+                                                         null))
         tests, c, n_slots, slot_incl, cand = self._edge_pairs_counted(st, self._pair_geometry(state, pair_a, pair_b),
                                                                       npairs, block)
         state.update(pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
@@ -231,11 +234,10 @@ class OverlayGPU(GpuBackend):
         ga, P = A["n_geoms"], np.int64(room["pairs"])
         # The emit pass: every warp returns at once unless some a had more pairs than its stash.
         self._launch("polygon_pairs", 32 * ga, block, common[:-2] + (pcounts, poffsets, pair_b, P) + common[-2:])
-        self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), P, common[-2], pair_a, pair_b))
-        slots = ws.empty("pair_slots", room["pairs"], cp.int64)
-        self._launch("pair_slots", room["pairs"], block, (A["ring_offsets"], A["geom_ring_offsets"], B["ring_offsets"],
-                                                          B["geom_ring_offsets"], pair_a, pair_b, np.int32(P),
-                                                          led["n_pairs"], slots, led["slots"]))
+        slots = ws.empty("pair_slots", room["pairs"], cp.int64)       # sort_pairs writes each pair's edge slots
+        self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), P, common[-2], pair_a, pair_b, A["ring_offsets"],
+                                               A["geom_ring_offsets"], B["ring_offsets"], B["geom_ring_offsets"], slots,
+                                               led["slots"]))
         slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl", n_dev=led["n_pairs"])
         cand = [ws.empty(f"cand_{k}", room["candidates"], cp.int32) for k in ("p", "ka", "kb")]
         self._launch("edge_pairs_warp", 32 * room["pairs"], block, self._pair_geometry(state, pair_a, pair_b) + (

@@ -8,22 +8,41 @@ __device__ __forceinline__ bool boxes_meet(double ax0, double ay0, double ax1, d
     return ax0 <= b[2] && b[0] <= ax1 && ay0 <= b[3] && b[1] <= ay1;
 }
 
-// ---- segment extraction: per ring, twice its signed area (relative to its first
-// vertex, little cancellation), its bbox, and its number of edges ----------------
-extern "C" __global__ void ring_tables(const double2* coords, const int* ring_off, int R, double* ring_area2,
-                                      double* ring_box) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= R) return;
-    int k0 = ring_off[r], k1 = ring_off[r + 1] - 1;
-    double2 o = coords[k0];
-    double s = 0.0, x0 = o.x, y0 = o.y, x1 = o.x, y1 = o.y;
-    for (int k = k0; k < k1; ++k) {
-        double2 a = coords[k], b = coords[k + 1];
-        s += (a.x - o.x) * (b.y - o.y) - (b.x - o.x) * (a.y - o.y);
-        x0 = fmin(x0, b.x); y0 = fmin(y0, b.y); x1 = fmax(x1, b.x); y1 = fmax(y1, b.y);
+// ---- segment extraction: both layers' tables in one launch and one pass over their vertices ----
+// A thread per polygon, A's then B's: for each of its rings twice its signed area (relative to the ring's first
+// vertex, little cancellation) and its box; the polygon's box (over all its vertices, as polygon_bounds takes
+// it); and, for the block, the world box and the boxes' summed and largest widths and heights into summary
+// (init_summary). Four launches before (polygon_bounds and ring_tables for each layer) read every vertex twice.
+struct LayerTables { const double2* c; const int *ro, *gro; double *bbox, *ra2, *rbox; };
+
+extern "C" __global__ void polygon_tables(const double2* ca, const int* ro_a, const int* gro_a, long long GA,
+                                          double* bbox_a, double* ra2_a, double* rbox_a, const double2* cb,
+                                          const int* ro_b, const int* gro_b, long long GB, double* bbox_b,
+                                          double* ra2_b, double* rbox_b, double* summary) {
+    long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    bool on_b = t >= GA;
+    LayerTables L = on_b ? LayerTables{cb, ro_b, gro_b, bbox_b, ra2_b, rbox_b}
+                         : LayerTables{ca, ro_a, gro_a, bbox_a, ra2_a, rbox_a};
+    long long g = on_b ? t - GA : t;
+    double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0, w = 0.0, h = 0.0;
+    if (t < GA + GB) {
+        for (int r = L.gro[g]; r < L.gro[g + 1]; ++r) {
+            int k0 = L.ro[r], k1 = L.ro[r + 1] - 1;
+            double2 o = L.c[k0];
+            double s = 0.0, rx0 = o.x, ry0 = o.y, rx1 = o.x, ry1 = o.y;
+            for (int k = k0; k < k1; ++k) {
+                double2 a = L.c[k], b = L.c[k + 1];
+                s += (a.x - o.x) * (b.y - o.y) - (b.x - o.x) * (a.y - o.y);
+                rx0 = fmin(rx0, b.x); ry0 = fmin(ry0, b.y); rx1 = fmax(rx1, b.x); ry1 = fmax(ry1, b.y);
+            }
+            L.ra2[r] = s;
+            L.rbox[4 * r] = rx0; L.rbox[4 * r + 1] = ry0; L.rbox[4 * r + 2] = rx1; L.rbox[4 * r + 3] = ry1;
+            x0 = fmin(x0, rx0); y0 = fmin(y0, ry0); x1 = fmax(x1, rx1); y1 = fmax(y1, ry1);
+        }
+        L.bbox[4 * g] = x0; L.bbox[4 * g + 1] = y0; L.bbox[4 * g + 2] = x1; L.bbox[4 * g + 3] = y1;
+        w = x1 - x0; h = y1 - y0;
     }
-    ring_area2[r] = s;
-    ring_box[4 * r] = x0; ring_box[4 * r + 1] = y0; ring_box[4 * r + 2] = x1; ring_box[4 * r + 3] = y1;
+    bounds_summary_add(summary, x0, y0, x1, y1, w, h);
 }
 
 // ---- filter, part 1: polygon pairs with overlapping bboxes ------------------------
@@ -112,19 +131,37 @@ polygon_pairs(const double* box_a, int GA, const double* box_b, const double* su
 // Pairs of one a in ascending b (insertion sort of a short segment), and each pair's a. An a with at most
 // PAIR_STASH pairs has them in its stash row (polygon_pairs' count pass); the emit pass wrote the others'.
 // Pairs past ``room`` are not written (v3: the run found more pairs than its buffers hold, and runs again).
+// With ``slots`` (v3), each pair's edge slots too, coords(a) + coords(b), and their total into slot_total[0]
+// (the host checks it against the slot tables' room when the run is done); v1 and v2 count them in edge_pairs.
 extern "C" __global__ void sort_pairs(const long long* incl_offsets, int GA, long long room, const int* stash,
-                                      int* pair_a, int* pair_b) {
+                                      int* pair_a, int* pair_b, const int* ro_a, const int* gro_a, const int* ro_b,
+                                      const int* gro_b, long long* slots, unsigned long long* slot_total) {
     int a = blockIdx.x * blockDim.x + threadIdx.x;
-    if (a >= GA) return;
-    long long s = a == 0 ? 0 : incl_offsets[a - 1], found = incl_offsets[a] - s, e = min(incl_offsets[a], room);
-    if (found <= PAIR_STASH)
-        for (long long i = s; i < e; ++i) pair_b[i] = stash[(long long)a * PAIR_STASH + (i - s)];
-    for (long long i = s; i < e; ++i) pair_a[i] = a;
-    for (long long i = s + 1; i < e; ++i) {
-        int v = pair_b[i];
-        long long j = i - 1;
-        while (j >= s && pair_b[j] > v) { pair_b[j + 1] = pair_b[j]; --j; }
-        pair_b[j + 1] = v;
+    unsigned long long total = 0;
+    if (a < GA) {
+        long long s = a == 0 ? 0 : incl_offsets[a - 1], found = incl_offsets[a] - s, e = min(incl_offsets[a], room);
+        if (found <= PAIR_STASH)
+            for (long long i = s; i < e; ++i) pair_b[i] = stash[(long long)a * PAIR_STASH + (i - s)];
+        for (long long i = s; i < e; ++i) pair_a[i] = a;
+        for (long long i = s + 1; i < e; ++i) {
+            int v = pair_b[i];
+            long long j = i - 1;
+            while (j >= s && pair_b[j] > v) { pair_b[j + 1] = pair_b[j]; --j; }
+            pair_b[j + 1] = v;
+        }
+        if (slots) {
+            int coords_a = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
+            for (long long i = s; i < e; ++i) {
+                int b = pair_b[i];
+                long long n = (long long)coords_a + (ro_b[gro_b[b + 1]] - ro_b[gro_b[b]]);
+                slots[i] = n;
+                total += n;
+            }
+        }
+    }
+    if (slots) {             // block-uniform: the whole block reaches the barrier
+        unsigned long long v[1] = {total};
+        block_add<1>(slot_total, v);
     }
 }
 

@@ -100,21 +100,6 @@ extern "C" __global__ void edge_pairs_warp(const double2* ca, const int* ro_a, c
     warp_sums_add(sums, stats, v);       // no barrier at the end: a pair's work varies with its edges
 }
 
-// v3: each live polygon pair's edge slots, coords(a) + coords(b) (edge_pairs' count pass writes them in v1 and
-// v2), and their total into total[0]: the host checks it against the slot tables' room when the run is done.
-extern "C" __global__ void pair_slots(const int* ro_a, const int* gro_a, const int* ro_b, const int* gro_b,
-                                      const int* pair_a, const int* pair_b, int P, const unsigned long long* n_pairs,
-                                      long long* slots, unsigned long long* total) {
-    int p = blockIdx.x * blockDim.x + threadIdx.x;
-    unsigned long long n = 0;
-    if (p < live_count(P, n_pairs)) {
-        int a = pair_a[p], b = pair_b[p];
-        slots[p] = n = (long long)(ro_a[gro_a[a + 1]] - ro_a[gro_a[a]]) + (ro_b[gro_b[b + 1]] - ro_b[gro_b[b]]);
-    }
-    unsigned long long v[1] = {n};
-    block_add<1>(total, v);
-}
-
 // ---- v3 area reconstruction: inside/outside carried along the ring -----------------
 // As area_rings, but a cut ring's pieces do not each need a point-in-polygon test. Along
 // the ring the status (inside or outside the other polygon) changes only where the other

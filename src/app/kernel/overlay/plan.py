@@ -89,7 +89,9 @@ class OverlayPlan(KernelPlan):
         if stage == "owned_buffer_build":
             return Cost(inputs.left.nbytes() + inputs.right.nbytes(), kind="host_link", note="host->device copy")
         if stage == "segment_extraction":
-            return Cost((va + vb) * 16 + (va + vb) * 32 + g * 32, note="read coordinates, write edges and bboxes")
+            rings = inputs.left.n_rings + inputs.right.n_rings
+            return Cost((va + vb) * 16 + rings * (4 + 40) + g * (4 + 32),
+                        note="read coordinates and offsets; write each ring's area and box and each polygon's bbox")
         if stage == "segment_mbr_filter":
             return Cost(g * 32 + meta.get("polygon_pairs", 0) * 8 + rows_out * 12,
                         note="bboxes, polygon pairs, candidate segment pairs out")
