@@ -195,3 +195,42 @@ def test_a_polygon_with_more_pairs_than_its_stash_is_placed_by_the_second_pass_e
     assert len(got[0]) == len(crowd) + 3
     filt = {s["name"]: s for s in rec.stages}["segment_mbr_filter"]["meta"]
     assert filt["polygons_tested_twice"] == 1 and filt["polygon_pairs"] == len(crowd) + 3
+
+
+def _star(n: int, r_out: float, r_in: float, turn: float, cx: float = 0.0, cy: float = 0.0):
+    t = np.linspace(0.0, 2 * np.pi, 2 * n, endpoint=False) + turn
+    r = np.where(np.arange(2 * n) % 2 == 0, r_out, r_in)
+    return shapely.Polygon(np.c_[cx + r * np.cos(t), cy + r * np.sin(t)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_pair_with_more_candidates_than_the_warp_stash_is_written_exactly(version):
+    """v3's edge-pair filter keeps a warp's hits in a shared-memory stash of 64 and writes it out when full: two
+    overlapping 150-point stars make one polygon pair with hundreds of candidate edge pairs (a second, small pair
+    beside it has a few). Every version finds the CPU's candidates and shapely's areas."""
+    import cupy as cp
+
+    from app.kernel.geometry import polygons_from_shapely
+    from app.kernel.overlay.plan import OverlayInputs
+    from app.kernel.plan import get_plan_class
+    from app.runtime.device import select
+    from app.runtime.execute import backend_for, xp_for
+    from app.runtime.nvtx import Nvtx
+    from app.runtime.recorder import Recorder
+
+    left = np.array([_star(150, 1.0, 0.55, 0.0), shapely.box(5, 5, 6, 6)], dtype=object)
+    right = np.array([_star(150, 0.98, 0.6, 0.013), shapely.box(5.5, 5.5, 7, 7)], dtype=object)
+    plan = get_plan_class("overlay", version)()
+    inp = OverlayInputs(polygons_from_shapely(left), polygons_from_shapely(right))
+    meta = {}
+    for device in ("cpu", "gpu"):
+        backend, _ = backend_for(plan, select(device))
+        out, rec = Recorder(device, xp_for(device), Nvtx(False, "overlay")).run(plan, inp, backend)
+        got = tuple(np.asarray(cp.asnumpy(a) if device == "gpu" else a) for a in out)
+        res = compare(got, shapely_overlay(left, right), shapely.area(left), shapely.area(right))
+        assert res["matches"], (device, res)
+        meta[device] = {s["name"]: s["meta"] for s in rec.stages}["segment_mbr_filter"]
+    assert meta["gpu"]["polygon_pairs"] == 2
+    assert meta["gpu"]["candidates"] == meta["cpu"]["candidates"] > 4 * 64
+    assert meta["gpu"]["pairs_examined"] == meta["cpu"]["pairs_examined"]
