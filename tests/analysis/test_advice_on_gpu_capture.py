@@ -148,6 +148,33 @@ def test_overlay_v3_capture_keeps_its_room_and_names_its_remaining_round_trips()
     assert any(o["name"].startswith("Remove host round-trips in segment_mbr_filter") for o in ops)
 
 
+def test_overlay_v3_with_rooms_reads_only_its_result_and_replays_as_a_graph_for_new_inputs():
+    """overlay v3 at 100k x 100k once it read no size before its result (2026-11-27): every count fitted the rooms
+    kept from the earlier runs, the only read is the result's length after the last launch, the stages after the
+    build capture as one graph that serves any input that fits, and no advice asks to remove round trips."""
+    from app.runtime.recorder import RunRecord, mid_plan_reads
+    from app.runtime.timing import graph_capturability
+
+    v3 = json.loads((DATA / "overlay_v3_100k_100k_h200_rooms.trace.json").read_text())
+    assert v3["version"] == "v3" and v3["metadata"]["verification"]["matches"] is True
+    st = {s["name"]: s["metadata"] for s in v3["stages"]}
+    assert [mid_plan_reads(m) for m in st.values()] == [0] * 6
+    filt, area = st["segment_mbr_filter"], st["area_reconstruction"]
+    assert area["result_size_reads"] == area["allocation_size_reads"] == 1 and "room_grown" not in area
+    assert filt["polygon_pairs"] <= filt["pair_room"] and filt["candidates"] <= filt["candidate_room"]
+    stages = [{"name": s["name"], "counters": s["metadata"], "meta": s["metadata"]} for s in v3["stages"]]
+    graph = graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu")
+    assert graph == {k: v for k, v in v3["timing"]["graph"].items() if k != "replay"}
+    assert graph["after_build"] is True and graph["blockers"] == [
+        "owned_buffer_build: 6 copies of host arrays (host work: the arrays are copied into pinned staging buffers "
+        "first)"]
+    replay = v3["timing"]["graph"]["replay"]
+    assert replay["replayed"] is True and replay["size_reads_replayed"] == replay["result_reads_in_replay"] == 1
+    roof = plan_roofline(v3["device"]["name"], v3["selected_runtime"], v3["stages"])
+    ops = advice.opportunities(v3, roof, advice.stage_findings(v3, roof))
+    assert not any("round-trip" in o["name"] for o in ops)
+
+
 def test_inputs_that_went_straight_from_pinned_memory_are_not_told_to_pin_or_stage():
     """A build whose arrays were DMA'd from the caller's pinned memory (the real 1M capture, its staging line
     set as the backend writes it then): the advice and the graph judgment say what was done, not 'pin'."""
