@@ -168,8 +168,8 @@ class OverlayGPU(GpuBackend):
         self._launch("sort_pairs", A["n_geoms"], block, (poffsets, np.int32(A["n_geoms"]), np.int64(npairs),
                                                          common[-2], pair_a, pair_b, null, null, null, null, null,
                                                          null))
-        tests, c, n_slots, slot_incl, cand = self._edge_pairs_counted(st, self._pair_geometry(state, pair_a, pair_b),
-                                                                      npairs, block)
+        geo = self._pair_geometry(state, pair_a, pair_b)
+        tests, c, n_slots, slot_incl, cand = self._edge_pairs_counted(st, led, geo, npairs, block)
         state.update(pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
         st.rows_out = c
         st.meta.update(polygon_pairs=npairs, pairs_examined=tests, candidates=c, grid_level=level,
@@ -244,9 +244,9 @@ class OverlayGPU(GpuBackend):
             led["n_pairs"], slot_incl, np.int64(room["slots"]), np.int64(room["candidates"]), *cand, led["edges"]))
         state.update(pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=room["slots"], cand=cand)
 
-    def _edge_pairs_counted(self, st, geo, npairs, block):
+    def _edge_pairs_counted(self, st, led, geo, npairs, block):
         """v1, v2: edge pairs of each polygon pair counted (with the pair's slots), scanned, read, then emitted."""
-        cp, ws, null, led = self.cp, self.mod.ws, np.intp(0), self._views
+        cp, ws, null = self.cp, self.mod.ws, np.intp(0)
         ecounts = ws.empty("edge_counts", npairs, cp.int64)
         slots = ws.empty("pair_slots", npairs, cp.int64)
         # v2's sweep keeps 8 warps' edge lists in shared memory: its block is fixed at 256.
