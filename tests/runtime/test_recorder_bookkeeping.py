@@ -92,3 +92,56 @@ def test_small_reads_through_the_pinned_buffer_equal_the_device_words():
         for _ in range(50):
             x += 1
         assert read_to_host(cp, x).tolist() == [50] * 4
+
+
+class _Clock:
+    """A CPU clock that counts its marks: each returns the next integer."""
+
+    def __init__(self):
+        self.marks = 0
+
+    def begin(self):
+        pass
+
+    def mark(self):
+        self.marks += 1
+        return float(self.marks)
+
+    def finish(self):
+        pass
+
+    def seconds(self, a, b):
+        return b - a
+
+
+def test_a_kernel_plans_run_ends_at_its_last_stages_mark_and_a_plan_of_its_own_gets_one_more():
+    """A KernelPlan returns as its last stage ends: the run takes one mark a stage plus its first, and its
+    stages add up to its total exactly. A plan with its own run() may work after its last stage: it gets
+    a separate end mark, and what no stage covers is measured (here the clock steps once more)."""
+    from app.kernel.plan import KernelPlan
+
+    class Tiled(KernelPlan):
+        kernel, version = "demo", "v1"
+        stages = [_Spec("work"), _Spec("finish")]
+
+        def __init__(self):
+            self.tiling = {"work": {}, "finish": {}}
+
+    class Backend:
+        def work(self, state, st, tiling):
+            state["output"] = [1]
+
+        def finish(self, state, st, tiling):
+            st.rows_out = 1
+
+    for plan, marks, uncovered in ((Tiled(), 3, 0.0), (_Plan([]), 4, 1.0)):
+        recorder = Recorder("cpu", np, Nvtx(False, "demo"))
+        recorder.clock = _Clock()
+        _, rec = recorder.run(plan, [1, 2], Backend())
+        assert recorder.clock.marks == marks
+        assert [s["seconds"] for s in rec.stages] == [1.0, 1.0]
+        assert rec.total_seconds - rec.stage_sum == uncovered
+    bare = Recorder("cpu", np, Nvtx(False, "demo"), per_stage=False)
+    bare.clock = _Clock()
+    _, rec = bare.run(Tiled(), [1], Backend())
+    assert bare.clock.marks == 2 and rec.total_seconds == 1.0 and rec.stages == []

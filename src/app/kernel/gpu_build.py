@@ -30,16 +30,16 @@ def module_source(paths) -> str:
     return "\n".join(f'#line 1 "{p.resolve()}"\n{p.read_text()}' for p in paths)
 SCAN_SOURCE = Path(__file__).with_name("scan.cu")
 COMMON_SOURCE = Path(__file__).with_name("common.cuh")
-SCAN_KERNELS = ("scan_i32_i32", "scan_i32_i64", "scan_i64_i64")
-SCAN_TILE = 2048          # scan.cu's SCAN_TILE: items a tile
-SCAN_THREADS = 1024       # scan.cu's SCAN_THREADS: a block's threads
-SCAN_BLOCKS_PER_SM = 2    # the scan's fixed grid: as many of its blocks as an SM holds (2,048 threads)
+SCAN_KERNELS = ("scan_i32_i32", "scan_i32_i32_wide", "scan_i32_i64", "scan_i64_i64")
 SCAN_STATE_HEAD = 2       # scan.cu's state: tile counter and blocks done, then a status word a tile
-# (input dtype, output dtype) -> scan kernel. Keyed by dtype objects: formatting dtype names on every call cost
-# more host time than a kernel launch.
-_SCAN_KERNELS = {(np.dtype(a), np.dtype(b)): f"scan_{ta}_{tb}"
-                 for a, ta in (("int32", "i32"), ("int64", "i64")) for b, tb in (("int32", "i32"), ("int64", "i64"))
-                 if (a, b) != ("int64", "int32")}
+SCAN_WIDE_FROM = 1 << 20  # int32 scans this long or longer take scan.cu's wide shape (measured there)
+# (input dtype, output dtype) -> (kernel, threads a block, items a thread, blocks an SM: as many as an SM's
+# 2,048 threads hold), as scan.cu compiles them. Keyed by dtype objects: formatting dtype names on every call
+# cost more host time than a kernel launch.
+_SCAN_SHAPES = {(np.dtype(a), np.dtype(b)): (f"scan_{ta}_{tb}", 1024, 2, 2)
+                for a, ta in (("int32", "i32"), ("int64", "i64")) for b, tb in (("int32", "i32"), ("int64", "i64"))
+                if (a, b) != ("int64", "int32")}
+_SCAN_WIDE = {(np.dtype("int32"), np.dtype("int32")): ("scan_i32_i32_wide", 512, 4, 4)}
 
 
 class Workspace:
@@ -99,7 +99,7 @@ class CudaModule:
         self.module = cupy.RawModule(code=self.source, options=self.options)
         self.fn: dict = {}
         self.ws = Workspace(cupy)
-        self.scan_blocks = SCAN_BLOCKS_PER_SM * cupy.cuda.Device().attributes["MultiProcessorCount"]
+        self.sm_count = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self._ptx: str | None = None
 
     def compile(self, blocks: dict) -> dict:
@@ -125,11 +125,16 @@ class CudaModule:
         out = self.ws.empty(tag, n, out_dtype)
         if n == 0:
             return out
-        tiles = (n + SCAN_TILE - 1) // SCAN_TILE
+        key = (x.dtype, out.dtype)
+        # The shape follows the buffer's length, not the live one: fixed for a buffer, so a graph replays it.
+        name, threads, items, per_sm = _SCAN_WIDE[key] if n >= SCAN_WIDE_FROM and key in _SCAN_WIDE \
+            else _SCAN_SHAPES[key]
+        tile = threads * items
+        tiles = (n + tile - 1) // tile
         state = self.ws.self_zeroing(tag + ".state", SCAN_STATE_HEAD + tiles, np.uint64)
         nd = np.intp(0) if n_dev is None else n_dev
-        blocks = min(tiles, self.scan_blocks)
-        self.fn[_SCAN_KERNELS[(x.dtype, out.dtype)]]((blocks,), (SCAN_THREADS,), (x, _i64(n), nd, out, state))
+        blocks = min(tiles, per_sm * self.sm_count)
+        self.fn[name]((blocks,), (threads,), (x, _i64(n), nd, out, state))
         return out
 
     def resources(self, fn) -> dict:
@@ -224,6 +229,7 @@ class GpuBackend:
         self.version = version
         self.mod = CudaModule(self.SOURCE, self.STAGE_KERNELS, self.LIBRARY_CALLS, scan_stages=self.SCAN_STAGES,
                               shared_per_warp=self.SHARED_PER_WARP)
+        self.sm_count = self.mod.sm_count      # fixed grids are sized in blocks an SM
         self._staging = None          # pinned host buffers for the inputs, made on the first run
 
     def _blocks(self) -> dict:

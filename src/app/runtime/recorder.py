@@ -5,10 +5,11 @@ A stage's backend method receives a ``StageContext``: it fills ``rows_in``,
 ``to_host`` and ``read_size`` so every copy and synchronisation is counted
 (truth rule 5). The recorder brackets each stage with clock marks -- CUDA
 events on the GPU, a monotonic clock on the CPU -- and the whole run with a
-separate pair, so the part of the run no stage covers is measured, not
-assumed to be zero (truth rule 2). Adjacent stages share the mark between
-them: the stages tile the run from its first mark, and what is left uncovered
-is the time after the last stage (returning the output).
+pair of its own. Adjacent stages share the mark between them: the stages tile
+the run from its first mark. A KernelPlan's run ends as its last stage ends,
+so that stage's end mark is the run's end; a plan with a run() of its own gets
+a separate end mark, and the part of its run no stage covers is measured, not
+assumed to be zero (truth rule 2).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.kernel.plan import KernelPlan
 from app.runtime.nvtx import Nvtx
 
 
@@ -282,7 +284,8 @@ class Recorder:
             wall0 = time.perf_counter()
             t0 = self._last = self.clock.mark()
             output = plan.run(inputs, backend, self)
-            t1 = self.clock.mark()
+            tiled = self._ends_at_last_stage(plan)
+            t1 = self._last if tiled else self.clock.mark()
             self.clock.finish()
             wall = time.perf_counter() - wall0
         except BaseException:
@@ -296,7 +299,19 @@ class Recorder:
                    # Host time spent issuing the stage: near the device time means launch-bound.
                    "host_seconds": host}
                   for st, a, b, host in self._marks]
-        return output, RunRecord(stages, self.clock.seconds(t0, t1), wall)
+        # Tiled, the run's time is its stages' (t0 to t1 in steps): summed in the order stage_sum sums them,
+        # so the time no stage covers is exactly zero, not a rounding residue of either sign.
+        total = sum(s["seconds"] for s in stages) if tiled else self.clock.seconds(t0, t1)
+        return output, RunRecord(stages, total, wall)
+
+
+    def _ends_at_last_stage(self, plan) -> bool:
+        """Whether the run's end is its last stage's end mark. KernelPlan.run returns its last stage's output
+        as that stage ends, with no device work between, so a second mark there would measure nothing but
+        itself: one more event record, a few microseconds of host time and a GPU bubble, which the bare run
+        (no per-stage marks) does not pay. A plan with a run of its own may work after its last stage: it
+        gets a mark of its own, and the time no stage covers is measured."""
+        return self.per_stage and bool(self._marks) and type(plan).run is KernelPlan.run
 
 
 class _Stage:

@@ -88,7 +88,6 @@ class JoinGPU(GpuBackend):
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
         self.no_reads = version in ("v3", "v4")   # grid on the device, candidate room: one read, at the end
-        self.sm_count = self.cp.cuda.Device().attributes["MultiProcessorCount"]
         self._room: int | None = None     # v3, v4: candidate pairs the buffers hold, kept from run to run
         self._views: dict | None = None
 

@@ -90,7 +90,6 @@ class OverlayGPU(GpuBackend):
 
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
-        self.sm_count = self.cp.cuda.Device().attributes["MultiProcessorCount"]
         self.rooms: dict | None = None    # v3: polygon pairs, candidates and edge slots its buffers hold
         self._views: dict | None = None
 
