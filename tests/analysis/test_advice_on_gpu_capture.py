@@ -62,7 +62,7 @@ def test_a_build_already_staged_through_pinned_memory_is_not_told_to_stage(big):
     staged = json.loads((DATA / "join_v1_1M_100k_h200_pinned.trace.json").read_text())
     assert staged["stages"][0]["metadata"]["staging"].startswith("pinned")
     assert "staging_dma" not in staged["timing"]          # captured before the DMA alone was measured
-    for trace, expected in ((staged, "Keep inputs device-resident across calls; overlapping the copies with the "
+    for trace, expected in ((staged, "Keep inputs device-resident across calls (saves the whole build); overlapping the copies with the "
                                      f"stages after them {_overlap_bound(staged)}"),
                             (big, "Keep inputs device-resident across calls, or copy from pinned memory")):
         roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
@@ -143,7 +143,8 @@ def test_overlay_v3_capture_keeps_its_room_and_names_its_remaining_round_trips()
         "area_reconstruction: 1 allocation-size read(s)"]
     roof = plan_roofline(v3["device"]["name"], v3["selected_runtime"], v3["stages"])
     ops = advice.opportunities(v3, roof, advice.stage_findings(v3, roof))
-    assert ops[0]["name"] == ("Keep inputs device-resident across calls; overlapping the copies with the stages "
+    assert ops[0]["name"] == ("Keep inputs device-resident across calls (saves the whole build); overlapping the "
+                              "copies with the stages "
                               f"after them {_overlap_bound(v3)} (owned_buffer_build)")
     assert any(o["name"].startswith("Remove host round-trips in segment_mbr_filter") for o in ops)
 
@@ -212,7 +213,8 @@ def test_a_staged_build_is_split_into_its_dma_and_the_host_copy_from_its_own_cap
     assert top["gain_pct"] == pytest.approx(100 * build["elapsed_seconds"] / total)
     pinned = 100 * (build["elapsed_seconds"] - dma["seconds"]) / total
     assert top["name"] == (
-        f"Keep inputs device-resident across calls, or hand them over in pinned memory (est. {pinned:.0f}%: the "
+        f"Keep inputs device-resident across calls (saves the whole build), or hand them over in pinned memory "
+        f"(est. {pinned:.0f}%: the "
         f"DMA alone runs at {dma['gbps']:.1f} GB/s, {dma['seconds'] * 1e6:,.0f} of the build's "
         f"{build['elapsed_seconds'] * 1e6:,.0f} us; the rest is the host copying into the staging buffers); "
         f"overlapping the copies with the stages after them {_overlap_bound(t)} (owned_buffer_build)")
@@ -263,3 +265,16 @@ def test_the_report_says_when_the_timed_runs_were_still_changing():
     own, replay = steady["timing"]["after_build"]["median"], steady["timing"]["graph"]["replay"]
     assert (f"the profile's own timed runs gave {us(own)} us after the build, "
             f"{own / replay['graph_after_build_seconds']:,.2f}x the replay") in md
+
+
+def test_the_headline_names_unstable_stages_by_the_robust_spread_it_judged_them_on():
+    """A stage is unstable when its robust spread (1.4826 x MAD / median) is over 2%: the headline lists
+    exactly those stages of a real capture, under that name, not under the relative stdev."""
+    t = json.loads((DATA / "overlay_v3_100k_100k_h200_rooms.trace.json").read_text())
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    params = {"command_line": "python -m app.kernel overlay v3 --left 100k --right 100k", "clocks": {"locked": False}}
+    headline = next(line for line in build_report(t, params, roof, None).splitlines()
+                    if line.startswith("`python -m app.kernel"))
+    unstable = [s["name"] for s in t["stages"] if s["spread"]["robust_rel_spread"] > 0.02]
+    assert unstable and f"Unstable stages (robust spread > 2%): {', '.join(unstable)}." in headline
+    assert "rel. stdev" not in headline

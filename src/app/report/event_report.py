@@ -86,7 +86,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
     unstable = [s["name"] for s in trace["stages"] if s["spread"]["runs"] > 1 and not s["spread"]["stable"]]
     headline = (f"`{params_json['command_line']}` — {trace['selected_runtime'].upper()} "
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
-                f"{timing['timed_runs']} runs." + (f" Unstable stages (>2% rel. stdev): {', '.join(unstable)}."
+                f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
                                                    if unstable else "")
                 + (f" **The timed runs were still changing** ({_drift_text(drift_check)})."
                    if drift_check and drift_check.get("significant") else ""))
