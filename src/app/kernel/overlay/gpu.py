@@ -64,6 +64,8 @@ LEDGER_WORDS = 27
 FIRST_PAIRS_PER_POLYGON = 4
 FIRST_CANDIDATES_PER_PAIR = 8
 MIN_ROOM = 4096
+# overlay_v3.cu's EDGE_GROUP: lanes of v3's edge-pair filter a polygon pair (two pairs a warp).
+EDGE_GROUP = 16
 # v3's walk of the cut rings: a fixed grid of this many blocks a multiprocessor (each holds one or two at 128
 # registers a thread), striding over the list.
 WALK_BLOCKS_PER_SM = 4
@@ -239,8 +241,9 @@ class OverlayGPU(GpuBackend):
                                                led["slots"]))
         slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl", n_dev=led["n_pairs"])
         cand = [ws.empty(f"cand_{k}", room["candidates"], cp.int32) for k in ("p", "ka", "kb")]
-        self._launch("edge_pairs_warp", 32 * room["pairs"], block, self._pair_geometry(state, pair_a, pair_b) + (
-            led["n_pairs"], slot_incl, np.int64(room["slots"]), np.int64(room["candidates"]), *cand, led["edges"]))
+        self._launch("edge_pairs_warp", EDGE_GROUP * room["pairs"], block,
+                     self._pair_geometry(state, pair_a, pair_b) + (led["n_pairs"], slot_incl, np.int64(room["slots"]),
+                                                                   np.int64(room["candidates"]), *cand, led["edges"]))
         state.update(pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=room["slots"], cand=cand)
 
     def _edge_pairs_counted(self, st, led, geo, npairs, block):

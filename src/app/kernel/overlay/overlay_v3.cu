@@ -1,20 +1,27 @@
 // overlay v3's kernels; compiled after overlay.cu (scan.cu and common.cuh in front), whose
 // helpers (point_at) and edge-slot conventions they share.
 
-// ---- v3 filter, part 2: a warp per polygon pair, b's edges broadcast by shuffles ------
-// Lanes hold 32 of a's edges at a time (those that reach b's bbox); b's edges that reach
-// a's bbox are found 32 at a time by a ballot and each is broadcast to every lane: the
-// same tests as edge_pairs, with no lane looping over b on its own. One pass: a broadcast's
-// hits go into the warp's stash in shared memory (a ballot places them), and the stash is
-// written out when full and at the pair's end, its room reserved with one atomic add on
-// stats[1]; those past ``room`` are not written (the caller grows the room and runs again
-// when stats[1] comes back larger). Before, the warp counted its hits in a first pass and
-// ran every broadcast again to write them. Candidates land in no particular order:
-// refine's records are grouped by slot and sorted by t afterwards anyway.
+// ---- v3 filter, part 2: half a warp per polygon pair, b's edges broadcast by shuffles --
+// A group of EDGE_GROUP (16) lanes takes a polygon pair, two pairs a warp. Lanes hold 16 of
+// a's edges at a time (those that reach b's bbox); b's edges that reach a's bbox are found
+// 16 at a time by a ballot and each is broadcast to the group's lanes: the same tests as
+// edge_pairs, with no lane looping over b on its own. Half a warp because the kernel waits
+// on memory, not on its arithmetic: each pair first follows a chain of dependent loads
+// (pair -> polygon -> rings -> coordinates), and with a warp a pair only 64 of those chains
+// were in flight an SM. The layers' polygons have 16 edges a ring, so a group covers a ring
+// in one step, as a warp did with half its lanes idle. The two groups of a warp run their
+// own loops: every warp intrinsic names only its group's lanes (gmask), as cooperative
+// groups' tiled partitions do.
+// One pass: a broadcast's hits go into the group's stash in shared memory (a ballot places
+// them), and the stash is written out when full and at the pair's end, its room reserved
+// with one atomic add on stats[1]; those past ``room`` are not written (the caller grows
+// the room and runs again when stats[1] comes back larger). Candidates land in no
+// particular order: refine's records are grouped by slot and sorted by t afterwards anyway.
 // The pairs' buffers have a room of P too: n_pairs, a device word, holds how many are live
 // (live_count), and so do the slot tables (n_slots): a pair whose slots end past it is
 // skipped (pair_in_room). stats[0] += MBR tests, stats[1] += candidates.
-#define EDGE_STASH 64          // candidates a warp keeps (random layers find about 4.5 a pair)
+#define EDGE_GROUP 16          // lanes a polygon pair (gpu.py's EDGE_GROUP)
+#define EDGE_STASH 64          // candidates a group keeps (random layers find about 4.5 a pair)
 #define EDGE_STASH_WARPS 16    // the most warps a block: blocks of up to 512 threads
 
 // Whether live pair p's edge slots fit the slot tables' room (n_slots): v3's sort and area kernels index those
@@ -36,20 +43,21 @@ __device__ __forceinline__ bool lane_edge_box(const double2* c, const int* ro, i
     return true;
 }
 
-// The warp's stash (cnt candidates, warp-uniform) out to its reserved room; every lane calls it.
-__device__ __forceinline__ void flush_edge_stash(const int2* stash, int& cnt, int p, int lane,
-                                                 unsigned long long* counter, long long room, int* out_p,
+// The group's stash (cnt candidates, group-uniform) out to its reserved room; every lane of the group calls it.
+// gl: the lane's place in its group; leader: the group's first lane in the warp.
+__device__ __forceinline__ void flush_edge_stash(const int2* stash, int& cnt, int p, int gl, unsigned int gmask,
+                                                 int leader, unsigned long long* counter, long long room, int* out_p,
                                                  int* out_ka, int* out_kb) {
     if (cnt == 0) return;
     unsigned long long base = 0;
-    if (lane == 0) base = atomicAdd(counter, (unsigned long long)cnt);
-    base = __shfl_sync(FULL_MASK, base, 0);
-    __syncwarp();                                    // the lanes' stash writes before they are read
-    for (int i = lane; i < cnt; i += 32) {
+    if (gl == 0) base = atomicAdd(counter, (unsigned long long)cnt);
+    base = __shfl_sync(gmask, base, leader);
+    __syncwarp(gmask);                               // the lanes' stash writes before they are read
+    for (int i = gl; i < cnt; i += EDGE_GROUP) {
         long long pos = (long long)base + i;
         if (pos < room) { int2 v = stash[i]; out_p[pos] = p; out_ka[pos] = v.x; out_kb[pos] = v.y; }
     }
-    __syncwarp();                                    // read before the next hits overwrite them
+    __syncwarp(gmask);                               // read before the next hits overwrite them
     cnt = 0;
 }
 
@@ -59,11 +67,12 @@ edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const doub
                 const unsigned long long* n_pairs, const long long* slot_incl, long long n_slots, long long room,
                 int* out_p, int* out_ka, int* out_kb, unsigned long long* stats) {
     __shared__ WarpSums<1> sums;
-    __shared__ int2 stashes[EDGE_STASH_WARPS][EDGE_STASH];
+    __shared__ int2 stashes[EDGE_STASH_WARPS][32 / EDGE_GROUP][EDGE_STASH];
     warp_sums_init(sums);
-    int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
-    int lane = threadIdx.x & 31;
-    int2* stash = stashes[threadIdx.x >> 5];
+    int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / EDGE_GROUP);    // group-uniform
+    int lane = threadIdx.x & 31, gl = lane % EDGE_GROUP, leader = lane - gl;
+    unsigned int gmask = (0xffffffffu >> (32 - EDGE_GROUP)) << leader;
+    int2* stash = stashes[threadIdx.x >> 5][leader / EDGE_GROUP];
     unsigned long long tests = 0;
     if (pair_in_room(p, P, n_pairs, slot_incl, n_slots)) {
         int a = pair_a[p], b = pair_b[p];
@@ -73,36 +82,36 @@ edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const doub
         int a0 = ro_a[gro_a[a]], a1 = ro_a[gro_a[a + 1]];
         int b0 = ro_b[gro_b[b]], b1 = ro_b[gro_b[b + 1]];
         int ring = gro_a[a], ring_end = ro_a[ring + 1] - 1;
-        int cnt = 0;                                 // candidates in the stash (warp-uniform)
-        for (int abase = a0; abase < a1; abase += 32) {
-            int k = abase + lane;
+        int cnt = 0;                                 // candidates in the stash (group-uniform)
+        for (int abase = a0; abase < a1; abase += EDGE_GROUP) {
+            int k = abase + gl;
             double ex0 = 0, ey0 = 0, ex1 = 0, ey1 = 0;
             bool live = lane_edge_box(ca, ro_a, k, a1, ring, ring_end, ex0, ey0, ex1, ey1) &&
                         boxes_meet(ex0, ey0, ex1, ey1, BB);
-            if (!__any_sync(FULL_MASK, live)) continue;
+            if (!__any_sync(gmask, live)) continue;
             int rb = gro_b[b], rb_end = ro_b[rb + 1] - 1;
-            for (int bbase = b0; bbase < b1; bbase += 32) {
-                int kb = bbase + lane;
+            for (int bbase = b0; bbase < b1; bbase += EDGE_GROUP) {
+                int kb = bbase + gl;
                 double fx0 = 0, fy0 = 0, fx1 = 0, fy1 = 0;
                 bool near = lane_edge_box(cb, ro_b, kb, b1, rb, rb_end, fx0, fy0, fx1, fy1) &&
                             fx0 <= bax1 && bax0 <= fx1 && fy0 <= bay1 && bay0 <= fy1;
-                unsigned int nb = __ballot_sync(FULL_MASK, near);
+                unsigned int nb = __ballot_sync(gmask, near) >> leader;      // the group's lanes, from bit 0
                 while (nb) {
                     int j = __ffs(nb) - 1;
                     nb &= nb - 1;
-                    double gx0 = __shfl_sync(FULL_MASK, fx0, j), gy0 = __shfl_sync(FULL_MASK, fy0, j);
-                    double gx1 = __shfl_sync(FULL_MASK, fx1, j), gy1 = __shfl_sync(FULL_MASK, fy1, j);
+                    double gx0 = __shfl_sync(gmask, fx0, leader + j), gy0 = __shfl_sync(gmask, fy0, leader + j);
+                    double gx1 = __shfl_sync(gmask, fx1, leader + j), gy1 = __shfl_sync(gmask, fy1, leader + j);
                     bool hit = live && ex0 <= gx1 && gx0 <= ex1 && ey0 <= gy1 && gy0 <= ey1;
                     tests += live;
-                    unsigned int hits = __ballot_sync(FULL_MASK, hit);
+                    unsigned int hits = __ballot_sync(gmask, hit) >> leader;
                     if (cnt + __popc(hits) > EDGE_STASH)
-                        flush_edge_stash(stash, cnt, p, lane, stats + 1, room, out_p, out_ka, out_kb);
-                    if (hit) stash[cnt + __popc(hits & ((1u << lane) - 1))] = make_int2(k, bbase + j);
+                        flush_edge_stash(stash, cnt, p, gl, gmask, leader, stats + 1, room, out_p, out_ka, out_kb);
+                    if (hit) stash[cnt + __popc(hits & ((1u << gl) - 1))] = make_int2(k, bbase + j);
                     cnt += __popc(hits);
                 }
             }
         }
-        flush_edge_stash(stash, cnt, p, lane, stats + 1, room, out_p, out_ka, out_kb);
+        flush_edge_stash(stash, cnt, p, gl, gmask, leader, stats + 1, room, out_p, out_ka, out_kb);
     }
     unsigned long long v[1] = {tests};
     warp_sums_add(sums, stats, v);       // no barrier at the end: a pair's work varies with its edges

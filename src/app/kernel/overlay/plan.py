@@ -134,7 +134,7 @@ class OverlayV2(OverlayPlan):
 @register
 class OverlayV3(OverlayPlan):
     version = "v3"
-    summary = ("v1's candidates found in one pass (a warp per polygon pair, b's edges broadcast by shuffles), no "
+    summary = ("v1's candidates found in one pass (half a warp per polygon pair, b's edges broadcast by shuffles), no "
                "size read before the result (polygon pairs, candidates and edge slots in rooms kept from run to run), "
                "and each cut ring's inside/outside status carried along it (flipped at proper crossings) instead of "
                "a point-in-polygon test per piece (on the CPU: v1's candidates, the status carried the same way)")
