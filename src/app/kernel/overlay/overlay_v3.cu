@@ -165,7 +165,9 @@ __device__ __forceinline__ RingRef ring_ref(long long tid, int max_rings, const 
     return R;
 }
 
-extern "C" __global__ void area_rings_flip(
+// At most 64 registers (72 unbounded, a few words spilled): 32 warps an SM instead of 24 at the default block of
+// 256, for a kernel that mostly waits on each ring's chain of dependent loads.
+extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
         const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
         const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
         const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P,
@@ -229,10 +231,15 @@ extern "C" __global__ void area_cut_rings(
         double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
         double acc = 0.0;
         int status = -1;   // -1 unknown, 0 outside, 1 inside
-        for (int k = R.k0; k < R.k1; ++k) {
-            long long s = R.slot0 + k;
-            int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
-            double2 e0 = R.C[k], e1 = R.C[k + 1];
+        // An edge's record ranges and end points are its predecessor's upper ones: each step loads only the next
+        // edge's, before this edge's records (a chain of dependent loads) are walked, so the two overlap.
+        long long s = R.slot0 + R.k0;
+        int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
+        double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
+        for (int k = R.k0; k < R.k1; ++k, ++s) {
+            int e_next = e_hi, o_next = o_hi;
+            double2 c_next = e1;
+            if (k + 1 < R.k1) { e_next = ev_start[s + 2]; o_next = ov_start[s + 2]; c_next = R.C[k + 2]; }
             if (status < 0 && e_lo == e_hi && o_lo == o_hi &&
                 !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
                 status = 0;   // no records and away from the other polygon: outside
@@ -268,6 +275,7 @@ extern "C" __global__ void area_cut_rings(
                 }
                 if (j < e_hi) status = (ev_kind[ev_order[j]] && status >= 0) ? status ^ 1 : -1;
             }
+            e_lo = e_hi; e_hi = e_next; o_lo = o_hi; o_hi = o_next; e0 = e1; e1 = c_next;
         }
         contrib[tid] = acc;
     }
