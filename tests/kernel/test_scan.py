@@ -66,8 +66,9 @@ def test_length_read_from_the_device(module):
         assert (got[real:] == -1).all()
 
 
-def test_length_read_from_the_device_in_the_wide_shape(module):
-    """The same over an int32 buffer long enough for the wide shape (the overlay's event-slot tables)."""
+def test_length_read_from_the_device_over_a_long_int32_buffer(module):
+    """The same over an int32 buffer as long as the overlay's event-slot tables (this scan keeps the narrow
+    shape: only scans of a whole long buffer take the wide one)."""
     import cupy as cp
     from app.kernel.gpu_build import SCAN_WIDE_FROM
 

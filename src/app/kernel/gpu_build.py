@@ -126,9 +126,11 @@ class CudaModule:
         if n == 0:
             return out
         key = (x.dtype, out.dtype)
-        # The shape follows the buffer's length, not the live one: fixed for a buffer, so a graph replays it.
-        name, threads, items, per_sm = _SCAN_WIDE[key] if n >= SCAN_WIDE_FROM and key in _SCAN_WIDE \
-            else _SCAN_SHAPES[key]
+        # The wide shape for long scans of the whole buffer only. A scan whose length the device reads (n_dev)
+        # is mostly far shorter than its buffer (join's cell table at 1M x 100k), and the wide shape's twice as
+        # many blocks would mostly start, find nothing left and return. Fixed for a buffer: a graph replays it.
+        name, threads, items, per_sm = _SCAN_WIDE[key] if n >= SCAN_WIDE_FROM and n_dev is None and \
+            key in _SCAN_WIDE else _SCAN_SHAPES[key]
         tile = threads * items
         tiles = (n + tile - 1) // tile
         state = self.ws.self_zeroing(tag + ".state", SCAN_STATE_HEAD + tiles, np.uint64)

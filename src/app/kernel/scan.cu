@@ -25,7 +25,8 @@
 // Two block shapes, as measured on an H200 (medians of 40 launches, CUDA events): 1,024 threads of 2 items for
 // most scans, and for long int32 scans (the overlay's 10.6M event slots at 100k x 100k) 512 threads of 4 items,
 // 4 blocks an SM: 71.3 against 90.5 us at 10.6M, 14.8 against 15.5 us at 1M, but 11.1 against 10.3 us at 65k
-// and slower for int64 (139.7 against 117.9 us at 10.6M). gpu_build.py picks the shape by dtype and length.
+// and slower for int64 (139.7 against 117.9 us at 10.6M). gpu_build.py picks the shape by dtype and length
+// (the wide one only for scans of a whole buffer: one whose length the device reads is mostly shorter).
 #define SCAN_THREADS 1024
 #define SCAN_ITEMS 2
 #define SCAN_WIDE_THREADS 512
