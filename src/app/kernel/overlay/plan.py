@@ -142,5 +142,5 @@ class OverlayV3(OverlayPlan):
 
 set_default("overlay", "v3", "the fastest after the build on an NVIDIA H200 at the default sizes, L2 flushed "
                              "(20 interleaved runs each): 422 us against v1's 783 us and v2's 806 us; L2 warm "
-                             "(10 runs each): 0.414 ms against 0.748 and 0.802 ms -- and at 100k x 100k: 1.34 ms "
-                             "against v1's 4.48 ms and v2's 4.20 ms")
+                             "(10 runs each): 0.395 ms against 0.756 and 0.800 ms (an H100: 0.558 against 0.887 "
+                             "and 1.093 ms) -- and at 100k x 100k: 1.22 ms against v1's 4.33 ms and v2's 4.31 ms")
