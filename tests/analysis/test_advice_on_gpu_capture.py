@@ -62,7 +62,8 @@ def test_a_build_already_staged_through_pinned_memory_is_not_told_to_stage(big):
     staged = json.loads((DATA / "join_v1_1M_100k_h200_pinned.trace.json").read_text())
     assert staged["stages"][0]["metadata"]["staging"].startswith("pinned")
     assert "staging_dma" not in staged["timing"]          # captured before the DMA alone was measured
-    for trace, expected in ((staged, "Keep inputs device-resident across calls (saves the whole build); overlapping the copies with the "
+    for trace, expected in ((staged, "Keep inputs device-resident across calls (saves the whole build); "
+                                     "overlapping the copies with the "
                                      f"stages after them {_overlap_bound(staged)}"),
                             (big, "Keep inputs device-resident across calls, or copy from pinned memory")):
         roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])

@@ -304,7 +304,6 @@ class Recorder:
         total = sum(s["seconds"] for s in stages) if tiled else self.clock.seconds(t0, t1)
         return output, RunRecord(stages, total, wall)
 
-
     def _ends_at_last_stage(self, plan) -> bool:
         """Whether the run's end is its last stage's end mark. KernelPlan.run returns its last stage's output
         as that stage ends, with no device work between, so a second mark there would measure nothing but
