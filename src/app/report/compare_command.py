@@ -12,7 +12,7 @@ from app.errors import BadParameter, OneLineParser
 def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m app.kernel compare", allow_abbrev=False,
                 description="Compare two profiles of the same kernel, version, parameters and device, stage by "
-                            "stage and end to end: medians, the change with its 95%% bootstrap interval, and a "
+                            "stage and end to end: medians, the change with its 95% bootstrap interval, and a "
                             "verdict (faster, slower or noise).")
     p.add_argument("base", metavar="BASE", help="the earlier profile folder (or its trace.json)")
     p.add_argument("new", metavar="NEW", help="the later profile folder (or its trace.json)")
