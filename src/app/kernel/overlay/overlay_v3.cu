@@ -7,8 +7,8 @@
 // 16 at a time by a ballot and each is broadcast to the group's lanes: the same tests as
 // edge_pairs, with no lane looping over b on its own. Half a warp because the kernel waits
 // on memory, not on its arithmetic: each pair first follows a chain of dependent loads
-// (pair -> polygon -> rings -> coordinates), and with a warp a pair only 64 of those chains
-// were in flight an SM. The layers' polygons have 16 edges a ring, so a group covers a ring
+// (pair -> polygon -> rings -> coordinates), and with a warp a pair only 32 of those chains
+// were in flight an SM (64 registers a thread: 32 warps). The layers' polygons have 16 edges a ring, so a group covers a ring
 // in one step, as a warp did with half its lanes idle. The two groups of a warp run their
 // own loops: every warp intrinsic names only its group's lanes (gmask), as cooperative
 // groups' tiled partitions do.
@@ -95,7 +95,8 @@ edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const doub
                 double fx0 = 0, fy0 = 0, fx1 = 0, fy1 = 0;
                 bool near = lane_edge_box(cb, ro_b, kb, b1, rb, rb_end, fx0, fy0, fx1, fy1) &&
                             fx0 <= bax1 && bax0 <= fx1 && fy0 <= bay1 && bay0 <= fy1;
-                unsigned int nb = __ballot_sync(gmask, near) >> leader;      // the group's lanes, from bit 0
+                // The group's lanes, from bit 0 (masked: only they voted, whatever the other group does).
+                unsigned int nb = (__ballot_sync(gmask, near) & gmask) >> leader;
                 while (nb) {
                     int j = __ffs(nb) - 1;
                     nb &= nb - 1;
@@ -103,7 +104,7 @@ edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const doub
                     double gx1 = __shfl_sync(gmask, fx1, leader + j), gy1 = __shfl_sync(gmask, fy1, leader + j);
                     bool hit = live && ex0 <= gx1 && gx0 <= ex1 && ey0 <= gy1 && gy0 <= ey1;
                     tests += live;
-                    unsigned int hits = __ballot_sync(gmask, hit) >> leader;
+                    unsigned int hits = (__ballot_sync(gmask, hit) & gmask) >> leader;
                     if (cnt + __popc(hits) > EDGE_STASH)
                         flush_edge_stash(stash, cnt, p, gl, gmask, leader, stats + 1, room, out_p, out_ka, out_kb);
                     if (hit) stash[cnt + __popc(hits & ((1u << gl) - 1))] = make_int2(k, bbase + j);
