@@ -234,3 +234,27 @@ def test_a_pair_with_more_candidates_than_the_warp_stash_is_written_exactly(vers
     assert meta["gpu"]["polygon_pairs"] == 2
     assert meta["gpu"]["candidates"] == meta["cpu"]["candidates"] > 4 * 64
     assert meta["gpu"]["pairs_examined"] == meta["cpu"]["pairs_examined"]
+
+
+def _comb(teeth: int, base: float = 0.2, top: float = 1.0):
+    """A comb: a bar along y = 0..base with ``teeth`` teeth up to ``top``, tooth i over x = i + 0.25 .. i + 0.75."""
+    ring = [(0.0, 0.0), (float(teeth), 0.0), (float(teeth), base)]
+    for i in range(teeth - 1, -1, -1):
+        ring += [(i + 0.75, base), (i + 0.75, top), (i + 0.25, top), (i + 0.25, base)]
+    return shapely.Polygon(ring + [(0.0, base)])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_edge_cut_many_times_and_one_shared_in_many_pieces_sort_exactly(device, version):
+    """The event sort's worst cases: a bar across an 80-tooth comb has 160 split points on each of its long edges
+    (over 256 records in the 32 edge slots v3's sort groups together, so one thread orders them), and a square's
+    edge shared with 40 collinear edges of the other polygon has 40 overlap records (each placed by its own
+    thread). A small pair beside them has a few records; every area equals shapely's."""
+    n_teeth = 80
+    left = np.array([shapely.box(-1, 0.4, n_teeth + 1, 0.6), shapely.box(200, 0, 210, 10), shapely.box(300, 0, 302, 2)],
+                    dtype=object)
+    shared = [(200 + 0.25 * i, 0.0) for i in range(41)] + [(210.0, 5.0), (200.0, 5.0)]
+    right = np.array([_comb(n_teeth), shapely.Polygon(shared), shapely.box(301, 1, 303, 3)], dtype=object)
+    got = assert_matches_shapely(left, right, device, version)
+    assert sorted(np.asarray(got[2]).round(9).tolist()) == [1.0, 0.2 * 0.5 * n_teeth, 50.0]

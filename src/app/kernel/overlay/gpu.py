@@ -25,7 +25,9 @@ records which splits are proper crossings (the status flips there) and marks tou
 segment's own ends (the status is unknown past them), so a point-in-polygon test is
 needed only where the status is unknown -- about one a cut ring instead of one a piece.
 On the CPU, v3 finds v1's candidates and carries the status along each ring the same way
-(cpu.py's _walk: the same pieces, kept pieces and point-in-polygon tests, tested).
+(cpu.py's _walk: the same pieces, kept pieces and point-in-polygon tests, tested). v3 also
+sorts refine's records with a table entry for every 32 edge slots instead of every slot
+(_sort_events), and hands the walk each split record's t and kind in sorted order.
 """
 from __future__ import annotations
 
@@ -72,12 +74,16 @@ WALK_BLOCKS_PER_SM = 4
 # The event sort's kernels: a fixed grid of this many blocks a multiprocessor, striding over the records, whose
 # number only the device knows.
 SORT_BLOCKS_PER_SM = 4
+# overlay_v3.cu's SLOT_BUCKET_SHIFT: v3's record tables have an entry for every 32 edge slots, not every slot.
+# At 100k x 100k a table of every slot (11.6M in the room, for 773k split records) took about 120 of the sort's
+# 165 us on an H200, zeroing and scanning it; bucket_sort then orders each bucket's few records.
+SLOT_BUCKET_SHIFT = 5
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_tables"),
     "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs",
                            "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp"),
     "exact_intersection_refine": ("refine_pairs",),
-    "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort"),
+    "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort", "bucket_sort"),
     "area_reconstruction": ("area_rings", "area_rings_flip", "area_cut_rings", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
@@ -94,6 +100,7 @@ class OverlayGPU(GpuBackend):
         super().__init__(tiling, version)
         self.rooms: dict | None = None    # v3: polygon pairs, candidates and edge slots its buffers hold
         self._views: dict | None = None
+        self._sort_scratch: tuple | None = None
 
     def _ledger(self) -> dict:
         """The run's ledger and its parts by name: views made once, since slicing a CuPy array costs
@@ -296,28 +303,59 @@ class OverlayGPU(GpuBackend):
 
     def _sort_events(self, state):
         """Split records by slot, then by t; overlap records by slot, then by lo: counting sorts of both sets
-        in the same launches (their lengths are ledger words), each with its own slot table."""
-        cp, ws, block, led = self.cp, self.mod.ws, state["sort_block"], state["ledger"]
-        n_slots = state["n_slots"]
+        in the same launches (their lengths are ledger words), each with its own table. v1 and v2 key the
+        tables by slot; v3 by buckets of 32 slots, whose records bucket_sort orders, noting each one's slot
+        (``ev_sslot``, ``ov_sslot``) for the area kernels to find a slot's records by, and each split record's t
+        and kind in sorted order (``ev_ts``, ``ev_ks``) for the ring walk."""
+        cp, block, led = self.cp, state["sort_block"], state["ledger"]
+        v3 = self.version == "v3"
+        shift = SLOT_BUCKET_SHIFT if v3 else 0
+        n_keys = (state["n_slots"] >> shift) + 1 if v3 else state["n_slots"]   # v3: a bucket past the last slot
         (ev_slot, ev_t), (ov_slot, ov_lo) = state["ev"], state["ov"][:2]
-        counts = ws.zeros("slot_counts", 2 * (n_slots + 1), cp.int32)     # both tables, one memset
-        ev_counts, ov_counts = counts[:n_slots + 1], counts[n_slots + 1:]
-        ev_rank = ws.empty("ev_rank", len(ev_slot), cp.int32)
-        ov_rank = ws.empty("ov_rank", len(ov_slot), cp.int32)
-        scan_len = ws.empty("ov_scan_len", 1, cp.int64)
-        ov_start = ws.empty("ov_start", n_slots + 1, cp.int32)     # the scan's output below, under its tag
+        buf = self._sort_buffers(n_keys, len(ev_slot), len(ov_slot), v3)
+        counts = buf["counts"]                                              # both tables, one memset
+        cp.cuda.runtime.memsetAsync(counts.data.ptr, 0, counts.nbytes, cp.cuda.get_current_stream().ptr)
         grid = (SORT_BLOCKS_PER_SM * self.sm_count,)
-        self.mod.fn["slot_count"](grid, (block,), (ev_slot, ev_rank, ev_counts, ov_slot, ov_rank, ov_counts,
-                                                   led["records"], np.int64(n_slots), scan_len, ov_start))
-        ev_start = self.mod.inclusive_scan(ev_counts, cp.int32, "ev_start")
-        ov_start = self.mod.inclusive_scan(ov_counts, cp.int32, "ov_start", n_dev=scan_len)
-        ev_order = ws.empty("ev_order", len(ev_slot), cp.int32)
-        ov_order = ws.empty("ov_order", len(ov_slot), cp.int32)
-        self.mod.fn["slot_scatter"](grid, (block,), (ev_slot, ev_rank, ev_start, ev_order, ov_slot, ov_rank, ov_start,
-                                                     ov_order, led["records"]))
-        self.mod.fn["slot_sort"](grid, (block,), (ev_slot, ev_rank, ev_start, ev_t, ev_order, ov_slot, ov_rank,
-                                                  ov_start, ov_lo, ov_order, led["records"]))
-        state.update(ev_start=ev_start, ev_order=ev_order, ov_start=ov_start, ov_order=ov_order)
+        self.mod.fn["slot_count"](grid, (block,), (ev_slot, buf["ev_rank"], buf["ev_counts"], ov_slot, buf["ov_rank"],
+                                                   buf["ov_counts"], led["records"], np.int64(n_keys), np.int32(shift),
+                                                   buf["scan_len"], buf["ov_start"]))
+        ev_start = self.mod.inclusive_scan(buf["ev_counts"], cp.int32, "ev_start")
+        ov_start = self.mod.inclusive_scan(buf["ov_counts"], cp.int32, "ov_start", n_dev=buf["scan_len"])
+        # v3 scatters into the buckets (ev_grouped), and bucket_sort orders them into ev_order.
+        ev_placed, ov_placed = (buf["ev_grouped"], buf["ov_grouped"]) if v3 else (buf["ev_order"], buf["ov_order"])
+        self.mod.fn["slot_scatter"](grid, (block,), (ev_slot, buf["ev_rank"], ev_start, ev_placed, ov_slot,
+                                                     buf["ov_rank"], ov_start, ov_placed, led["records"],
+                                                     np.int32(shift)))
+        state.update(ev_start=ev_start, ov_start=ov_start, ev_order=buf["ev_order"], ov_order=buf["ov_order"])
+        if not v3:
+            self.mod.fn["slot_sort"](grid, (block,), (ev_slot, buf["ev_rank"], ev_start, ev_t, ev_placed, ov_slot,
+                                                      buf["ov_rank"], ov_start, ov_lo, ov_placed, led["records"]))
+            return
+        self.mod.fn["bucket_sort"](grid, (block,), (
+            ev_slot, buf["ev_rank"], ev_start, ev_t, state["ev_kind"], ev_placed, buf["ev_order"], buf["ev_sslot"],
+            buf["ev_ts"], buf["ev_ks"], ov_slot, buf["ov_rank"], ov_start, ov_lo, ov_placed, buf["ov_order"],
+            buf["ov_sslot"], led["records"]))
+        state.update(ev_sslot=buf["ev_sslot"], ev_ts=buf["ev_ts"], ev_ks=buf["ev_ks"], ov_sslot=buf["ov_sslot"])
+
+    def _sort_buffers(self, n_keys: int, n_ev: int, n_ov: int, v3: bool) -> dict:
+        """The sort's scratch for tables of ``n_keys`` and rooms of ``n_ev`` split and ``n_ov`` overlap records
+        (and v3's bucket_sort outputs), looked up once for those sizes: a dozen workspace lookups and two slices
+        every run would add microseconds of host time to a plan that is host-bound at the default sizes."""
+        sizes = (n_keys, n_ev, n_ov, v3)
+        if self._sort_scratch is None or self._sort_scratch[0] != sizes:
+            cp, ws = self.cp, self.mod.ws
+            i32 = cp.int32
+            counts = ws.empty("slot_counts", 2 * (n_keys + 1), i32)
+            buf = {"counts": counts, "ev_counts": counts[:n_keys + 1], "ov_counts": counts[n_keys + 1:],
+                   "scan_len": ws.empty("ov_scan_len", 1, cp.int64),
+                   "ov_start": ws.empty("ov_start", n_keys + 1, i32)}   # the scan's output, under its tag
+            for side, n in (("ev", n_ev), ("ov", n_ov)):
+                for what in ("rank", "order") + (("grouped", "sslot") if v3 else ()):
+                    buf[f"{side}_{what}"] = ws.empty(f"{side}_{what}", n, i32)
+            if v3:
+                buf.update(ev_ts=ws.empty("ev_ts", n_ev, cp.float64), ev_ks=ws.empty("ev_ks", n_ev, cp.int8))
+            self._sort_scratch = (sizes, buf)
+        return self._sort_scratch[1]
 
     def area_reconstruction(self, state, st, tiling):
         state["area_block"] = tiling["block"]
@@ -381,11 +419,13 @@ class OverlayGPU(GpuBackend):
             self._launch("area_rings_flip", npairs * 2 * max_rings, block, (
                 *side_a, A["ring_area2"], A["ring_box"], *side_b, B["ring_area2"], B["ring_box"], *pairs,
                 np.int32(npairs), n_pairs, np.int32(max_rings), state["slot_incl"], np.int64(state["n_slots"]),
-                state["ev_start"], state["ov_start"], CCW_ERRBOUND_A, contrib, cut_list, led["area"]))
+                state["ev_start"], state["ev_sslot"], state["ov_start"], state["ov_sslot"], CCW_ERRBOUND_A, contrib,
+                cut_list, led["area"]))
             if npairs:
                 self.mod.fn["area_cut_rings"]((WALK_BLOCKS_PER_SM * self.sm_count,), (block,), (
                     *side_a, *side_b, *pairs, np.int32(max_rings), state["slot_incl"], state["ev_start"],
-                    state["ev_order"], state["ev"][1], state["ev_kind"], *overlaps, CCW_ERRBOUND_A, cut_list, contrib,
+                    state["ev_sslot"], state["ev_ts"], state["ev_ks"], state["ov_start"],
+                    state["ov_sslot"], *overlaps[1:], led["records"], CCW_ERRBOUND_A, cut_list, contrib,
                     led["area"]))
         area = ws.empty("pair_area", npairs, cp.float64)
         keep = ws.empty("pair_keep", npairs, cp.int32)

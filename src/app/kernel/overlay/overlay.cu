@@ -384,36 +384,40 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
 // Counting sort (count with an atomic rank, scan, scatter) and an insertion sort of each
 // slot's few records: split records by t, overlap records by lo, both sets in the same
 // launches (a fixed grid striding over both; how many records each set holds is a device
-// word, n_records[0] and [1], counted by refine_pairs). Each set has its own slot table.
+// word, n_records[0] and [1], counted by refine_pairs). Each set has its own table, keyed
+// by slot >> shift: v1 and v2 key it by slot (shift 0); v3 by buckets of 32 slots, and
+// sorts each bucket's records in overlay_v3.cu's bucket_sort (a table of every edge slot
+// cost more than the records: 11.6M entries for 773k records at 100k x 100k). The table has
+// n_keys + 1 entries (entry key + 1 counts key's records; the scan makes them starts).
 // Also the overlap table's fate, decided here where the count is known: with no overlap record (refine found
 // no collinear overlap, the usual case) its starts are zeroed and the scan after this is told to cover nothing
-// (ov_scan_len 0), in place of a scan of every edge slot (71 us at 100k x 100k on an H200); otherwise
-// ov_scan_len is the table's length. ``ov_start`` is the scan's output buffer.
+// (ov_scan_len 0), in place of a scan of the whole table (71 us at 100k x 100k on an H200 for a table of every
+// edge slot); otherwise ov_scan_len is the table's length. ``ov_start`` is the scan's output buffer.
 extern "C" __global__ void slot_count(const int* ev_slot, int* ev_rank, int* ev_counts, const int* ov_slot,
                                       int* ov_rank, int* ov_counts, const unsigned long long* n_records,
-                                      long long n_slots, long long* ov_scan_len, int* ov_start) {
+                                      long long n_keys, int shift, long long* ov_scan_len, int* ov_start) {
     long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
     long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
-    if (i0 == 0) *ov_scan_len = n_ov ? n_slots + 1 : 0;
+    if (i0 == 0) *ov_scan_len = n_ov ? n_keys + 1 : 0;
     for (long long i = i0; i < n_ev + n_ov; i += stride) {
         bool ov = i >= n_ev;
         long long r = ov ? i - n_ev : i;
         const int* slot = ov ? ov_slot : ev_slot;
-        (ov ? ov_rank : ev_rank)[r] = atomicAdd((ov ? ov_counts : ev_counts) + slot[r] + 1, 1);
+        (ov ? ov_rank : ev_rank)[r] = atomicAdd((ov ? ov_counts : ev_counts) + (slot[r] >> shift) + 1, 1);
     }
     if (n_ov == 0)
-        for (long long i = i0; i <= n_slots; i += stride) ov_start[i] = 0;
+        for (long long i = i0; i <= n_keys; i += stride) ov_start[i] = 0;
 }
 
 extern "C" __global__ void slot_scatter(const int* ev_slot, const int* ev_rank, const int* ev_start, int* ev_order,
                                         const int* ov_slot, const int* ov_rank, const int* ov_start, int* ov_order,
-                                        const unsigned long long* n_records) {
+                                        const unsigned long long* n_records, int shift) {
     long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_ev + n_ov; i += stride) {
         bool ov = i >= n_ev;
         long long r = ov ? i - n_ev : i;
-        int s = (ov ? ov_slot : ev_slot)[r];
+        int s = (ov ? ov_slot : ev_slot)[r] >> shift;
         (ov ? ov_order : ev_order)[(ov ? ov_start : ev_start)[s] + (ov ? ov_rank : ev_rank)[r]] = (int)r;
     }
 }

@@ -24,8 +24,9 @@
 #define EDGE_STASH 64          // candidates a group keeps (random layers find about 4.5 a pair)
 #define EDGE_STASH_WARPS 16    // the most warps a block: blocks of up to 512 threads
 
-// Whether live pair p's edge slots fit the slot tables' room (n_slots): v3's sort and area kernels index those
-// tables by slot. Where they do not, the run's slot count is past the room, and the run goes again in a larger one.
+// Whether live pair p's edge slots fit the slots' room (n_slots): v3's sort and area kernels index tables sized
+// by it (an entry a bucket of slots). Where they do not, the run's slot count is past the room, and the run goes
+// again in a larger one.
 __device__ __forceinline__ bool pair_in_room(int p, int P, const unsigned long long* n_pairs,
                                              const long long* slot_incl, long long n_slots) {
     return p < live_count(P, n_pairs) && slot_incl[p] <= n_slots;
@@ -166,6 +167,96 @@ __device__ __forceinline__ RingRef ring_ref(long long tid, int max_rings, const 
     return R;
 }
 
+// ---- v3's record sort, its last step: each bucket's records by slot, then by key ----------
+// v3's tables are keyed by buckets of SLOT_BUCKET (32) edge slots (overlay.cu's slot_count
+// and slot_scatter with shift SLOT_BUCKET_SHIFT): a table of every edge slot cost more to
+// zero and scan than the records it placed. Here each record finds its place in its bucket
+// (``grouped``, as the scatter left it) by counting the bucket's records that sort before
+// it -- by slot, then key (t, or lo), then record number, so ties are placed the same way
+// every run -- a thread a record, each reading its bucket's few records (about 2.7 at
+// 100k x 100k). A record's place gets its number (``order``) and its slot (``sslot``: the
+// area kernels find a slot's records in the sorted list by it, first_at); a split record's
+// also gets its t and kind, so the ring walk reads them in order with no indirection.
+// A bucket of more than SLOT_BUCKET_RANKED records is ordered by its first-ranked record's
+// thread instead (counted by slot and placed, then each slot's run sorted by key, as
+// slot_sort does for a slot): no worse than a table of every slot, where each record of a
+// bucket of thousands would read thousands.
+#define SLOT_BUCKET_SHIFT 5    // gpu.py's SLOT_BUCKET_SHIFT
+#define SLOT_BUCKET (1 << SLOT_BUCKET_SHIFT)
+#define SLOT_BUCKET_RANKED 256
+
+struct SortedRecords {         // one record set's sorted outputs
+    int* order;
+    int* sslot;
+    double* ts;                // split records only: t and kind in sorted order (null for overlap records)
+    signed char* ks;
+};
+
+__device__ __forceinline__ void place_record(const SortedRecords& out, int at, int r, int slot, const double* key,
+                                             const signed char* kind) {
+    out.order[at] = r;
+    out.sslot[at] = slot;
+    if (out.ts) { out.ts[at] = key[r]; out.ks[at] = kind[r]; }
+}
+
+extern "C" __global__ void bucket_sort(const int* ev_slot, const int* ev_rank, const int* ev_start, const double* ev_t,
+                                       const signed char* ev_kind, const int* ev_grouped, int* ev_order, int* ev_sslot,
+                                       double* ev_ts, signed char* ev_ks, const int* ov_slot, const int* ov_rank,
+                                       const int* ov_start, const double* ov_lo, const int* ov_grouped, int* ov_order,
+                                       int* ov_sslot, const unsigned long long* n_records) {
+    long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_ev + n_ov; i += stride) {
+        bool ov = i >= n_ev;
+        int r = (int)(ov ? i - n_ev : i);
+        const int* slot = ov ? ov_slot : ev_slot;
+        const double* key = ov ? ov_lo : ev_t;
+        const int* grouped = ov ? ov_grouped : ev_grouped;
+        SortedRecords out = ov ? SortedRecords{ov_order, ov_sslot, nullptr, nullptr}
+                               : SortedRecords{ev_order, ev_sslot, ev_ts, ev_ks};
+        int sv = slot[r];
+        int b = sv >> SLOT_BUCKET_SHIFT;
+        int i0 = (ov ? ov_start : ev_start)[b], i1 = (ov ? ov_start : ev_start)[b + 1];
+        if (i1 - i0 <= SLOT_BUCKET_RANKED) {
+            double kv = key[r];
+            int at = i0;
+            for (int j = i0; j < i1; ++j) {
+                int w = grouped[j], sw = slot[w];
+                if (sw < sv) { ++at; continue; }
+                if (sw > sv || w == r) continue;
+                double kw = key[w];
+                at += kw < kv || (kw == kv && w < r);
+            }
+            place_record(out, at, r, sv, key, ev_kind);
+            continue;
+        }
+        if ((ov ? ov_rank : ev_rank)[r] != 0) continue;
+        int at[SLOT_BUCKET];
+        for (int k = 0; k < SLOT_BUCKET; ++k) at[k] = 0;
+        for (int k = i0; k < i1; ++k) ++at[slot[grouped[k]] & (SLOT_BUCKET - 1)];
+        for (int k = 0, run = i0; k < SLOT_BUCKET; ++k) { int c = at[k]; at[k] = run; run += c; }
+        int* order = out.order;
+        for (int k = i0; k < i1; ++k) { int v = grouped[k]; order[at[slot[v] & (SLOT_BUCKET - 1)]++] = v; }
+        for (int k = i0 + 1; k < i1; ++k) {     // order is by slot now: only a slot's own run moves
+            int v = order[k], s = slot[v];
+            double kv = key[v];
+            int j = k - 1;
+            while (j >= i0 && slot[order[j]] == s && key[order[j]] > kv) { order[j + 1] = order[j]; --j; }
+            order[j + 1] = v;
+        }
+        for (int k = i0; k < i1; ++k) place_record(out, k, order[k], slot[order[k]], key, ev_kind);
+    }
+}
+
+// The position of the first record at slot s or after it, in a record list sorted by slot: its bucket's start,
+// then past the bucket's records of earlier slots (a bucket holds a few records at most, usually).
+__device__ __forceinline__ int first_at(long long s, const int* start, const int* sslot) {
+    long long b = s >> SLOT_BUCKET_SHIFT;
+    int j = start[b], end = start[b + 1];
+    while (j < end && sslot[j] < s) ++j;
+    return j;
+}
+
 // At most 64 registers (72 unbounded, a few words spilled): 32 warps an SM instead of 24 at the default block of
 // 256, for a kernel that mostly waits on each ring's chain of dependent loads.
 extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
@@ -173,8 +264,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
         const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
         const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P,
         const unsigned long long* n_pairs, int max_rings, const long long* slot_incl, long long n_slots,
-        const int* ev_start, const int* ov_start, double errA, double* contrib, long long* cut_list,
-        unsigned long long* stats) {
+        const int* ev_start, const int* ev_sslot, const int* ov_start, const int* ov_sslot, double errA,
+        double* contrib, long long* cut_list, unsigned long long* stats) {
     __shared__ WarpSums<1> sums;
     warp_sums_init(sums);
     long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
@@ -187,8 +278,9 @@ extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
         RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
                              slot_incl, r, p, side);
         if (r >= 0) {
-            cut = ev_start[R.slot0 + R.k1] != ev_start[R.slot0 + R.k0] ||
-                  ov_start[R.slot0 + R.k1] != ov_start[R.slot0 + R.k0];
+            long long s0 = R.slot0 + R.k0, s1 = R.slot0 + R.k1;     // the ring's edge slots: s0 .. s1 - 1
+            cut = first_at(s1, ev_start, ev_sslot) != first_at(s0, ev_start, ev_sslot) ||
+                  first_at(s1, ov_start, ov_sslot) != first_at(s0, ov_start, ov_sslot);
             const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
             if (!cut && boxes_meet(rb[0], rb[1], rb[2], rb[3], R.boxO)) {
                 double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
@@ -212,15 +304,18 @@ extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
     warp_sums_add(sums, stats, v);
 }
 
-extern "C" __global__ void area_cut_rings(
+// Bounded for blocks of 512 (the largest the area stage's block takes): at most 128 registers, the count it
+// compiles to anyway (sm_90), so a change that needed more would spill rather than fail to launch at 512.
+extern "C" __global__ void __launch_bounds__(512) area_cut_rings(
         const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double2* cb,
         const int* ro_b, const int* gro_b, const double* box_b, const int* pair_a, const int* pair_b, int max_rings,
-        const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
-        const signed char* ev_kind, const int* ov_start, const int* ov_order, const double* ov_lo,
-        const double* ov_hi, const int* ov_keep, double errA, const long long* cut_list, double* contrib,
-        unsigned long long* stats) {
+        const long long* slot_incl, const int* ev_start, const int* ev_sslot, const double* ev_ts,
+        const signed char* ev_ks, const int* ov_start, const int* ov_sslot, const int* ov_order,
+        const double* ov_lo, const double* ov_hi, const int* ov_keep, const unsigned long long* n_records,
+        double errA, const long long* cut_list, double* contrib, unsigned long long* stats) {
     unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, ex = 0, edges = 0;
     long long n_cut = (long long)stats[3];
+    int n_ev = (int)n_records[0], n_ov = (int)n_records[1];
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_cut;
          i += (long long)gridDim.x * blockDim.x) {
         long long tid = cut_list[i];
@@ -232,21 +327,25 @@ extern "C" __global__ void area_cut_rings(
         double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
         double acc = 0.0;
         int status = -1;   // -1 unknown, 0 outside, 1 inside
-        // An edge's record ranges and end points are its predecessor's upper ones: each step loads only the next
-        // edge's, before this edge's records (a chain of dependent loads) are walked, so the two overlap.
-        long long s = R.slot0 + R.k0;
-        int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
+        // The records are sorted by slot, and the ring's edges are consecutive slots: an edge's records start
+        // where its predecessor's end, and the slot of the next record (e_at, o_at; -1 past the last) says
+        // whether this edge has any, so an edge with none loads nothing but its end point (loaded a step ahead).
+        int s = (int)(R.slot0 + R.k0);        // slots fit an int (the backend checks the slot count)
+        int e_lo = first_at(s, ev_start, ev_sslot), o_lo = first_at(s, ov_start, ov_sslot);
+        int e_at = e_lo < n_ev ? ev_sslot[e_lo] : -1, o_at = o_lo < n_ov ? ov_sslot[o_lo] : -1;
         double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
         for (int k = R.k0; k < R.k1; ++k, ++s) {
-            int e_next = e_hi, o_next = o_hi;
             double2 c_next = e1;
-            if (k + 1 < R.k1) { e_next = ev_start[s + 2]; o_next = ov_start[s + 2]; c_next = R.C[k + 2]; }
+            if (k + 1 < R.k1) c_next = R.C[k + 2];
+            int e_hi = e_lo, o_hi = o_lo;
+            while (e_at == s) { ++e_hi; e_at = e_hi < n_ev ? ev_sslot[e_hi] : -1; }
+            while (o_at == s) { ++o_hi; o_at = o_hi < n_ov ? ov_sslot[o_hi] : -1; }
             if (status < 0 && e_lo == e_hi && o_lo == o_hi &&
                 !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
                 status = 0;   // no records and away from the other polygon: outside
             double t0 = 0.0;
             for (int j = e_lo; j <= e_hi; ++j) {
-                double t1 = j < e_hi ? ev_t[ev_order[j]] : 1.0;
+                double t1 = j < e_hi ? ev_ts[j] : 1.0;
                 if (t1 > t0) {
                     ++n_pieces;
                     double tm = 0.5 * (t0 + t1);
@@ -274,9 +373,9 @@ extern "C" __global__ void area_cut_rings(
                     }
                     t0 = t1;
                 }
-                if (j < e_hi) status = (ev_kind[ev_order[j]] && status >= 0) ? status ^ 1 : -1;
+                if (j < e_hi) status = (ev_ks[j] && status >= 0) ? status ^ 1 : -1;
             }
-            e_lo = e_hi; e_hi = e_next; o_lo = o_hi; o_hi = o_next; e0 = e1; e1 = c_next;
+            e_lo = e_hi; o_lo = o_hi; e0 = e1; e1 = c_next;
         }
         contrib[tid] = acc;
     }
