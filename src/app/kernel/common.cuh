@@ -229,10 +229,13 @@ __device__ __forceinline__ int orient2d(double ax, double ay, double bx, double 
 }
 
 // ---- bounds: per-polygon bbox, world box and summed bbox sizes in one pass ------
-// summary = [minx, miny, maxx, maxy, sum_w, sum_h, max_w, max_h], initialised by init_summary.
-extern "C" __global__ void init_summary(double* summary) {
-    if (threadIdx.x < 8) summary[threadIdx.x] = threadIdx.x < 2 ? 1.0 / 0.0 : (threadIdx.x < 4 ? -1.0 / 0.0 : 0.0);
+// summary = [minx, miny, maxx, maxy, sum_w, sum_h, max_w, max_h], initialised by init_summary (or by the
+// launch that starts a run, as join's init_run): +inf for the minima, -inf for the maxima, 0 for the rest.
+__device__ __forceinline__ void summary_identity(double* summary, int lane) {
+    if (lane < 8) summary[lane] = lane < 2 ? 1.0 / 0.0 : (lane < 4 ? -1.0 / 0.0 : 0.0);
 }
+
+extern "C" __global__ void init_summary(double* summary) { summary_identity(summary, threadIdx.x); }
 
 __device__ __forceinline__ void bounds_summary_add(double* summary, double x0, double y0, double x1, double y1,
                                                    double w, double h);

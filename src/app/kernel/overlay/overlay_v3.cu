@@ -257,6 +257,14 @@ __device__ __forceinline__ int first_at(long long s, const int* start, const int
     return j;
 }
 
+// Whether a record list sorted by slot has one at a slot in s0 .. s1 - 1: the records of the buckets those slots
+// fall in are start[b0] .. start[b1 + 1]; with none (a ring of a pair that does not cross) two loads decide.
+__device__ __forceinline__ bool any_record(long long s0, long long s1, const int* start, const int* sslot) {
+    int j = start[s0 >> SLOT_BUCKET_SHIFT], end = start[(s1 >> SLOT_BUCKET_SHIFT) + 1];
+    while (j < end && sslot[j] < s0) ++j;
+    return j < end && sslot[j] < s1;
+}
+
 // At most 64 registers (72 unbounded, a few words spilled): 32 warps an SM instead of 24 at the default block of
 // 256, for a kernel that mostly waits on each ring's chain of dependent loads.
 extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
@@ -279,8 +287,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
                              slot_incl, r, p, side);
         if (r >= 0) {
             long long s0 = R.slot0 + R.k0, s1 = R.slot0 + R.k1;     // the ring's edge slots: s0 .. s1 - 1
-            cut = first_at(s1, ev_start, ev_sslot) != first_at(s0, ev_start, ev_sslot) ||
-                  first_at(s1, ov_start, ov_sslot) != first_at(s0, ov_start, ov_sslot);
+            cut = any_record(s0, s1, ev_start, ev_sslot) || any_record(s0, s1, ov_start, ov_sslot);
             const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
             if (!cut && boxes_meet(rb[0], rb[1], rb[2], rb[3], R.boxO)) {
                 double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
