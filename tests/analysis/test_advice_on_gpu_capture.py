@@ -279,3 +279,26 @@ def test_the_headline_names_unstable_stages_by_the_robust_spread_it_judged_them_
     unstable = [s["name"] for s in t["stages"] if s["spread"]["robust_rel_spread"] > 0.02]
     assert unstable and f"Unstable stages (robust spread > 2%): {', '.join(unstable)}." in headline
     assert "rel. stdev" not in headline
+
+
+def test_a_stage_whose_host_time_includes_a_wait_for_the_device_is_marked():
+    """A stage that reads from the device (a size, the result's length) waits there for all the work queued
+    before it: in a real join capture the last stage's host time is several times its own duration while the
+    build's copies finish. Its Host cell says so; a stage that only launches is not marked."""
+    t = json.loads((DATA / "join_v4_1M_100k_h200_dma.trace.json").read_text())
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    md = build_report(t, {"command_line": "python -m app.kernel join v4", "clocks": {"locked": False}}, roof, None)
+    rows = {line.split("|")[1].strip(): line.split("|")[4].strip() for line in md.splitlines()
+            if line.startswith("| ") and line.count("|") == 10}
+    from app.report.markdown import us
+
+    waits = [s for s in t["stages"] if s["metadata"]["syncs"]]
+    launches = [s for s in t["stages"] if not s["metadata"]["syncs"]]
+    assert waits and launches
+    for s in waits:
+        assert rows[s["name"]] == f"{us(s['host_seconds'])} (waits)"
+    for s in launches:
+        assert rows[s["name"]] == us(s["host_seconds"])
+    last = t["stages"][-1]
+    assert last in waits and last["host_seconds"] > 4 * last["elapsed_seconds"]
+    assert 'where marked "waits", waiting for a read from the device' in md

@@ -32,13 +32,15 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
         Section("Stages", columns=["Stage", "Duration (us)", "± spread", "Host (us)", "TC%", "DRAM%", "Occ%",
                                    "Bottleneck", "Key Issue"],
                 rows=[[f["stage"], us(s["elapsed_seconds"]), _spread_cell(s["spread"]),
-                       us(s["host_seconds"]),
+                       _host_cell(s),
                        "n/a", fmt(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
                       for f, s in zip(findings, trace["stages"])],
                 note="Duration = median of the timed runs; ± spread = 1.4826 x median absolute deviation / median "
                      "(robust: outlier runs, counted in brackets, cannot move it). "
-                     "Host = time the Python side spent issuing the stage (GPU work is asynchronous: "
-                     "Host close to Duration means the stage is launch-bound). TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
+                     "Host = time the Python side spent in the stage: issuing its work (GPU work is asynchronous: "
+                     "Host close to Duration means the stage is launch-bound) and, where marked \"waits\", waiting "
+                     "for a read from the device (a size or the result's length), which waits for all the work "
+                     "queued before it, earlier stages' included. TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
                      "DRAM% = the cost model's minimum bytes / measured time / peak GB/s (a lower bound on "
                      "real traffic). Occ% = theoretical occupancy of the stage's own kernels from registers "
                      "and block size; annotation mode measures achieved values."),
@@ -110,6 +112,14 @@ def _roofline(roof):
                         " the ridge: the memory roof is the one that applies.",
                    columns=["Stage", "min MB", "MFLOP", "FLOP/B", "GB/s", "TFLOP/s", "% of roofline"], rows=rows,
                    note="Bytes and flops are the plan's cost model (minimum traffic), not counters.")
+
+
+def _host_cell(stage: dict) -> str:
+    """The stage's host time, marked where it includes waiting for the device: a read there waits for everything
+    queued before it, so the host time is not the stage's launch cost (a join's last stage can read 5-11x its
+    own duration while the build's copies finish)."""
+    waits = (stage.get("metadata") or {}).get("syncs", 0)
+    return us(stage["host_seconds"]) + (" (waits)" if waits else "")
 
 
 def _spread_cell(sp: dict) -> str:
