@@ -302,3 +302,16 @@ def test_a_stage_whose_host_time_includes_a_wait_for_the_device_is_marked():
     last = t["stages"][-1]
     assert last in waits and last["host_seconds"] > 4 * last["elapsed_seconds"]
     assert 'where marked "waits", waiting for a read from the device' in md
+
+
+def test_a_baseline_from_another_card_of_the_same_model_is_compared_with_a_note():
+    """Two real overlay captures from two H200 nodes: the report compares them and says, in its vs Baseline
+    section, that part of the change may be the machines'. Against itself it says nothing of the kind."""
+    base = json.loads((DATA / "overlay_v3_100k_100k_h200.trace.json").read_text())
+    t = json.loads((DATA / "overlay_v3_100k_100k_h200_rooms.trace.json").read_text())
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    params = {"command_line": "python -m app.kernel overlay v3 --left 100k --right 100k", "clocks": {"locked": False}}
+    section = build_report(t, params, roof, base).split("## vs Baseline")[1].split("\n## ")[0]
+    assert (f"Note: the two profiles ran on different cards ({base['device']['uuid']}, {t['device']['uuid']}), so "
+            "on different machines") in section
+    assert "ran on different cards" not in build_report(t, params, roof, t).split("## vs Baseline")[1]

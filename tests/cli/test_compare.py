@@ -114,3 +114,20 @@ def test_verdict_rules():
     assert verdict_of(noisy, [x * 1.08 for x in noisy])["verdict"] == "noise"  # below the runs' own spread
     one = verdict_of([1.0], [2.0])
     assert one["verdict"] == "noise" and one["why"] == "the interval includes 0"
+
+
+def test_profiles_from_two_cards_of_one_model_are_compared_with_a_note(capsys):
+    """Two real overlay profiles, one H200 model, two cards (two lent nodes): compared, and the comparison says
+    that part of the change may be the machines'. A profile against itself carries no such note."""
+    prof = ROOT / "docs" / "kernels" / "profiles"
+    old, new = prof / "overlay-v3-100k-100k-half-warp-pairs", prof / "overlay-v3-100k-100k-bucket-sort"
+    uuids = [json.loads((d / "trace.json").read_text())["device"]["uuid"] for d in (old, new)]
+    assert uuids[0] != uuids[1]
+    assert main(["compare", str(old), str(new)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"WARNING: the two profiles ran on different cards ({uuids[0]}, {uuids[1]})")
+    assert "time both on one machine" in first
+    assert main(["compare", str(old), str(new), "--json"]) == 0
+    assert "ran on different cards" in json.loads(capsys.readouterr().out)["warning"]
+    assert main(["compare", str(new), str(new), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warning"] is None

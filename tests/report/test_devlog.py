@@ -1,6 +1,7 @@
 """devlog: one Performance block per profile, compared with the previous entry, missing shown as missing."""
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,30 @@ def test_unwritable_devlog_is_one_line(in_repo, capsys):
     assert main(["devlog", str(prof), "--file", str(in_repo / "blocker" / "log.md")]) == 5
     assert "cannot append to the devlog" in capsys.readouterr().err
     assert not os.path.exists(in_repo / "blocker" / "log.md")
+
+
+def test_an_entry_from_another_card_of_the_same_model_says_so(in_repo):
+    """Two real H200 profiles of the overlay from two lent nodes: the second entry is compared with the first (same
+    model, same series) and says under its table that they ran on different cards. The same card again says
+    nothing."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[2] / "docs" / "kernels" / "profiles"
+    folders = []
+    for name in ("overlay-v3-100k-100k-half-warp-pairs", "overlay-v3-100k-100k-bucket-sort"):
+        dest = in_repo / "profiles" / "event" / "overlay" / name
+        shutil.copytree(src / name, dest)
+        folders.append(dest)
+    log = in_repo / "log.md"
+    uuids = [json.loads((d / "trace.json").read_text())["device"]["uuid"] for d in folders]
+    for d in folders:
+        assert main(["devlog", str(d), "--file", str(log)]) == 0
+    entries = log.read_text().split("**Performance** (")[1:]
+    assert "different cards" not in entries[0]
+    assert f"_Against the previous entry: the two profiles ran on different cards ({uuids[0]}, {uuids[1]})" in entries[1]
+    assert [json.loads(m.group(1))["card"] for m in MARKER.finditer(log.read_text())] == uuids
+    again = folders[1].with_name(folders[1].name + "-again")
+    shutil.copytree(folders[1], again)
+    assert main(["devlog", str(again), "--file", str(log)]) == 0
+    last = log.read_text().split("**Performance** (")[-1]
+    assert "compared with" in last and "different cards" not in last

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from app.analysis.baseline import other_card
 from app.analysis.compare import compare_traces
 from app.report.markdown import Section, fmt
 
@@ -17,6 +18,7 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
     if baseline is None:
         return Section("vs Baseline", text="No baseline given (pass `--baseline PROFILE_DIR` or `--baseline latest`).")
     result = compare_traces(baseline, trace)
+    card = other_card(baseline, trace)
     rows = []
     for name, r in [("total (us)", result["total"])] + [(f"{s['name']} (us)", s) for s in result["stages"]]:
         lo, hi = r["ci_pct"]
@@ -24,7 +26,8 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
                      f"[{lo:+.1f}%, {hi:+.1f}%]" if math.isfinite(lo) else "one sample: no interval", r["verdict"]])
     return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} "
                                         f"({baseline.get('mode')} mode) on {baseline.get('device', {}).get('name')}; "
-                                        f"end to end: **{result['verdict']}**." + mismatch_warning(baseline) + note,
+                                        f"end to end: **{result['verdict']}**." + mismatch_warning(baseline) + note
+                                        + (f" Note: {card}." if card else ""),
                    columns=["Metric", "Previous", "Current", "Change", "95% interval", "Verdict"], rows=rows,
                    note="Medians of the timed runs. Noise = the bootstrap interval of the change includes 0, or the "
                         f"change is below the runs' own spread or {result['floor_pct']:g}%. "

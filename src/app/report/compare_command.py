@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 
-from app.analysis.baseline import mismatch_of, read_trace
+from app.analysis.baseline import mismatch_of, other_card, read_trace
 from app.analysis.compare import DEFAULT_FLOOR, compare_traces, regression
 from app.errors import BadParameter, OneLineParser
 
@@ -57,6 +57,7 @@ def run_compare(argv: list[str]) -> int:
     if base.get("mode") != new.get("mode"):
         warning = "; ".join(x for x in (warning, f"modes differ ({base.get('mode')} vs {new.get('mode')}): their "
                                                   "stage times measure different things") if x)
+    warning = "; ".join(x for x in (warning, other_card(base, new)) if x)
     result = compare_traces(base, new, args.floor / 100)
     gate = regression(result, args.fail_on_regression)
     if args.json:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jinja2
 
-from app.analysis.baseline import read_trace
+from app.analysis.baseline import other_card, read_trace
 from app.analysis.compare import samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
 
@@ -82,13 +82,16 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     miss = summary.get("missing", {})
     record = {"key": key, "kernel": trace["kernel"], "version": trace["version"], "mode": trace.get("mode"),
               "params": trace.get("metadata", {}).get("params"), "device": device,
-              "duration_us": summary.get("duration_us"),
+              "card": trace.get("device", {}).get("uuid"), "duration_us": summary.get("duration_us"),
               "achieved_tflops": summary.get("achieved_tflops"), "achieved_gbps": summary.get("achieved_gbps"),
               "samples": samples_of(trace)}
     duration_vs = _vs(summary.get("duration_us"), prev.get("duration_us"), True)
     if prev.get("samples") and duration_vs != "--":
         # The same verdict as `compare`: a change inside the runs' own noise is called noise.
         duration_vs += f" ({verdict_of(prev['samples'], record['samples'])['verdict']})"
+    # Entries of one card model may come from different machines: the marker records the card, and a comparison
+    # across cards says so under the table (older markers recorded none: nothing is said).
+    card = other_card({"device": {"uuid": prev.get("card")}}, trace) if prev else ""
     rows = [
         ["Duration", _value(summary.get("duration_us"), " us"), duration_vs],
         ["Achieved TFLOP/s", _value(summary.get("achieved_tflops"), "", 4, miss.get("achieved_tflops")),
@@ -107,6 +110,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         params=", ".join(f"{k}={v}" for k, v in (trace.get("metadata", {}).get("params") or {}).items()),
         rows=rows, bottleneck=summary.get("bottleneck") or "n/a", issues=summary.get("issues") or [],
         insights=summary.get("insights") or [], profile=key, previous=prev.get("key"),
+        card_note=f"Against the previous entry: {card}." if card else "",
         rates_note=f"Rates: {summary['rates_from']}." if summary.get("rates_from") else "",
         marker=f"<!-- app-kernel devlog entry {json.dumps(record, sort_keys=True)} -->")
     try:
