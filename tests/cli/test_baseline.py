@@ -141,3 +141,20 @@ def test_timing_samples_must_be_finite_numbers(tmp_path, good, samples):
     with pytest.raises(BadParameter, match="timing samples are not a list of finite non-negative numbers"):
         read_trace(str(p))
     assert read_trace(str(write(tmp_path, good, "ok.json")))["kernel"] == "join"
+
+
+def test_other_card_is_named_only_when_both_profiles_record_different_cards():
+    """Profiles of one model from two cards are two machines: the note names both cards and says what to do.
+    The same card, a card not recorded (CPU runs, older traces) or no device at all: nothing is said."""
+    from app.analysis.baseline import other_card
+
+    def on(uuid):
+        return {"device": {"name": "NVIDIA H200", **({"uuid": uuid} if uuid else {})}}
+
+    note = other_card(on("GPU-a"), on("GPU-b"))
+    assert note == ("the two profiles ran on different cards (GPU-a, GPU-b), so on different machines: part of the "
+                    "change may be the machines' (host speed, clocks), not the code's; time both on one machine "
+                    "before crediting the code")
+    for base, new in ((on("GPU-a"), on("GPU-a")), (on(None), on("GPU-b")), (on("GPU-a"), on(None)), ({}, {}),
+                      ({"device": None}, on("GPU-b"))):
+        assert other_card(base, new) == ""
