@@ -105,8 +105,9 @@ def _check_shape(path, trace, what: str = "--baseline") -> None:
 def other_card(base: dict, new: dict) -> str:
     """Why two profiles of one card model are not a like-for-like timing when they ran on different cards (their
     UUIDs differ), or '' (same card, or a card not recorded: a CPU run, an older trace). A card is a machine as far
-    as a profile can tell, and machines of one model differ: on four H200 nodes the same code read 398 to 703 us
-    after the build at overlay 10k x 10k, and one node built the 100k inputs in 3,452 us where another took 2,638."""
+    as a profile can tell, and machines of one model differ: four fresh starts of a lent H200 machine read 398 to
+    703 us for the same code after the build at overlay 10k x 10k, and one built the 100k inputs in 3,452 us where
+    another took 2,638."""
     a, b = ((t.get("device") or {}).get("uuid") for t in (base, new))
     if not a or not b or a == b:
         return ""
