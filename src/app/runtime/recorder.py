@@ -296,7 +296,8 @@ class Recorder:
                    "seconds": self.clock.seconds(a, b), "rows_in": int(st.rows_in),
                    "rows_out": int(st.rows_out), "meta": dict(st.meta),
                    "counters": st.counters(), "size_reads": list(st.size_reads),
-                   # Host time spent issuing the stage: near the device time means launch-bound.
+                   # Host time in the stage: issuing its work (near the device time means launch-bound), and
+                   # waiting where it reads from the device (counters' syncs), which waits for all queued work.
                    "host_seconds": host}
                   for st, a, b, host in self._marks]
         # Tiled, the run's time is its stages' (t0 to t1 in steps): summed in the order stage_sum sums them,
