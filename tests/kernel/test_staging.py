@@ -3,7 +3,7 @@ runs that reuse (and outgrow) the pinned buffers, and counts each copy in the st
 import numpy as np
 import pytest
 
-from app.kernel import staging
+from app.kernel import hostcopy, staging
 from app.runtime.recorder import StageContext
 
 pytestmark = pytest.mark.gpu
@@ -13,24 +13,42 @@ def _context(cp):
     return StageContext("owned_buffer_build", "setup", "gpu", cp)
 
 
+@pytest.mark.parametrize("copy", ["numpy", "compiled"])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_arrays_arrive_exactly_across_chunks_and_runs(monkeypatch, threads):
+def test_arrays_arrive_exactly_across_chunks_and_runs(monkeypatch, threads, copy):
+    """Both host copies: numpy's on Python threads and the compiled one (app.kernel.hostcopy), which takes the
+    contiguous arrays and the int64 offsets and leaves a strided array to numpy, in the same build."""
     import cupy as cp
 
+    monkeypatch.setenv(hostcopy.DISABLE_ENV, "numpy" if copy == "numpy" else "")
     monkeypatch.setattr(staging, "CHUNK_BYTES", 4096 + 8)      # chunk edges inside rows and odd counts
+    monkeypatch.setattr(staging, "COMPILED_CHUNK_BYTES", 4096 + 8)
     monkeypatch.setattr(staging, "MIN_STAGED_BYTES", 0)
+    monkeypatch.setattr(staging, "COMPILED_MIN_STAGED_BYTES", 0)
     stager = staging.PinnedStaging(cp, threads=threads)
     rng = np.random.default_rng(threads)
     for n in (1000, 0, 5000, 3):                              # grow, empty, outgrow, shrink: buffers reused
         st = _context(cp)
         coords = rng.standard_normal((n, 2))
-        offsets = np.arange(n + 1, dtype=np.int64) * 3
-        got = stager.to_device(st, {"coords": (coords, np.float64), "offsets": (offsets, np.int32)})
+        offsets = np.arange(n + 1, dtype=np.int64) * 3 - 2**31 + 7
+        strided = rng.standard_normal((n, 3))[:, ::2]
+        got = stager.to_device(st, {"coords": (coords, np.float64), "offsets": (offsets, np.int32),
+                                    "strided": (strided, np.float64)})
         np.testing.assert_array_equal(cp.asnumpy(got["coords"]), coords)
         assert got["offsets"].dtype == cp.int32
         np.testing.assert_array_equal(cp.asnumpy(got["offsets"]), offsets.astype(np.int32))
-        assert st.h2d_copies == 2 and st.h2d_bytes == coords.nbytes + (n + 1) * 4
-        assert "pinned" in st.meta["staging"]
+        np.testing.assert_array_equal(cp.asnumpy(got["strided"]), strided)
+        # Every chunk's DMA is a copy of its own (as a trace of the run shows them): counted one by one.
+        chunk = staging.COMPILED_CHUNK_BYTES if copy == "compiled" else staging.CHUNK_BYTES
+        pieces = sum(-(-nbytes // (chunk - chunk % 8)) for nbytes in (coords.nbytes, (n + 1) * 4, strided.nbytes))
+        assert st.h2d_copies == pieces and st.h2d_bytes == coords.nbytes + (n + 1) * 4 + strided.nbytes
+        how = st.meta["staging"]
+        assert how.startswith("pinned, ") and "chunks of up to 4,104 bytes" in how, how
+        if copy == "compiled":
+            assert "compiled copy with streaming stores" in how, how
+            assert ("numpy copies (a strided array" in how) == (strided.size > 0), how
+        else:
+            assert "compiled" not in how.split("(")[0] and "APP_HOST_COPY=numpy is set" in how, how
     stager.close()
 
 

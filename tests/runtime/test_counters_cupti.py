@@ -39,7 +39,8 @@ def test_cupti_memcpy_records_match_stage_counters():
     dtoh = [r for r in records if r.copy_kind == cupti_mod.ActivityMemcpyKind.DTOH]
     counted = {k: sum(s["counters"][k] for s in run.stages)
                for k in ("h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes")}
-    assert len(htod) == counted["h2d_copies"] == 4
+    # 200k x 20k is staged (over 2 MiB): each chunk's DMA is a copy CUPTI sees, and one the counters count.
+    assert len(htod) == counted["h2d_copies"] > 4
     assert sum(r.bytes for r in htod) == counted["h2d_bytes"]
     assert len(dtoh) == counted["d2h_copies"] == 3
     assert sum(r.bytes for r in dtoh) == counted["d2h_bytes"]

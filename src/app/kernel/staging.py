@@ -5,17 +5,32 @@ one piece after another, with the host thread waiting: about 7 GB/s on an H200 n
 join's compute at 1M x 100k. Here each input is copied in chunks, on a few threads at once, into a
 pinned buffer, and each chunk's DMA is queued on the plan's stream as soon as its bytes are in, so
 the host copy of the next chunks runs while the previous ones cross the link. A dtype change
-(int64 offsets to the kernels' int32) happens in the same host pass. Inputs under MIN_STAGED_BYTES
-in all take the driver's pageable copy instead: measured faster there.
+(int64 offsets to the kernels' int32) happens in the same host pass. Inputs under a few MB in all
+(COMPILED_MIN_STAGED_BYTES, or MIN_STAGED_BYTES for numpy's copy) take the driver's pageable copy
+instead: measured faster there.
 
 An input that already lives in pinned (page-locked) host memory -- ``pin_inputs`` makes such copies,
 as a loader that reads into pinned buffers would -- with the kernel's dtype is not copied on the host at
-all: its DMA is queued straight from the caller's array. On an H200 node the host copy is the bound:
-about 34 GB/s with 4-8 threads against 55 GB/s for the DMA from pinned memory. Part of it is the pinned
-lines being read before they are written: glibc's memcpy streams (non-temporal stores) only past
-x86_non_temporal_threshold, 158 MB on those hosts, and with GLIBC_TUNABLES setting it to 1 MiB the build of
-join 1M x 100k took 2.11-2.29 against 2.56-2.60 ms (docs/modes/event.md). It is a process-wide setting read
-at start-up, so it is documented, not set here.
+all: its DMA is queued straight from the caller's array.
+
+The host copy is the bound: on an H200 node the DMA from pinned memory runs at 52-55 GB/s, and the copy
+into pinned memory shares the host's memory with it. Two ways to make that copy:
+
+- **compiled** (``app.kernel.hostcopy``, built on first use with the system's C compiler): threads in C
+  copy 1 MiB chunks with streaming stores (the pinned lines are not read before they are written) and the
+  calling thread queues each chunk's DMA the moment it lands. It also narrows int64 offsets to int32.
+  Measured interleaved on H200 nodes, join v4 at 1M x 100k end to end: 2.35 against 3.00 ms and 2.20
+  against 2.99 ms; staging of 2 MB and more beats the driver's pageable copy.
+- **numpy** (no C compiler, or ``APP_HOST_COPY=numpy``): numpy copies 4 MiB chunks on a few Python
+  threads, the main thread woken as each lands to queue its DMA. The threads start one after another, as
+  each takes the interpreter's lock, and glibc's memcpy streams only past its x86_non_temporal_threshold
+  (158 MB on those hosts), so it is the slower way; from 16 MiB only, below which the driver's pageable
+  copy is faster. GLIBC_TUNABLES setting that threshold to 1 MiB made the numpy build of join 1M x 100k
+  2.11-2.29 against 2.56-2.60 ms (docs/modes/event.md); it is a process-wide setting read at start-up,
+  so it is documented, not set here.
+
+An array the compiled copy does not take (a strided one, a dtype change other than int64 to int32) is
+copied by numpy in the same build. The build's ``staging`` metadata says which way each part went, and why.
 
 The host copy is inside the timed build: the plan's inputs are ordinary (pageable) numpy arrays, as
 a caller has them. The pinned buffers themselves are allocated on the first run and reused (the cold
@@ -29,12 +44,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-CHUNK_BYTES = 4 << 20        # measured best on an H200 node against 256 KiB and 1 MiB (more chunks, more hand-offs)
-MAX_THREADS = 8              # numpy's copy releases the GIL: a few threads fill the host's memory bandwidth
+from app.kernel import hostcopy
+
+CHUNK_BYTES = 4 << 20        # numpy copies: measured best on an H200 node against 256 KiB and 1 MiB (more hand-offs)
+# The compiled copy hands a chunk over at no cost, so smaller chunks start the first DMA sooner: in C on an
+# H200 node, 50 MB staged in 1.27-1.31 ms in 1 MiB chunks against 1.30-1.56 ms in 4 MiB ones.
+COMPILED_CHUNK_BYTES = 1 << 20
+MAX_THREADS = 8              # both copies release the GIL: a few threads fill the host's memory bandwidth
 # Below this many bytes in all, the driver's own pageable copy is faster: on an H200 node 5 MB took 686 us
 # that way against 800-940 us staged (the host copy runs at ~6 GB/s a thread, and the threads do not
 # scale on a few chunks), while 50 MB took 7.9 ms against 2.2 ms staged with 4-8 threads.
 MIN_STAGED_BYTES = 16 << 20
+# With the compiled copy (app.kernel.hostcopy) staging wins from a few MB: on an H200 node 2 MB took 223 us
+# staged against 237 us pageable, 4 MB 346 against 516 us; 1 MB 200 against 148 us.
+COMPILED_MIN_STAGED_BYTES = 2 << 20
 
 
 class PinnedStaging:
@@ -82,32 +105,55 @@ class PinnedStaging:
             return {}
         cp = self.cp
         total = sum(np.asarray(host).size * np.dtype(dtype).itemsize for host, dtype in arrays.values())
-        if total < MIN_STAGED_BYTES:
-            how.append(f"pageable copies ({total / 1e6:.1f} MB, under the {MIN_STAGED_BYTES >> 20} MiB from which "
+        lib, why = hostcopy.load()
+        htod = hostcopy.driver_htod() if lib is not None else None
+        if lib is not None and htod is None:
+            lib, why = None, "the CUDA driver's cuMemcpyHtoDAsync_v2 was not found"
+        least = COMPILED_MIN_STAGED_BYTES if lib is not None else MIN_STAGED_BYTES
+        if total < least:
+            how.append(f"pageable copies ({total / 1e6:.1f} MB, under the {least >> 20} MiB from which "
                        "pinned staging is faster)")
             return {tag: st.to_device(np.ascontiguousarray(host, dtype=dtype)) for tag, (host, dtype) in arrays.items()}
-        out, jobs = {}, []
+        chunk_bytes = COMPILED_CHUNK_BYTES if lib is not None else CHUNK_BYTES
+        out, jobs, compiled = {}, [], []
         for tag, (host, dtype) in arrays.items():
             host = np.asarray(host)
             pinned = self._buffer(tag, host.shape, dtype)
             self._last_staged.append(pinned)
             dev = out[tag] = cp.empty(host.shape, dtype=dtype)
-            st.count_h2d(dev.nbytes)
+            mine = hostcopy.chunks_of(host, pinned, dev.data.ptr, chunk_bytes) if lib is not None else None
+            if mine is not None:
+                compiled += mine
+                continue
             flat_src, flat_pin = host.reshape(-1), pinned.reshape(-1)
-            step = max(1, CHUNK_BYTES // pinned.itemsize)
+            step = max(1, chunk_bytes // pinned.itemsize)
             for lo in range(0, flat_pin.size, step):
                 hi = min(lo + step, flat_pin.size)
                 jobs.append((flat_src[lo:hi], flat_pin[lo:hi], dev.data.ptr + lo * pinned.itemsize))
-        pending = [self._pool.submit(_copy_into, src, pin) for src, pin, _ in jobs] if self._pool else None
-        for i, (src, pin, dst) in enumerate(jobs):
-            if pending is None:
-                _copy_into(src, pin)
-            else:
-                pending[i].result()          # this chunk is in pinned memory: its DMA can start
-            cp.cuda.runtime.memcpyAsync(dst, pin.ctypes.data, pin.nbytes, cp.cuda.runtime.memcpyHostToDevice,
-                                        stream.ptr)
-        how.append(f"pinned, {len(jobs)} chunks of up to {CHUNK_BYTES >> 20} MiB, "
-                   f"{self.threads} host thread{'s' if self.threads > 1 else ''}")
+        for chunk in compiled:       # each chunk's DMA is a copy of its own, as a trace of the run shows it
+            st.count_h2d(chunk[3])
+        for _, pin, _ in jobs:
+            st.count_h2d(pin.nbytes)
+        threads = f"{self.threads} host thread{'s' if self.threads > 1 else ''}"
+        size = f"{chunk_bytes >> 20} MiB" if chunk_bytes % (1 << 20) == 0 else f"{chunk_bytes:,} bytes"
+        if lib is not None:
+            err = hostcopy.stage(lib, compiled, self.threads, htod, stream.ptr) if compiled else 0
+            if err:
+                raise RuntimeError(f"the host->device copy of a staged chunk failed (CUDA driver error {err})")
+            how.append(f"pinned, {len(compiled)} chunks of up to {size}, {threads}, compiled copy with streaming "
+                       f"stores ({why})")
+        if jobs or lib is None:     # numpy on Python threads: no compiled copy, or an array it does not take
+            pending = [self._pool.submit(_copy_into, src, pin) for src, pin, _ in jobs] if self._pool else None
+            for i, (src, pin, dst) in enumerate(jobs):
+                if pending is None:
+                    _copy_into(src, pin)
+                else:
+                    pending[i].result()          # this chunk is in pinned memory: its DMA can start
+                cp.cuda.runtime.memcpyAsync(dst, pin.ctypes.data, pin.nbytes, cp.cuda.runtime.memcpyHostToDevice,
+                                            stream.ptr)
+            how.append(f"pinned, {len(jobs)} chunks of up to {size}, {threads}, numpy copies ("
+                       + ("a strided array or a dtype change the compiled copy does not make" if lib is not None
+                          else why) + ")")
         return out
 
     def dma_alone(self, repeats: int = 5) -> dict | None:
