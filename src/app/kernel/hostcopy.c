@@ -154,9 +154,10 @@ static int ensure_workers(int want) {
 }
 
 /* Stage n chunks: chunk i is len[i] bytes written to pin[i] (pinned host memory) from src[i], copied or
- * narrowed as kind[i] says, then sent to dev[i] by htod on stream. threads: workers to copy with (the calling thread queues the DMAs).
- * Returns 0, -1 when no worker thread could start (nothing was copied), or the driver's error code from
- * the first DMA that failed (the copies still finish before the return: the pinned buffers are free). */
+ * narrowed as kind[i] says, then sent to dev[i] by htod on stream. threads: the workers that copy (the
+ * calling thread queues the DMAs). Returns 0; -1 when no worker thread could start or there was no memory
+ * (nothing was copied); or the driver's error code from the first DMA that failed (the copies still finish
+ * before the return, so the pinned buffers are free). */
 int hostcopy_stage(int n, const uint64_t *src, const uint64_t *pin, const uint64_t *dev, const uint64_t *len,
                    const uint64_t *kind, int threads, htod_fn htod, void *stream) {
     if (n <= 0) return 0;

@@ -13,6 +13,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -47,7 +48,8 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"the C compiler {cc} did not run ({exc})"
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + version.encode()).hexdigest()[:16]
+    # The machine's architecture too: a home directory shared between x86-64 and Arm hosts holds one of each.
+    key = hashlib.sha256(source + version.encode() + platform.machine().encode()).hexdigest()[:16]
     lib_path = cache.cache_dir("hostcopy") / f"hostcopy-{key}.so"
     if not lib_path.exists():
         lib_path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,10 +112,13 @@ def chunks_of(src: np.ndarray, pinned: np.ndarray, dev_ptr: int, chunk_bytes: in
             for lo in range(0, pinned.nbytes, step)]
 
 
+NOT_STARTED = -1        # hostcopy_stage's answer when it could start no thread (or had no memory): nothing ran
+
+
 def stage(lib, chunks: list[tuple], threads: int, htod: int, stream_ptr: int) -> int:
     """Write each chunk (``chunks_of``) into pinned memory on ``threads`` threads and queue its DMA on the
-    stream as soon as it is in. Returns 0 or the driver's error code (every copy has finished either way).
-    The interpreter's lock is released throughout."""
+    stream as soon as it is in. Returns 0, NOT_STARTED, or the driver's error code (every copy has finished
+    by then). The interpreter's lock is released throughout."""
     cols = [_column([c[k] for c in chunks]) for k in range(5)]
     return lib.hostcopy_stage(len(chunks), cols[0][1], cols[1][1], cols[2][1], cols[3][1], cols[4][1], threads,
                               htod, stream_ptr)

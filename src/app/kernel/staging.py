@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from app.errors import AppError
 from app.kernel import hostcopy
 
 CHUNK_BYTES = 4 << 20        # numpy copies: measured best on an H200 node against 256 KiB and 1 MiB (more hand-offs)
@@ -100,7 +101,7 @@ class PinnedStaging:
         return out
 
     def _staged(self, st, arrays: dict, stream, how: list) -> dict:
-        """Arrays in pageable host memory (or needing a dtype change): pinned staging from MIN_STAGED_BYTES."""
+        """Arrays in pageable host memory (or needing a dtype change): pinned staging from a few MB."""
         if not arrays:
             return {}
         cp = self.cp
@@ -114,47 +115,56 @@ class PinnedStaging:
             how.append(f"pageable copies ({total / 1e6:.1f} MB, under the {least >> 20} MiB from which "
                        "pinned staging is faster)")
             return {tag: st.to_device(np.ascontiguousarray(host, dtype=dtype)) for tag, (host, dtype) in arrays.items()}
-        chunk_bytes = COMPILED_CHUNK_BYTES if lib is not None else CHUNK_BYTES
-        out, jobs, compiled = {}, [], []
+        out, chunks, by_numpy = {}, [], []
         for tag, (host, dtype) in arrays.items():
             host = np.asarray(host)
             pinned = self._buffer(tag, host.shape, dtype)
             self._last_staged.append(pinned)
             dev = out[tag] = cp.empty(host.shape, dtype=dtype)
-            mine = hostcopy.chunks_of(host, pinned, dev.data.ptr, chunk_bytes) if lib is not None else None
-            if mine is not None:
-                compiled += mine
-                continue
-            flat_src, flat_pin = host.reshape(-1), pinned.reshape(-1)
-            step = max(1, chunk_bytes // pinned.itemsize)
-            for lo in range(0, flat_pin.size, step):
-                hi = min(lo + step, flat_pin.size)
-                jobs.append((flat_src[lo:hi], flat_pin[lo:hi], dev.data.ptr + lo * pinned.itemsize))
-        for chunk in compiled:       # each chunk's DMA is a copy of its own, as a trace of the run shows it
-            st.count_h2d(chunk[3])
-        for _, pin, _ in jobs:
-            st.count_h2d(pin.nbytes)
+            mine = hostcopy.chunks_of(host, pinned, dev.data.ptr, COMPILED_CHUNK_BYTES) if lib is not None else None
+            if mine is None:
+                by_numpy.append((host, pinned, dev))
+            else:
+                chunks += mine
         threads = f"{self.threads} host thread{'s' if self.threads > 1 else ''}"
-        size = f"{chunk_bytes >> 20} MiB" if chunk_bytes % (1 << 20) == 0 else f"{chunk_bytes:,} bytes"
         if lib is not None:
-            err = hostcopy.stage(lib, compiled, self.threads, htod, stream.ptr) if compiled else 0
+            err = hostcopy.stage(lib, chunks, self.threads, htod, stream.ptr) if chunks else 0
+            if err == hostcopy.NOT_STARTED:
+                raise AppError("the compiled host copy could not start its threads (out of threads or memory); "
+                               f"set {hostcopy.DISABLE_ENV}=numpy to stage with numpy instead")
             if err:
                 raise RuntimeError(f"the host->device copy of a staged chunk failed (CUDA driver error {err})")
-            how.append(f"pinned, {len(compiled)} chunks of up to {size}, {threads}, compiled copy with streaming "
-                       f"stores ({why})")
-        if jobs or lib is None:     # numpy on Python threads: no compiled copy, or an array it does not take
-            pending = [self._pool.submit(_copy_into, src, pin) for src, pin, _ in jobs] if self._pool else None
-            for i, (src, pin, dst) in enumerate(jobs):
-                if pending is None:
-                    _copy_into(src, pin)
-                else:
-                    pending[i].result()          # this chunk is in pinned memory: its DMA can start
-                cp.cuda.runtime.memcpyAsync(dst, pin.ctypes.data, pin.nbytes, cp.cuda.runtime.memcpyHostToDevice,
-                                            stream.ptr)
-            how.append(f"pinned, {len(jobs)} chunks of up to {size}, {threads}, numpy copies ("
+            for chunk in chunks:       # each chunk's DMA is a copy of its own, as a trace of the run shows it
+                st.count_h2d(chunk[3])
+            how.append(f"pinned, {len(chunks)} chunks of up to {_size(COMPILED_CHUNK_BYTES)}, {threads}, "
+                       f"compiled copy with streaming stores ({why})")
+        if by_numpy or lib is None:
+            n = self._numpy_copies(st, by_numpy, stream)
+            how.append(f"pinned, {n} chunks of up to {_size(CHUNK_BYTES)}, {threads}, numpy copies ("
                        + ("a strided array or a dtype change the compiled copy does not make" if lib is not None
                           else why) + ")")
         return out
+
+    def _numpy_copies(self, st, arrays: list, stream) -> int:
+        """``(host, pinned, device)`` triples copied by numpy on the pool's threads in CHUNK_BYTES pieces, each
+        piece's DMA queued as soon as it is in pinned memory. Returns the number of pieces."""
+        cp, jobs = self.cp, []
+        for host, pinned, dev in arrays:
+            flat_src, flat_pin = host.reshape(-1), pinned.reshape(-1)
+            step = max(1, CHUNK_BYTES // pinned.itemsize)
+            for lo in range(0, flat_pin.size, step):
+                hi = min(lo + step, flat_pin.size)
+                jobs.append((flat_src[lo:hi], flat_pin[lo:hi], dev.data.ptr + lo * pinned.itemsize))
+        pending = [self._pool.submit(_copy_into, src, pin) for src, pin, _ in jobs] if self._pool else None
+        for i, (src, pin, dst) in enumerate(jobs):
+            if pending is None:
+                _copy_into(src, pin)
+            else:
+                pending[i].result()          # this chunk is in pinned memory: its DMA can start
+            cp.cuda.runtime.memcpyAsync(dst, pin.ctypes.data, pin.nbytes, cp.cuda.runtime.memcpyHostToDevice,
+                                        stream.ptr)
+            st.count_h2d(pin.nbytes)         # each piece's DMA is a copy of its own
+        return len(jobs)
 
     def dma_alone(self, repeats: int = 5) -> dict | None:
         """The last staged copy's DMA with no host copy before it: the same bytes sent again from the pinned
@@ -188,6 +198,10 @@ class PinnedStaging:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes % (1 << 20) == 0 else f"{nbytes:,} bytes"
 
 
 def _copy_into(src: np.ndarray, pinned: np.ndarray) -> None:
