@@ -4,8 +4,9 @@ cached, loaded with ctypes.
 ``load()`` answers the library, or None and the reason it could not be had (no compiler, a failed build,
 ``APP_HOST_COPY=numpy`` in the environment): staging then copies with numpy on Python threads, and says
 which way it ran in its metadata. The library is cached under the tool's cache directory by a hash of its
-source and the compiler's version, so a changed source or compiler builds it again; a build is written
-to a temporary name and renamed, so processes that build at once never load half a file.
+source, the compiler's version and the machine's architecture, so a changed source or compiler builds it
+again; a build is written to a temporary name and renamed, so processes that build at once never load half
+a file.
 """
 from __future__ import annotations
 
