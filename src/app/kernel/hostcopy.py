@@ -91,9 +91,11 @@ def driver_htod() -> int | None:
 BYTES, NARROW_I64 = 0, 1     # a chunk's kinds (hostcopy.c): copy its bytes, or int64 values to int32
 
 
-def _column(values) -> tuple[np.ndarray, ctypes.POINTER]:
-    a = np.ascontiguousarray(values, dtype=np.uint64)
-    return a, a.ctypes.data_as(_u64p)
+def _columns(chunks: list[tuple], fields: tuple[int, ...]) -> list:
+    """A pointer to each of the chunks' ``fields`` as a uint64 array, the library's arguments (each pointer
+    keeps its array alive)."""
+    table = np.ascontiguousarray(np.array(chunks, dtype=np.uint64).reshape(-1, 5)[:, fields].T)
+    return [row.ctypes.data_as(_u64p) for row in table]
 
 
 def chunks_of(src: np.ndarray, pinned: np.ndarray, dev_ptr: int, chunk_bytes: int) -> list[tuple] | None:
@@ -120,9 +122,7 @@ def stage(lib, chunks: list[tuple], threads: int, htod: int, stream_ptr: int) ->
     """Write each chunk (``chunks_of``) into pinned memory on ``threads`` threads and queue its DMA on the
     stream as soon as it is in. Returns 0, NOT_STARTED, or the driver's error code (every copy has finished
     by then). The interpreter's lock is released throughout."""
-    cols = [_column([c[k] for c in chunks]) for k in range(5)]
-    return lib.hostcopy_stage(len(chunks), cols[0][1], cols[1][1], cols[2][1], cols[3][1], cols[4][1], threads,
-                              htod, stream_ptr)
+    return lib.hostcopy_stage(len(chunks), *_columns(chunks, (0, 1, 2, 3, 4)), threads, htod, stream_ptr)
 
 
 def copy(lib, pairs: list[tuple[np.ndarray, np.ndarray]], chunk_bytes: int, threads: int) -> int:
@@ -132,5 +132,5 @@ def copy(lib, pairs: list[tuple[np.ndarray, np.ndarray]], chunk_bytes: int, thre
         got = chunks_of(src, dst, 0, chunk_bytes)
         assert got is not None, "a pair chunks_of cannot copy"
         chunks += got
-    cols = [_column([c[k] for c in chunks]) for k in (0, 1, 3, 4)]
-    return lib.hostcopy_copy(len(chunks), cols[0][1], cols[1][1], cols[2][1], cols[3][1], threads)
+    # No device address: the copy stops at the pinned side.
+    return lib.hostcopy_copy(len(chunks), *_columns(chunks, (0, 1, 3, 4)), threads)
