@@ -63,11 +63,25 @@ def test_int64_offsets_are_narrowed_to_int32_exactly():
 
 def test_pairs_the_copy_cannot_make_are_left_to_numpy():
     a = np.arange(10, dtype=np.float64)
-    assert hostcopy.chunks_of(a[::2], np.zeros(5), 0, 64) is None                       # strided
-    assert hostcopy.chunks_of(a, np.zeros(10, np.float32), 0, 64) is None              # a cast it does not make
-    assert hostcopy.chunks_of(a, np.zeros(11), 0, 64) is None                          # another shape
-    got = hostcopy.chunks_of(np.arange(10, dtype=np.int64), np.zeros(10, np.int32), 1000, 16)
-    assert [(c[2] - 1000, c[3], c[4]) for c in got] == [(0, 16, hostcopy.NARROW_I64), (16, 16, 1), (32, 8, 1)]
+    assert hostcopy.row_of(a[::2], np.zeros(5), 0) is None                       # strided
+    assert hostcopy.row_of(a, np.zeros(10, np.float32), 0) is None              # a cast it does not make
+    assert hostcopy.row_of(a, np.zeros(11), 0) is None                          # another shape
+    src, dst = np.arange(10, dtype=np.int64), np.zeros(10, np.int32)
+    assert hostcopy.row_of(src, dst, 1000) == (src.ctypes.data, dst.ctypes.data, 1000, 40, hostcopy.NARROW_I64)
+    assert hostcopy.row_of(a, np.zeros(10), 7)[3:] == (80, hostcopy.BYTES)
+
+
+def test_chunks_are_counted_as_the_library_cuts_them():
+    """Each chunk is a DMA of its own, and the build counts them from the library: 40 bytes in chunks of 16
+    are three (16, 16 and 8), a chunk size rounds down to a multiple of 8, and an empty array has none."""
+    lib = _lib()
+
+    def count(sizes, chunk):
+        table = hostcopy._table([(0, 0, 0, n, hostcopy.BYTES) for n in sizes])    # alive through the call
+        return lib.hostcopy_chunks(len(sizes), table.buffer_info()[0], chunk)
+
+    assert count([40], 16) == 3 and count([40], 20) == 3 and count([40], 8) == 5 and count([40], 3) == 5
+    assert count([0, 48, 1], 16) == 4 and count([], 16) == 0 and count([1 << 22], 1 << 20) == 4
 
 
 def _child_copies(result):

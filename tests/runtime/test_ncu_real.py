@@ -6,6 +6,8 @@ import pytest
 
 from app.kernel.cli import main
 
+SHORT_KERNEL_US = 10.0   # kernels shorter than this get a wider tolerance on their rates (see the agreement test)
+
 pytestmark = [pytest.mark.gpu, pytest.mark.ncu,
               pytest.mark.skipif(not shutil.which("ncu"), reason="ncu is not on PATH")]
 
@@ -59,6 +61,11 @@ def test_annotation_and_ncu_agree_on_the_same_kernels(tmp_path):
     assert [r["kernel"] for r in ann] == [r["kernel"] for r in full]
     for a, f in zip(ann, full):
         assert a["fp64_flops"] == f["fp64_flops"] and a["registers"] == f["registers"], a["kernel"]
+        # Rates are per unit of the kernel's own duration, which varies from one launch to the next by a
+        # microsecond or so: over a kernel of a few microseconds that alone moves a rate by 15-20% (on an
+        # H200 node scan_i32_i32, ~3 us, read SM 13.44% in one mode and 11.39% in the other; grid_zero 18.87%
+        # and 15.56%). Longer kernels are held to 15%.
+        short = min(float(a["duration_us"]), float(f["duration_us"])) < SHORT_KERNEL_US
         for col in ("dram_pct", "sm_pct"):
             x, y = float(a[col]), float(f[col])
-            assert abs(x - y) <= max(1.0, 0.15 * max(x, y)), (a["kernel"], col, x, y)   # ~3 us kernels: noisy
+            assert abs(x - y) <= max(1.0, (0.25 if short else 0.15) * max(x, y)), (a["kernel"], col, x, y)

@@ -10,9 +10,11 @@ a file.
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 import hashlib
+import itertools
 import os
 import platform
 import shutil
@@ -26,7 +28,6 @@ from app.runtime import cache
 
 SOURCE = Path(__file__).with_name("hostcopy.c")
 DISABLE_ENV = "APP_HOST_COPY"       # "numpy": stage with numpy copies on Python threads instead
-_u64p = ctypes.POINTER(ctypes.c_uint64)
 _loaded: tuple | None = None        # (library or None, why), once per process
 
 
@@ -71,11 +72,13 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(lib_path))
     except OSError as exc:
         return None, f"the compiled host copy {lib_path} did not load ({exc})"
-    lib.hostcopy_stage.argtypes = [ctypes.c_int, _u64p, _u64p, _u64p, _u64p, _u64p, ctypes.c_int,
-                                   ctypes.c_void_p, ctypes.c_void_p]
+    lib.hostcopy_stage.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p,
+                                   ctypes.c_void_p]
     lib.hostcopy_stage.restype = ctypes.c_int
-    lib.hostcopy_copy.argtypes = [ctypes.c_int, _u64p, _u64p, _u64p, _u64p, ctypes.c_int]
+    lib.hostcopy_copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
     lib.hostcopy_copy.restype = ctypes.c_int
+    lib.hostcopy_chunks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64]
+    lib.hostcopy_chunks.restype = ctypes.c_int
     return lib, f"compiled with {Path(cc).name}"
 
 
@@ -88,49 +91,50 @@ def driver_htod() -> int | None:
         return None
 
 
-BYTES, NARROW_I64 = 0, 1     # a chunk's kinds (hostcopy.c): copy its bytes, or int64 values to int32
+BYTES, NARROW_I64 = 0, 1     # an array's kinds (hostcopy.c): copy its bytes, or int64 values to int32
 
 
-def _columns(chunks: list[tuple], fields: tuple[int, ...]) -> list:
-    """A pointer to each of the chunks' ``fields`` as a uint64 array, the library's arguments (each pointer
-    keeps its array alive)."""
-    table = np.ascontiguousarray(np.array(chunks, dtype=np.uint64).reshape(-1, 5)[:, fields].T)
-    return [row.ctypes.data_as(_u64p) for row in table]
-
-
-def chunks_of(src: np.ndarray, pinned: np.ndarray, dev_ptr: int, chunk_bytes: int) -> list[tuple] | None:
-    """``src``'s chunks, ``(source address, pinned address, device address, bytes written, kind)``, for a
-    C-contiguous source with the pinned array's dtype, or int64 into int32; None for any other pair (numpy
-    copies it)."""
+def row_of(src: np.ndarray, pinned: np.ndarray, dev_ptr: int) -> tuple | None:
+    """The library's row for one array, ``(source address, pinned address, device address, bytes written,
+    kind)``, for a C-contiguous source with the pinned array's dtype, or int64 into int32; None for any other
+    pair (numpy copies it). The library cuts the rows into chunks."""
     if not src.flags.c_contiguous or src.shape != pinned.shape:
         return None
     if src.dtype == pinned.dtype:
-        kind, ratio = BYTES, 1
+        kind = BYTES
     elif src.dtype == np.int64 and pinned.dtype == np.int32:
-        kind, ratio = NARROW_I64, 2
+        kind = NARROW_I64
     else:
         return None
-    step = chunk_bytes - chunk_bytes % 8
-    return [(src.ctypes.data + lo * ratio, pinned.ctypes.data + lo, dev_ptr + lo, min(step, pinned.nbytes - lo), kind)
-            for lo in range(0, pinned.nbytes, step)]
+    return (src.ctypes.data, pinned.ctypes.data, dev_ptr, pinned.nbytes, kind)
 
 
 NOT_STARTED = -1        # hostcopy_stage's answer when it could start no thread (or had no memory): nothing ran
 
 
-def stage(lib, chunks: list[tuple], threads: int, htod: int, stream_ptr: int) -> int:
-    """Write each chunk (``chunks_of``) into pinned memory on ``threads`` threads and queue its DMA on the
-    stream as soon as it is in. Returns 0, NOT_STARTED, or the driver's error code (every copy has finished
-    by then). The interpreter's lock is released throughout."""
-    return lib.hostcopy_stage(len(chunks), *_columns(chunks, (0, 1, 2, 3, 4)), threads, htod, stream_ptr)
+def _table(rows: list[tuple]) -> array.array:
+    """The rows as one buffer of uint64 words, the library's argument (one pointer for all of them)."""
+    return array.array("Q", itertools.chain.from_iterable(rows))
+
+
+def stage(lib, rows: list[tuple], chunk_bytes: int, threads: int, htod: int, stream_ptr: int) -> tuple[int, int]:
+    """Write the arrays (``row_of``) into pinned memory in chunks of ``chunk_bytes`` on ``threads`` threads and
+    queue each chunk's DMA on the stream as soon as it is in. Returns 0, NOT_STARTED, or the driver's error
+    code (every copy has finished by then), and the number of chunks, each a DMA of its own. The
+    interpreter's lock is released throughout."""
+    table = _table(rows)
+    address = table.buffer_info()[0]
+    err = lib.hostcopy_stage(len(rows), address, chunk_bytes, threads, htod, stream_ptr)
+    return err, lib.hostcopy_chunks(len(rows), address, chunk_bytes)
 
 
 def copy(lib, pairs: list[tuple[np.ndarray, np.ndarray]], chunk_bytes: int, threads: int) -> int:
     """The same chunked writes without a DMA, host array into host array (for tests)."""
-    chunks = []
+    rows = []
     for src, dst in pairs:
-        got = chunks_of(src, dst, 0, chunk_bytes)
-        assert got is not None, "a pair chunks_of cannot copy"
-        chunks += got
+        row = row_of(src, dst, 0)
+        assert row is not None, "a pair row_of cannot copy"
+        rows.append(row)
     # No device address: the copy stops at the pinned side.
-    return lib.hostcopy_copy(len(chunks), *_columns(chunks, (0, 1, 3, 4)), threads)
+    table = _table(rows)
+    return lib.hostcopy_copy(len(rows), table.buffer_info()[0], chunk_bytes, threads)

@@ -177,9 +177,10 @@ class StageContext:
         self.h2d_bytes += arr.nbytes
         return arr
 
-    def count_h2d(self, nbytes: int) -> None:
-        """A host->device copy made by a backend's own staging (see app.kernel.staging)."""
-        self.h2d_copies += 1
+    def count_h2d(self, nbytes: int, copies: int = 1) -> None:
+        """Host->device copies made by a backend's own staging (see app.kernel.staging): ``copies`` of them,
+        ``nbytes`` in all."""
+        self.h2d_copies += copies
         self.h2d_bytes += int(nbytes)
 
     def to_host(self, array) -> np.ndarray:
