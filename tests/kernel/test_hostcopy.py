@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -106,6 +107,39 @@ def test_a_forked_child_starts_its_own_copy_threads():
         child.kill()
     assert child.exitcode == 0, "the forked child hung or failed"
     assert result.get(timeout=5) is True
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")
+def test_a_fork_during_another_threads_copy_leaves_the_child_a_working_copy():
+    """A thread of the parent copies without pause while the parent forks: most forks land inside one of its
+    calls, with the library's locks held. Each child must still copy (its first call would otherwise wait
+    for ever on a lock held by a thread it does not have)."""
+    lib = _lib()
+    big = np.arange(4_000_000, dtype=np.float64)          # 32 MB: each call takes milliseconds
+    out = np.zeros_like(big)
+    stop, calls = threading.Event(), []
+
+    def copy_until_stopped():
+        while not stop.is_set():
+            calls.append(hostcopy.copy(lib, [(big, out)], 1 << 20, 4))
+
+    busy = threading.Thread(target=copy_until_stopped)
+    busy.start()
+    ctx = multiprocessing.get_context("fork")
+    try:
+        for _ in range(6):
+            result = ctx.Queue()
+            child = ctx.Process(target=_child_copies, args=(result,))
+            child.start()
+            child.join(30)
+            if child.exitcode is None:
+                child.kill()
+            assert child.exitcode == 0, "a child forked during a copy hung or failed"
+            assert result.get(timeout=5) is True
+    finally:
+        stop.set()
+        busy.join(60)
+    assert calls and set(calls) == {0} and np.array_equal(out, big)      # the parent's copies went on
 
 
 def test_two_processes_building_it_at_once_both_load_one_library(fresh):

@@ -143,6 +143,34 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* A fork while another thread is inside hostcopy_stage would hand the child the locks held by a thread it
+ * does not have, and its first staging would wait on them for ever. So a fork waits for a staging call in
+ * progress to end (the forking thread takes both locks first), and the child, whose one thread is the one
+ * that took them, releases them with fresh condition variables and no workers: it starts its own. */
+static void before_fork(void) {
+    pthread_mutex_lock(&call_lock);
+    pthread_mutex_lock(&mu);
+}
+
+static void after_fork_in_parent(void) {
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&call_lock);
+}
+
+static void after_fork_in_child(void) {
+    pthread_cond_init(&go, NULL);      /* the parent's waiters are not in the child */
+    pthread_cond_init(&idle, NULL);
+    workers = 0, workers_pid = getpid(), busy = 0;
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&call_lock);
+}
+
+static pthread_once_t fork_handlers = PTHREAD_ONCE_INIT;
+
+static void add_fork_handlers(void) {
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+}
+
 static int ensure_workers(int want) {
     if (workers_pid != getpid()) workers = 0, workers_pid = getpid();
     if (want > MAX_WORKERS) want = MAX_WORKERS;
@@ -204,6 +232,7 @@ static uint64_t *cut_chunks(int n_arrays, const uint64_t *arrays, uint64_t chunk
  * that failed (the copies still finish before the return, so the pinned buffers are free). */
 int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t chunk_bytes, int threads, htod_fn htod,
                    void *stream) {
+    pthread_once(&fork_handlers, add_fork_handlers);
     int n;
     uint64_t *chunks = cut_chunks(n_arrays, arrays, chunk_bytes, &n);
     if (n <= 0) return n;
