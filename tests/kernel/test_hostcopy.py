@@ -92,21 +92,26 @@ def _child_copies(result):
     result.put(hostcopy.copy(lib, [(a, b)], 1 << 16, 4) == 0 and bool(np.array_equal(a, b)))
 
 
+def _a_forked_child_copies(timeout: float) -> None:
+    """Fork a child that copies with the library; it must finish, and copy exactly, within ``timeout``."""
+    ctx = multiprocessing.get_context("fork")
+    result = ctx.Queue()
+    child = ctx.Process(target=_child_copies, args=(result,))
+    child.start()
+    child.join(timeout)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0, "the forked child hung or failed"
+    assert result.get(timeout=5) is True
+
+
 def test_a_forked_child_starts_its_own_copy_threads():
     """The parent's worker threads do not exist in a forked child: the child must start its own, not wait on
     threads that will never run."""
     lib = _lib()
     a = np.ones(100_000)
     assert hostcopy.copy(lib, [(a, np.zeros_like(a))], 4096, 4) == 0        # the parent's workers are up
-    ctx = multiprocessing.get_context("fork")
-    result = ctx.Queue()
-    child = ctx.Process(target=_child_copies, args=(result,))
-    child.start()
-    child.join(60)
-    if child.exitcode is None:
-        child.kill()
-    assert child.exitcode == 0, "the forked child hung or failed"
-    assert result.get(timeout=5) is True
+    _a_forked_child_copies(timeout=60)
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")
@@ -125,17 +130,9 @@ def test_a_fork_during_another_threads_copy_leaves_the_child_a_working_copy():
 
     busy = threading.Thread(target=copy_until_stopped)
     busy.start()
-    ctx = multiprocessing.get_context("fork")
     try:
         for _ in range(6):
-            result = ctx.Queue()
-            child = ctx.Process(target=_child_copies, args=(result,))
-            child.start()
-            child.join(30)
-            if child.exitcode is None:
-                child.kill()
-            assert child.exitcode == 0, "a child forked during a copy hung or failed"
-            assert result.get(timeout=5) is True
+            _a_forked_child_copies(timeout=30)
     finally:
         stop.set()
         busy.join(60)
