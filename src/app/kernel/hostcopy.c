@@ -19,7 +19,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -36,7 +35,6 @@ static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;  /* one staging at
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t go = PTHREAD_COND_INITIALIZER, idle = PTHREAD_COND_INITIALIZER;
 static int workers;          /* started in this process */
-static pid_t workers_pid;    /* a forked child has none of its parent's threads: start its own */
 static uint64_t generation;  /* bumped per call: a worker runs each generation once */
 static int busy;             /* workers still in the current call */
 static int active;           /* workers that copy in the current call (the others go back to sleep) */
@@ -160,11 +158,12 @@ static void after_fork_in_parent(void) {
 static void after_fork_in_child(void) {
     pthread_cond_init(&go, NULL);      /* the parent's waiters are not in the child */
     pthread_cond_init(&idle, NULL);
-    workers = 0, workers_pid = getpid(), busy = 0;
+    workers = 0, busy = 0;
     pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&call_lock);
 }
 
+/* Added on the first call, before any worker starts: every fork after that runs them. */
 static pthread_once_t fork_handlers = PTHREAD_ONCE_INIT;
 
 static void add_fork_handlers(void) {
@@ -172,7 +171,6 @@ static void add_fork_handlers(void) {
 }
 
 static int ensure_workers(int want) {
-    if (workers_pid != getpid()) workers = 0, workers_pid = getpid();
     if (want > MAX_WORKERS) want = MAX_WORKERS;
     while (workers < want) {
         pthread_t t;

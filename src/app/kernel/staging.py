@@ -136,7 +136,7 @@ class PinnedStaging:
                 by_numpy.append((host, pinned, dev))
             else:
                 rows.append(row)
-        threads = f"{self.threads} host thread{'s' if self.threads > 1 else ''}"
+        threads = _count(self.threads, "host thread")
         if lib is not None:
             err, chunks = hostcopy.stage(lib, rows, COMPILED_CHUNK_BYTES, self.threads, htod, stream.ptr) if rows \
                 else (0, 0)
