@@ -1,7 +1,9 @@
 """The compiled host copy of pinned staging (app.kernel.hostcopy), on the host alone: every byte written,
 int64 offsets narrowed exactly, pairs it cannot copy declined, and the build and its fallbacks, with real
 second processes where a promise involves one (a forked child, two processes building the library at once).
-Its DMA half runs on the GPU: tests/kernel/test_staging.py."""
+Its DMA half is checked here with a stand-in for the driver's copy function, and on the GPU in
+tests/kernel/test_staging.py."""
+import ctypes
 import multiprocessing
 import os
 import subprocess
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from app.kernel import hostcopy
+from tests.staging_rule import expected_dmas
 
 
 @pytest.fixture
@@ -72,17 +75,54 @@ def test_pairs_the_copy_cannot_make_are_left_to_numpy():
     assert hostcopy.row_of(a, np.zeros(10), 7)[3:] == (80, hostcopy.BYTES)
 
 
-def test_chunks_are_counted_as_the_library_cuts_them():
-    """Each chunk is a DMA of its own, and the build counts them from the library: 40 bytes in chunks of 16
-    are three (16, 16 and 8), a chunk size rounds down to a multiple of 8, and an empty array has none."""
+def test_dmas_are_counted_as_the_library_cuts_them():
+    """Each DMA is a copy of its own, and the build counts them from the library: the first DMA of a call is one
+    slice, each next twice the last up to the DMA size, an array's last shorter, and an empty array has none."""
     lib = _lib()
 
-    def count(sizes, chunk):
+    def count(sizes, slice_bytes, dma_bytes):
         table = hostcopy._table([(0, 0, 0, n, hostcopy.BYTES) for n in sizes])    # alive through the call
-        return lib.hostcopy_chunks(len(sizes), table.buffer_info()[0], chunk)
+        return lib.hostcopy_dmas(len(sizes), table.buffer_info()[0], slice_bytes, dma_bytes)
 
-    assert count([40], 16) == 3 and count([40], 20) == 3 and count([40], 8) == 5 and count([40], 3) == 5
-    assert count([0, 48, 1], 16) == 4 and count([], 16) == 0 and count([1 << 22], 1 << 20) == 4
+    assert count([40], 16, 64) == 2                          # 16, then 24 of a 32
+    assert count([40], 20, 64) == 2 and count([40], 8, 8) == 5 and count([40], 3, 3) == 5
+    assert count([0, 48, 1], 16, 16) == 4 and count([], 16, 64) == 0
+    assert count([7 << 20], 1 << 20, 4 << 20) == 3          # 1, 2 and 4 MiB
+    assert count([1 << 20, 1 << 20], 256 << 10, 1 << 20) == 4   # 256 + 512 + 256 KiB, then 1 MiB: the ramp goes on
+    for sizes in ([1000, 1, 0, 70_000], [5 << 20], [3, 3, 3]):
+        assert count(sizes, 4096, 65536) == len(expected_dmas(sizes, 4096, 65536))
+
+
+@pytest.mark.parametrize("threads", [1, 3, 16])
+def test_each_dma_sends_whole_written_slices_in_theexpected_dmas(threads):
+    """The DMA function is called once per run of slices, only once every byte of the run is in pinned memory,
+    and the runs tile each array in the ramp's sizes. The test's own function stands in for the driver's: it
+    checks the run's bytes at the moment its DMA is queued."""
+    lib = _lib()
+    rng = np.random.default_rng(threads)
+    src = [rng.integers(0, 256, 1_000_003, dtype=np.uint8), rng.integers(-2**31, 2**31, 50_001, dtype=np.int64),
+           rng.standard_normal(70_000)]
+    pinned = [np.zeros(1_000_003, np.uint8), np.zeros(50_001, np.int32), np.zeros(70_000)]
+    want = [src[0], src[1].astype(np.int32), src[2]]
+    base = [1 << 40, 2 << 40, 3 << 40]            # fake device addresses: which array, and where in it
+    rows = [hostcopy.row_of(s, p, b) for s, p, b in zip(src, pinned, base)]
+    calls, bad = [], []
+
+    def dma(dst, host, nbytes, stream):
+        a = dst >> 40
+        lo = dst - base[a - 1]
+        calls.append((a - 1, lo, nbytes))
+        got = pinned[a - 1].view(np.uint8)[lo:lo + nbytes]
+        if host != pinned[a - 1].ctypes.data + lo or not np.array_equal(got, want[a - 1].view(np.uint8)[lo:lo + nbytes]):
+            bad.append((a - 1, lo, nbytes))
+        return 0
+
+    htod = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)(dma)
+    err, dmas = hostcopy.stage(lib, rows, 4096, 65536, threads, ctypes.cast(htod, ctypes.c_void_p).value, 0)
+    assert err == 0 and not bad, bad[:3]
+    assert sorted(calls) == expected_dmas([p.nbytes for p in pinned], 4096, 65536) and dmas == len(calls)
+    for p, w in zip(pinned, want):
+        np.testing.assert_array_equal(p, w)
 
 
 def _child_copies(result):

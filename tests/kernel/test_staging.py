@@ -7,6 +7,7 @@ import pytest
 
 from app.kernel import hostcopy, staging
 from app.runtime.recorder import StageContext
+from tests.staging_rule import expected_dmas
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +25,8 @@ def test_arrays_arrive_exactly_across_chunks_and_runs(monkeypatch, threads, copy
 
     monkeypatch.setenv(hostcopy.DISABLE_ENV, "numpy" if copy == "numpy" else "")
     monkeypatch.setattr(staging, "CHUNK_BYTES", 4096 + 8)      # chunk edges inside rows and odd counts
-    monkeypatch.setattr(staging, "COMPILED_CHUNK_BYTES", 4096 + 8)
+    monkeypatch.setattr(staging, "COMPILED_SLICE_BYTES", 4096 + 8)
+    monkeypatch.setattr(staging, "COMPILED_DMA_BYTES", 4 * (4096 + 8))
     monkeypatch.setattr(staging, "MIN_STAGED_BYTES", 0)
     monkeypatch.setattr(staging, "COMPILED_MIN_STAGED_BYTES", 0)
     stager = staging.PinnedStaging(cp, threads=threads)
@@ -40,14 +42,20 @@ def test_arrays_arrive_exactly_across_chunks_and_runs(monkeypatch, threads, copy
         assert got["offsets"].dtype == cp.int32
         np.testing.assert_array_equal(cp.asnumpy(got["offsets"]), offsets.astype(np.int32))
         np.testing.assert_array_equal(cp.asnumpy(got["strided"]), strided)
-        # Every chunk's DMA is a copy of its own (as a trace of the run shows them): counted one by one.
+        # Every DMA is a copy of its own (as a trace of the run shows them): counted one by one. numpy sends a
+        # chunk a DMA; the compiled copy sends the contiguous arrays in DMAs of one slice, then twice the last.
         chunk = 4096 + 8                                     # both chunk sizes, and a multiple of 8
-        pieces = sum(-(-nbytes // chunk) for nbytes in (coords.nbytes, (n + 1) * 4, strided.nbytes))
+        by_numpy = (coords.nbytes, (n + 1) * 4, strided.nbytes) if copy == "numpy" else (strided.nbytes,)
+        pieces = sum(-(-nbytes // chunk) for nbytes in by_numpy)
+        if copy == "compiled":
+            pieces += len(expected_dmas([coords.nbytes, (n + 1) * 4], chunk, 4 * chunk))
         assert st.h2d_copies == pieces and st.h2d_bytes == coords.nbytes + (n + 1) * 4 + strided.nbytes
         how = st.meta["staging"]
-        counted = re.search(r"(\d+) (chunks?) of up to 4,104 bytes", how)
-        assert how.startswith("pinned, ") and counted and (counted[2] == "chunk") == (counted[1] == "1"), how
+        assert how.startswith("pinned, "), how
+        for counted in re.finditer(r"(\d+) (chunks?|DMAs?) of ", how):
+            assert (counted[2] in ("chunk", "DMA")) == (counted[1] == "1"), how
         if copy == "compiled":
+            assert re.search(r"\d+ DMAs? of 4,104 bytes to 16,416 bytes, written in slices of 4,104 bytes by", how), how
             assert "compiled copy with streaming stores" in how, how
             assert ("numpy copies (a strided array" in how) == (strided.size > 0), how
         else:

@@ -1,14 +1,22 @@
-/* The host's half of pinned staging, in C: copy chunks of the caller's (pageable) arrays into pinned
- * buffers on a few threads with streaming stores, and queue each chunk's DMA the moment its bytes are in.
+/* The host's half of pinned staging, in C: copy the caller's (pageable) arrays into pinned buffers on a
+ * few threads with streaming stores, and queue each DMA the moment its bytes are in.
  *
  * Why C: on the lent H200 hosts the Python version (numpy copies on a thread pool, the main thread woken
  * as each chunk lands) staged 50 MB in 2.24 ms where this one takes 1.65 ms (one node, interleaved), for
  * two reasons measured there. The Python threads start one after another as each takes the
  * interpreter's lock (30-300 us apart), so the first DMA waits for the first 4 MiB; and glibc's memcpy
  * reads every line of the pinned buffer before writing it (it streams only past ~158 MB), which adds to
- * the memory traffic the DMA competes with. Here the workers wait on one condition variable, take 1 MiB
- * chunks off an atomic counter and write with non-temporal stores; the calling thread spins on the
- * chunks' flags and queues each one's DMA through the driver as it lands.
+ * the memory traffic the DMA competes with. Here the workers wait on one condition variable, take slices
+ * (128 KiB from staging.py) in order off an atomic counter and write with non-temporal stores; the calling
+ * thread spins on the runs' counts of slices still to write and queues each run's DMA through the driver
+ * as its last slice lands.
+ *
+ * Slices and runs are two sizes on purpose. The link waits for the first DMA's bytes, and a thread copies
+ * ~9 GB/s, so with a DMA a work unit of 1 MiB (as before) the first byte crossed ~115 us into the copy; the
+ * first run is one slice now, and each next run twice the last, up to a few MiB, because every DMA costs
+ * ~2.5 us of the copy engine's time beyond its bytes'. Interleaved on H200 nodes, 1 MiB units against
+ * 128 KiB slices in runs up to 4 MiB: join v4's build at 1M x 100k 1.32 against 1.19 ms, overlay v3's at
+ * 100k x 100k 1.76 against 1.60 ms.
  *
  * Built on first use by app.kernel.hostcopy with the system's C compiler; without one, staging stays
  * in Python. One staging at a time per process (a lock); the worker threads are started once per
@@ -28,7 +36,7 @@
 typedef int (*htod_fn)(uint64_t dst, const void *src, size_t n, void *stream);
 
 #define MAX_WORKERS 64
-#define HOSTCOPY_BYTES 0        /* a chunk's kinds: copy its bytes */
+#define HOSTCOPY_BYTES 0        /* an array's kinds: copy its bytes */
 #define HOSTCOPY_NARROW_I64 1   /* or int64 values to int32 */
 
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;  /* one staging at a time */
@@ -39,16 +47,17 @@ static uint64_t generation;  /* bumped per call: a worker runs each generation o
 static int busy;             /* workers still in the current call */
 static int active;           /* workers that copy in the current call (the others go back to sleep) */
 
-/* An array to stage, and each chunk cut from it, is a row of five words: where it is read, where it is
- * written (pinned), where its DMA sends it (device), the bytes written, and how (HOSTCOPY_BYTES or
- * HOSTCOPY_NARROW_I64). The caller hands over one row an array and the chunks are cut here: in Python each
- * chunk's addresses cost microseconds, which on the lent hosts came to 0.07-0.18 ms of a build's time
+/* An array to stage, and each run and slice cut from it, is a row of five words: where it is read, where it
+ * is written (pinned), where its DMA sends it (device), the bytes written, and how (HOSTCOPY_BYTES or
+ * HOSTCOPY_NARROW_I64). The caller hands over one row an array and the pieces are cut here: in Python each
+ * piece's addresses cost microseconds, which on the lent hosts came to 0.07-0.18 ms of a build's time
  * before the first byte was copied. */
 enum { ROW_SRC, ROW_PIN, ROW_DEV, ROW_LEN, ROW_KIND, ROW_WORDS };
-static const uint64_t *j_chunks;
+static const uint64_t *j_slices;  /* the work: slices, taken in order off j_next */
+static const int *j_run_of;       /* each slice's run (DMA) */
 static int j_n;
 static atomic_int j_next;
-static atomic_int *j_ready;
+static atomic_int *j_left;        /* per run: slices not yet written */
 
 static int use_avx2;         /* set before the workers start a call */
 
@@ -90,7 +99,7 @@ static void copy_streaming(char *d, const char *s, size_t n) {
     size_t body = n & ~(size_t)(avx2 ? 127 : 63);
     if (avx2) stream_avx2(d, s, body); else stream_sse2(d, s, body);
     memcpy(d + body, s + body, n - body);
-    _mm_sfence();   /* the streamed bytes are visible before the chunk's flag says so */
+    _mm_sfence();   /* the streamed bytes are visible before the run's count says so */
 #else
     memcpy(d, s, n);
 #endif
@@ -112,16 +121,16 @@ static void narrow_i64(int32_t *d, const int64_t *s, size_t len) {
     for (; i < n; i++) d[i] = (int32_t)s[i];
 }
 
-static void run_chunks(void) {
+static void run_slices(void) {
     for (;;) {
         int c = atomic_fetch_add(&j_next, 1);
         if (c >= j_n) return;
-        const uint64_t *k = j_chunks + (size_t)c * ROW_WORDS;
+        const uint64_t *k = j_slices + (size_t)c * ROW_WORDS;
         if (k[ROW_KIND] == HOSTCOPY_NARROW_I64)
             narrow_i64((int32_t *)(uintptr_t)k[ROW_PIN], (const int64_t *)(uintptr_t)k[ROW_SRC], (size_t)k[ROW_LEN]);
         else
             copy_streaming((char *)(uintptr_t)k[ROW_PIN], (const char *)(uintptr_t)k[ROW_SRC], (size_t)k[ROW_LEN]);
-        atomic_store_explicit(&j_ready[c], 1, memory_order_release);
+        atomic_fetch_sub_explicit(&j_left[j_run_of[c]], 1, memory_order_release);
     }
 }
 
@@ -134,7 +143,7 @@ static void *worker(void *arg) {
         seen = generation;
         const int mine = index < active;
         pthread_mutex_unlock(&mu);
-        if (mine) run_chunks();
+        if (mine) run_slices();
         pthread_mutex_lock(&mu);
         if (--busy == 0) pthread_cond_signal(&idle);
     }
@@ -185,94 +194,139 @@ static int ensure_workers(int want) {
     return workers;
 }
 
-/* A chunk's bytes of output: chunk_bytes rounded down to a multiple of 8 (at least 8), so that a narrowed
- * chunk's source stays as aligned as its target. */
-static uint64_t chunk_step(uint64_t chunk_bytes) {
-    return chunk_bytes < 16 ? 8 : chunk_bytes - chunk_bytes % 8;
+/* A size in bytes of output rounded down to a multiple of 8 (at least 8), so that a narrowed piece's source stays
+ * as aligned as its target. */
+static uint64_t step_of(uint64_t bytes) {
+    return bytes < 16 ? 8 : bytes - bytes % 8;
 }
-
-/* How many chunks (so DMAs) the arrays' rows are cut into. */
-int hostcopy_chunks(int n_arrays, const uint64_t *arrays, uint64_t chunk_bytes) {
-    uint64_t step = chunk_step(chunk_bytes), count = 0;
-    for (int a = 0; a < n_arrays; a++) count += (arrays[a * ROW_WORDS + ROW_LEN] + step - 1) / step;
-    return (int)count;
-}
-
-/* The chunks of the arrays' rows: a table of *n rows, malloc'd; NULL with *n 0 when there is nothing to
- * copy, NULL with *n -1 when there is no memory. */
-static uint64_t *cut_chunks(int n_arrays, const uint64_t *arrays, uint64_t chunk_bytes, int *n) {
-    uint64_t step = chunk_step(chunk_bytes), count = (uint64_t)hostcopy_chunks(n_arrays, arrays, chunk_bytes);
-    *n = (int)count;
-    if (count == 0) return NULL;
-    uint64_t *table = malloc(count * ROW_WORDS * sizeof(uint64_t)), *k = table;
-    if (!table) {
-        *n = -1;
-        return NULL;
-    }
+/* The DMAs (runs): each array cut in order, the k-th run of the call min(dma_bytes, slice_bytes << k) bytes long
+ * (an array's last run shorter). The first runs are small so that the link starts after one slice, not after a
+ * full DMA's worth; the later ones are large because each DMA costs ~2.5 us of the copy engine's time over its
+ * bytes' (measured on the lent H200 hosts). Calls each run to fn (NULL: count only); returns how many. */
+typedef void (*run_fn)(void *ctx, int a, uint64_t lo, uint64_t len);
+static int cut_runs(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes, run_fn fn,
+                    void *ctx) {
+    const uint64_t slice = step_of(slice_bytes), most = step_of(dma_bytes > slice_bytes ? dma_bytes : slice_bytes);
+    uint64_t size = slice;
+    int runs = 0;
     for (int a = 0; a < n_arrays; a++) {
-        const uint64_t *row = arrays + a * ROW_WORDS;
-        const uint64_t ratio = row[ROW_KIND] == HOSTCOPY_NARROW_I64 ? 2 : 1;   /* source bytes per byte written */
-        for (uint64_t lo = 0; lo < row[ROW_LEN]; lo += step, k += ROW_WORDS) {
-            k[ROW_SRC] = row[ROW_SRC] + lo * ratio;
-            k[ROW_PIN] = row[ROW_PIN] + lo;
-            k[ROW_DEV] = row[ROW_DEV] + lo;
-            k[ROW_LEN] = row[ROW_LEN] - lo < step ? row[ROW_LEN] - lo : step;
-            k[ROW_KIND] = row[ROW_KIND];
+        const uint64_t len = arrays[a * ROW_WORDS + ROW_LEN];
+        for (uint64_t lo = 0; lo < len; runs++) {
+            const uint64_t n = len - lo < size ? len - lo : size;
+            if (fn) fn(ctx, a, lo, n);
+            lo += n;
+            size = size * 2 > most ? most : size * 2;
         }
     }
-    return table;
+    return runs;
 }
-
-/* Stage n_arrays arrays (rows of ROW_WORDS words) in chunks of chunk_bytes: each chunk is written to pinned
- * host memory, copied or narrowed as its array's kind says, then sent to the device by htod on stream.
- * threads: the workers that copy (the calling thread queues the DMAs). Returns 0; -1 when no worker thread
- * could start or there was no memory (nothing was copied); or the driver's error code from the first DMA
- * that failed (the copies still finish before the return, so the pinned buffers are free). */
-int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t chunk_bytes, int threads, htod_fn htod,
-                   void *stream) {
-    pthread_once(&fork_handlers, add_fork_handlers);
-    int n;
-    uint64_t *chunks = cut_chunks(n_arrays, arrays, chunk_bytes, &n);
-    if (n <= 0) return n;
-    atomic_int *ready = calloc((size_t)n, sizeof(atomic_int));
-    if (!ready) {
-        free(chunks);
+/* How many DMAs the arrays' rows are sent in. */
+int hostcopy_dmas(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes) {
+    return cut_runs(n_arrays, arrays, slice_bytes, dma_bytes, NULL, NULL);
+}
+/* The call's tables: runs (ROW_WORDS a run), slices (ROW_WORDS a slice) and each slice's run. */
+struct plan {
+    const uint64_t *arrays;
+    uint64_t slice;
+    uint64_t *runs, *slices;
+    int *run_of, *slices_left;
+    int n_runs, n_slices;
+};
+static void row_piece(uint64_t *k, const uint64_t *row, uint64_t lo, uint64_t len) {
+    const uint64_t ratio = row[ROW_KIND] == HOSTCOPY_NARROW_I64 ? 2 : 1;   /* source bytes per byte written */
+    k[ROW_SRC] = row[ROW_SRC] + lo * ratio;
+    k[ROW_PIN] = row[ROW_PIN] + lo;
+    k[ROW_DEV] = row[ROW_DEV] + lo;
+    k[ROW_LEN] = len;
+    k[ROW_KIND] = row[ROW_KIND];
+}
+static void add_run(void *ctx, int a, uint64_t lo, uint64_t len) {
+    struct plan *p = ctx;
+    const uint64_t *row = p->arrays + a * ROW_WORDS;
+    row_piece(p->runs + (size_t)p->n_runs * ROW_WORDS, row, lo, len);
+    int pieces = 0;
+    for (uint64_t at = 0; at < len; at += p->slice, pieces++) {
+        row_piece(p->slices + (size_t)p->n_slices * ROW_WORDS, row, lo + at, len - at < p->slice ? len - at : p->slice);
+        p->run_of[p->n_slices++] = p->n_runs;
+    }
+    p->slices_left[p->n_runs++] = pieces;
+}
+/* Cut the rows into runs and slices: 0, or -1 when there is no memory (all freed). */
+static int cut(struct plan *p, int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes) {
+    memset(p, 0, sizeof *p);
+    p->arrays = arrays, p->slice = step_of(slice_bytes);
+    const int runs = hostcopy_dmas(n_arrays, arrays, slice_bytes, dma_bytes);
+    uint64_t slices = 0;
+    for (int a = 0; a < n_arrays; a++) slices += (arrays[a * ROW_WORDS + ROW_LEN] + p->slice - 1) / p->slice;
+    slices += (uint64_t)runs;      /* a run's last slice may be short: at most one more slice a run */
+    p->runs = malloc(((size_t)runs + 1) * ROW_WORDS * sizeof(uint64_t));
+    p->slices = malloc(((size_t)slices + 1) * ROW_WORDS * sizeof(uint64_t));
+    p->run_of = malloc(((size_t)slices + 1) * sizeof(int));
+    p->slices_left = malloc(((size_t)runs + 1) * sizeof(int));
+    if (!p->runs || !p->slices || !p->run_of || !p->slices_left) {
+        free(p->runs), free(p->slices), free(p->run_of), free(p->slices_left);
         return -1;
     }
+    cut_runs(n_arrays, arrays, slice_bytes, dma_bytes, add_run, p);
+    return 0;
+}
+static void release(struct plan *p) {
+    free(p->runs), free(p->slices), free(p->run_of), free(p->slices_left);
+}
+/* Stage n_arrays arrays (rows of ROW_WORDS words): each is written to pinned host memory, copied or narrowed as its
+ * kind says, by the worker threads in slices of slice_bytes taken in order, and sent to the device by htod on stream
+ * in runs of whole slices (cut_runs: from one slice up to dma_bytes), each run's DMA queued by the calling thread as
+ * soon as its last slice is in. threads: the workers that copy. Returns 0; -1 when no worker thread could start or
+ * there was no memory (nothing was copied); or the driver's error code from the first DMA that failed (the copies
+ * still finish before the return, so the pinned buffers are free). */
+int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes, int threads,
+                   htod_fn htod, void *stream) {
+    pthread_once(&fork_handlers, add_fork_handlers);
+    struct plan p;
+    if (cut(&p, n_arrays, arrays, slice_bytes, dma_bytes)) return -1;
+    if (p.n_slices == 0) {
+        release(&p);
+        return 0;
+    }
+    atomic_int *left = malloc((size_t)p.n_runs * sizeof(atomic_int));
+    char *queued = calloc((size_t)p.n_runs, 1);
+    if (!left || !queued) {
+        free(left), free(queued), release(&p);
+        return -1;
+    }
+    for (int r = 0; r < p.n_runs; r++) atomic_init(&left[r], p.slices_left[r]);
     pthread_mutex_lock(&call_lock);
     pthread_mutex_lock(&mu);
     int have = ensure_workers(threads < 1 ? 1 : threads);
     if (have == 0) {
         pthread_mutex_unlock(&mu);
         pthread_mutex_unlock(&call_lock);
-        free(ready);
-        free(chunks);
+        free(left), free(queued), release(&p);
         return -1;
     }
 #if defined(__x86_64__)
     use_avx2 = __builtin_cpu_supports("avx2");
 #endif
-    j_chunks = chunks, j_n = n, j_ready = ready;
+    j_slices = p.slices, j_run_of = p.run_of, j_n = p.n_slices, j_left = left;
     atomic_store(&j_next, 0);
     busy = have;
     active = threads < have ? (threads < 1 ? 1 : threads) : have;
     generation++;
     pthread_cond_broadcast(&go);
     pthread_mutex_unlock(&mu);
-
-    /* Each chunk's DMA is queued as soon as it lands, in whatever order they land: a slow chunk holds up
-     * only its own DMA. The order of DMAs on the stream does not matter: the plan's kernels come after all. */
+    /* Each run's DMA is queued as soon as its slices are in, in whatever order runs complete: a slow slice holds up
+     * only its own run. The order of DMAs on the stream does not matter: the plan's kernels come after all. */
     int err = 0, first = 0;
-    for (int left = n; left > 0;) {
+    for (int todo = p.n_runs; todo > 0;) {
         int found = 0;
-        for (int c = first; c < n; c++) {
-            if (atomic_load_explicit(&ready[c], memory_order_acquire) != 1) continue;
-            atomic_store_explicit(&ready[c], 2, memory_order_relaxed);   /* queued */
-            const uint64_t *k = chunks + (size_t)c * ROW_WORDS;
+        for (int r = first; r < p.n_runs; r++) {
+            if (queued[r] || atomic_load_explicit(&left[r], memory_order_acquire) != 0) continue;
+            queued[r] = 1;
+            const uint64_t *k = p.runs + (size_t)r * ROW_WORDS;
             if (!err) err = htod(k[ROW_DEV], (const void *)(uintptr_t)k[ROW_PIN], (size_t)k[ROW_LEN], stream);
-            left--, found = 1;
+            todo--, found = 1;
         }
-        while (first < n && atomic_load_explicit(&ready[first], memory_order_relaxed) == 2) first++;
+        while (first < p.n_runs && queued[first]) first++;
 #if defined(__x86_64__)
         if (!found) _mm_pause();
 #endif
@@ -281,17 +335,15 @@ int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t chunk_bytes, i
     while (busy) pthread_cond_wait(&idle, &mu);
     pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&call_lock);
-    free(ready);
-    free(chunks);
+    free(left), free(queued), release(&p);
     return err;
 }
-
-/* For the tests, with no GPU: the same chunked copy, no DMA. */
+/* For the tests, with no GPU: the same sliced copy, no DMA. */
 static int no_dma(uint64_t dst, const void *src, size_t n, void *stream) {
     (void)dst, (void)src, (void)n, (void)stream;
     return 0;
 }
 
-int hostcopy_copy(int n_arrays, const uint64_t *arrays, uint64_t chunk_bytes, int threads) {
-    return hostcopy_stage(n_arrays, arrays, chunk_bytes, threads, no_dma, NULL);
+int hostcopy_copy(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes, int threads) {
+    return hostcopy_stage(n_arrays, arrays, slice_bytes, dma_bytes, threads, no_dma, NULL);
 }

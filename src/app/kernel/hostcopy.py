@@ -72,19 +72,19 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(lib_path))
     except OSError as exc:
         return None, f"the compiled host copy {lib_path} did not load ({exc})"
-    lib.hostcopy_stage.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p,
-                                   ctypes.c_void_p]
+    lib.hostcopy_stage.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int,
+                                   ctypes.c_void_p, ctypes.c_void_p]
     lib.hostcopy_stage.restype = ctypes.c_int
-    lib.hostcopy_copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
+    lib.hostcopy_copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
     lib.hostcopy_copy.restype = ctypes.c_int
-    lib.hostcopy_chunks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64]
-    lib.hostcopy_chunks.restype = ctypes.c_int
+    lib.hostcopy_dmas.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
+    lib.hostcopy_dmas.restype = ctypes.c_int
     return lib, f"compiled with {Path(cc).name}"
 
 
 @functools.lru_cache(maxsize=1)
 def driver_htod() -> int | None:
-    """The address of the CUDA driver's cuMemcpyHtoDAsync_v2, which the library calls for each chunk."""
+    """The address of the CUDA driver's cuMemcpyHtoDAsync_v2, which the library calls for each DMA."""
     try:
         return ctypes.cast(ctypes.CDLL("libcuda.so.1").cuMemcpyHtoDAsync_v2, ctypes.c_void_p).value
     except (OSError, AttributeError):
@@ -97,7 +97,7 @@ BYTES, NARROW_I64 = 0, 1     # an array's kinds (hostcopy.c): copy its bytes, or
 def row_of(src: np.ndarray, pinned: np.ndarray, dev_ptr: int) -> tuple | None:
     """The library's row for one array, ``(source address, pinned address, device address, bytes written,
     kind)``, for a C-contiguous source with the pinned array's dtype, or int64 into int32; None for any other
-    pair (numpy copies it). The library cuts the rows into chunks."""
+    pair (numpy copies it). The library cuts the rows into slices and DMAs."""
     if not src.flags.c_contiguous or src.shape != pinned.shape:
         return None
     if src.dtype == pinned.dtype:
@@ -117,19 +117,22 @@ def _table(rows: list[tuple]) -> array.array:
     return array.array("Q", itertools.chain.from_iterable(rows))
 
 
-def stage(lib, rows: list[tuple], chunk_bytes: int, threads: int, htod: int, stream_ptr: int) -> tuple[int, int]:
-    """Write the arrays (``row_of``) into pinned memory in chunks of ``chunk_bytes`` on ``threads`` threads and
-    queue each chunk's DMA on the stream as soon as it is in. Returns 0, NOT_STARTED, or the driver's error
-    code (every copy has finished by then), and the number of chunks, each a DMA of its own. The
-    interpreter's lock is released throughout."""
+def stage(lib, rows: list[tuple], slice_bytes: int, dma_bytes: int, threads: int, htod: int,
+          stream_ptr: int) -> tuple[int, int]:
+    """Write the arrays (``row_of``) into pinned memory on ``threads`` threads, in slices of ``slice_bytes`` taken
+    in order, and send them to the device in DMAs of whole slices, from one slice for the first up to
+    ``dma_bytes``, each queued on the stream as soon as its slices are in. Returns 0, NOT_STARTED, or the
+    driver's error code (every copy has finished by then), and the number of DMAs. The interpreter's lock is
+    released throughout."""
     table = _table(rows)
     address = table.buffer_info()[0]
-    err = lib.hostcopy_stage(len(rows), address, chunk_bytes, threads, htod, stream_ptr)
-    return err, lib.hostcopy_chunks(len(rows), address, chunk_bytes)
+    err = lib.hostcopy_stage(len(rows), address, slice_bytes, dma_bytes, threads, htod, stream_ptr)
+    return err, lib.hostcopy_dmas(len(rows), address, slice_bytes, dma_bytes)
 
 
-def copy(lib, pairs: list[tuple[np.ndarray, np.ndarray]], chunk_bytes: int, threads: int) -> int:
-    """The same chunked writes without a DMA, host array into host array (for tests)."""
+def copy(lib, pairs: list[tuple[np.ndarray, np.ndarray]], slice_bytes: int, threads: int,
+         dma_bytes: int | None = None) -> int:
+    """The same sliced writes without a DMA, host array into host array (for tests)."""
     rows = []
     for src, dst in pairs:
         row = row_of(src, dst, 0)
@@ -137,4 +140,4 @@ def copy(lib, pairs: list[tuple[np.ndarray, np.ndarray]], chunk_bytes: int, thre
         rows.append(row)
     # No device address: the copy stops at the pinned side.
     table = _table(rows)
-    return lib.hostcopy_copy(len(rows), table.buffer_info()[0], chunk_bytes, threads)
+    return lib.hostcopy_copy(len(rows), table.buffer_info()[0], slice_bytes, dma_bytes or 4 * slice_bytes, threads)

@@ -76,6 +76,24 @@ def test_grid_squares_with_holes_and_multipolygons(device, predicate, version):
     assert ((corner, 0) in pairs) == (predicate == "intersects")
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_result_columns_are_int32_from_the_plan_and_the_api(device, version):
+    """Indices stay under 2^31 (the plan refuses more points or vertices), so the result is two int32 columns:
+    half the bytes of int64 to write and to copy back. The plan's own output is checked, not only the API's."""
+    from app.kernel.plan import get_plan_class
+    from app.runtime.execute import run_once
+
+    plan = get_plan_class("join", version)({"points": 2_000, "polygons": 200})
+    inp = plan.make_inputs()
+    pt, poly = run_once(plan, inp, device)
+    assert pt.dtype == poly.dtype == np.int32 and len(pt) > 0
+    assert plan.verify(inp, (pt, poly))["matches"]
+    # A point shapely cannot use (NaN) is left out of the run: its index mapping keeps the dtype.
+    got = spatial_join(np.array([[np.nan, 0.0], [0.5, 0.5]]), [shapely.box(0, 0, 1, 1)], device=device, version=version)
+    assert got[0].dtype == got[1].dtype == np.int32 and got[0].tolist() == [1] and got[1].tolist() == [0]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_inputs(device):
     polys = np.array([shapely.box(0, 0, 1, 1)], dtype=object)

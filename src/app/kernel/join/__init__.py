@@ -9,7 +9,8 @@ from app.kernel.join.plan import PREDICATES, JoinInputs, JoinV1, JoinV2, JoinV3,
 
 def spatial_join(points, polygons, predicate: str = "within", device: str = "auto", version: str | None = None,
                  make_valid: bool = False):
-    """(point_index, polygon_index) int64 arrays, sorted by point then polygon.
+    """(point_index, polygon_index) int32 arrays, sorted by point then polygon. int32 because the plan refuses
+    2^31 points or vertices: half the bytes of int64 to write on the GPU and to copy back.
 
     ``points``: (N, 2) floats or shapely Points. A point that is None, empty, NaN
     or infinite keeps its index and matches nothing (as in shapely).
@@ -29,7 +30,7 @@ def spatial_join(points, polygons, predicate: str = "within", device: str = "aut
     inputs = JoinInputs(xy, polygons_from_shapely(polygons, make_valid=make_valid), predicate)
     plan = get_plan_class("join", version)()
     pt, poly = run_once(plan, inputs, device)
-    pt = np.asarray(pt, dtype=np.int64)
+    pt = np.asarray(pt, dtype=np.int32)
     # Unusable points were left out of the run: map positions back to the caller's indices
     # (monotone, so the output stays sorted by point then polygon).
-    return (kept[pt] if kept is not None else pt), np.asarray(poly, dtype=np.int64)
+    return (kept[pt].astype(np.int32) if kept is not None else pt), np.asarray(poly, dtype=np.int32)

@@ -110,5 +110,5 @@ class JoinCPU:
 
     def output_sort(self, state, st, tiling):
         keys = np.sort((state["hit_pt"].astype(np.int64) << 32) | state["hit_poly"].astype(np.int64))
-        state["output"] = (keys >> 32, keys & 0xFFFFFFFF)
+        state["output"] = ((keys >> 32).astype(np.int32), (keys & 0xFFFFFFFF).astype(np.int32))   # as the GPU's
         st.rows_in = st.rows_out = len(keys)

@@ -172,23 +172,23 @@ refine(const double2* pts, const double2* coords, const int* ring_off, const int
 // this stage while refine still runs, and one read at the end sizes the result.
 // refine counted each point's hits and ranked them; the scan of those counts gives each point's start.
 extern "C" __global__ void pair_scatter(const unsigned long long* hits, const unsigned long long* n_hits,
-                                        const int* slot, const long long* start, long long* out_pt,
-                                        long long* out_poly) {
+                                        const int* slot, const long long* start, int* out_pt, int* out_poly) {
     long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (h >= (long long)*n_hits) return;
-    long long p = (long long)(hits[h] >> 32);
+    int p = (int)(hits[h] >> 32);
     long long pos = start[p] + slot[h];
     out_pt[pos] = p;
-    out_poly[pos] = (long long)(hits[h] & 0xffffffffull);
+    out_poly[pos] = (int)(hits[h] & 0xffffffffull);
 }
 
 // A point lies in few polygons: insertion sort of its short segment is cheapest.
-extern "C" __global__ void segment_sort(const long long* start, long long N, long long* out_poly) {
+extern "C" __global__ void segment_sort(const long long* start, long long N, int* out_poly) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= N) return;
     long long s = start[i], e = start[i + 1];
     for (long long a = s + 1; a < e; ++a) {
-        long long v = out_poly[a], b = a - 1;
+        int v = out_poly[a];
+        long long b = a - 1;
         while (b >= s && out_poly[b] > v) { out_poly[b + 1] = out_poly[b]; --b; }
         out_poly[b + 1] = v;
     }

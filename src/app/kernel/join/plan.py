@@ -101,8 +101,8 @@ class JoinV1(KernelPlan):
                         note="pairs in, every coordinate and point once, hits and their ranks by point out; "
                              "7 flops per edge test")
         if stage == "output_sort":
-            return Cost(rows_in * (8 + 4 + 16) + n * 12,
-                        note="read hit keys and ranks, write two int64 columns, scan per-point counts")
+            return Cost(rows_in * (8 + 4 + 8) + n * 12,
+                        note="read hit keys and ranks, write two int32 columns, scan per-point counts")
         raise KeyError(stage)
 
     def verify(self, inputs: JoinInputs, output) -> dict:
