@@ -94,7 +94,7 @@ def test_dmas_are_counted_as_the_library_cuts_them():
 
 
 @pytest.mark.parametrize("threads", [1, 3, 16])
-def test_each_dma_sends_whole_written_slices_in_theexpected_dmas(threads):
+def test_each_dma_sends_whole_written_slices_in_the_ramp(threads):
     """The DMA function is called once per run of slices, only once every byte of the run is in pinned memory,
     and the runs tile each array in the ramp's sizes. The test's own function stands in for the driver's: it
     checks the run's bytes at the moment its DMA is queued."""

@@ -199,6 +199,7 @@ static int ensure_workers(int want) {
 static uint64_t step_of(uint64_t bytes) {
     return bytes < 16 ? 8 : bytes - bytes % 8;
 }
+
 /* The DMAs (runs): each array cut in order, the k-th run of the call min(dma_bytes, slice_bytes << k) bytes long
  * (an array's last run shorter). The first runs are small so that the link starts after one slice, not after a
  * full DMA's worth; the later ones are large because each DMA costs ~2.5 us of the copy engine's time over its
@@ -220,18 +221,22 @@ static int cut_runs(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, 
     }
     return runs;
 }
+
 /* How many DMAs the arrays' rows are sent in. */
 int hostcopy_dmas(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes) {
     return cut_runs(n_arrays, arrays, slice_bytes, dma_bytes, NULL, NULL);
 }
-/* The call's tables: runs (ROW_WORDS a run), slices (ROW_WORDS a slice) and each slice's run. */
-struct plan {
+
+/* A call's pieces: its runs (ROW_WORDS a run), its slices (ROW_WORDS a slice), each slice's run and each
+ * run's count of slices. */
+struct pieces {
     const uint64_t *arrays;
     uint64_t slice;
     uint64_t *runs, *slices;
-    int *run_of, *slices_left;
+    int *run_of, *slices_in_run;
     int n_runs, n_slices;
 };
+
 static void row_piece(uint64_t *k, const uint64_t *row, uint64_t lo, uint64_t len) {
     const uint64_t ratio = row[ROW_KIND] == HOSTCOPY_NARROW_I64 ? 2 : 1;   /* source bytes per byte written */
     k[ROW_SRC] = row[ROW_SRC] + lo * ratio;
@@ -240,19 +245,25 @@ static void row_piece(uint64_t *k, const uint64_t *row, uint64_t lo, uint64_t le
     k[ROW_LEN] = len;
     k[ROW_KIND] = row[ROW_KIND];
 }
+
 static void add_run(void *ctx, int a, uint64_t lo, uint64_t len) {
-    struct plan *p = ctx;
+    struct pieces *p = ctx;
     const uint64_t *row = p->arrays + a * ROW_WORDS;
     row_piece(p->runs + (size_t)p->n_runs * ROW_WORDS, row, lo, len);
-    int pieces = 0;
-    for (uint64_t at = 0; at < len; at += p->slice, pieces++) {
+    int count = 0;
+    for (uint64_t at = 0; at < len; at += p->slice, count++) {
         row_piece(p->slices + (size_t)p->n_slices * ROW_WORDS, row, lo + at, len - at < p->slice ? len - at : p->slice);
         p->run_of[p->n_slices++] = p->n_runs;
     }
-    p->slices_left[p->n_runs++] = pieces;
+    p->slices_in_run[p->n_runs++] = count;
 }
+
+static void release_pieces(struct pieces *p) {
+    free(p->runs), free(p->slices), free(p->run_of), free(p->slices_in_run);
+}
+
 /* Cut the rows into runs and slices: 0, or -1 when there is no memory (all freed). */
-static int cut(struct plan *p, int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes) {
+static int cut_pieces(struct pieces *p, int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes) {
     memset(p, 0, sizeof *p);
     p->arrays = arrays, p->slice = step_of(slice_bytes);
     const int runs = hostcopy_dmas(n_arrays, arrays, slice_bytes, dma_bytes);
@@ -262,17 +273,15 @@ static int cut(struct plan *p, int n_arrays, const uint64_t *arrays, uint64_t sl
     p->runs = malloc(((size_t)runs + 1) * ROW_WORDS * sizeof(uint64_t));
     p->slices = malloc(((size_t)slices + 1) * ROW_WORDS * sizeof(uint64_t));
     p->run_of = malloc(((size_t)slices + 1) * sizeof(int));
-    p->slices_left = malloc(((size_t)runs + 1) * sizeof(int));
-    if (!p->runs || !p->slices || !p->run_of || !p->slices_left) {
-        free(p->runs), free(p->slices), free(p->run_of), free(p->slices_left);
+    p->slices_in_run = malloc(((size_t)runs + 1) * sizeof(int));
+    if (!p->runs || !p->slices || !p->run_of || !p->slices_in_run) {
+        release_pieces(p);
         return -1;
     }
     cut_runs(n_arrays, arrays, slice_bytes, dma_bytes, add_run, p);
     return 0;
 }
-static void release(struct plan *p) {
-    free(p->runs), free(p->slices), free(p->run_of), free(p->slices_left);
-}
+
 /* Stage n_arrays arrays (rows of ROW_WORDS words): each is written to pinned host memory, copied or narrowed as its
  * kind says, by the worker threads in slices of slice_bytes taken in order, and sent to the device by htod on stream
  * in runs of whole slices (cut_runs: from one slice up to dma_bytes), each run's DMA queued by the calling thread as
@@ -282,26 +291,26 @@ static void release(struct plan *p) {
 int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes, int threads,
                    htod_fn htod, void *stream) {
     pthread_once(&fork_handlers, add_fork_handlers);
-    struct plan p;
-    if (cut(&p, n_arrays, arrays, slice_bytes, dma_bytes)) return -1;
+    struct pieces p;
+    if (cut_pieces(&p, n_arrays, arrays, slice_bytes, dma_bytes)) return -1;
     if (p.n_slices == 0) {
-        release(&p);
+        release_pieces(&p);
         return 0;
     }
     atomic_int *left = malloc((size_t)p.n_runs * sizeof(atomic_int));
     char *queued = calloc((size_t)p.n_runs, 1);
     if (!left || !queued) {
-        free(left), free(queued), release(&p);
+        free(left), free(queued), release_pieces(&p);
         return -1;
     }
-    for (int r = 0; r < p.n_runs; r++) atomic_init(&left[r], p.slices_left[r]);
+    for (int r = 0; r < p.n_runs; r++) atomic_init(&left[r], p.slices_in_run[r]);
     pthread_mutex_lock(&call_lock);
     pthread_mutex_lock(&mu);
     int have = ensure_workers(threads < 1 ? 1 : threads);
     if (have == 0) {
         pthread_mutex_unlock(&mu);
         pthread_mutex_unlock(&call_lock);
-        free(left), free(queued), release(&p);
+        free(left), free(queued), release_pieces(&p);
         return -1;
     }
 #if defined(__x86_64__)
@@ -335,7 +344,7 @@ int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, u
     while (busy) pthread_cond_wait(&idle, &mu);
     pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&call_lock);
-    free(left), free(queued), release(&p);
+    free(left), free(queued), release_pieces(&p);
     return err;
 }
 /* For the tests, with no GPU: the same sliced copy, no DMA. */

@@ -57,8 +57,8 @@ from app.errors import AppError
 from app.kernel import hostcopy
 
 CHUNK_BYTES = 4 << 20        # numpy copies: measured best on an H200 node against 256 KiB and 1 MiB (more hand-offs)
-# The compiled copy's threads take SLICE_BYTES at a time, in order, and the DMAs send whole slices: the first one
-# slice, each next one twice the last, up to DMA_BYTES. A first DMA of one slice starts the link after a slice's
+# The compiled copy's threads take COMPILED_SLICE_BYTES at a time, in order, and the DMAs send whole slices: the
+# first one slice, each next one twice the last, up to COMPILED_DMA_BYTES. A first DMA of one slice starts the link after a slice's
 # copy instead of a full DMA's (a thread copies ~9 GB/s: 1 MiB took ~115 us), and the later DMAs stay large
 # because each costs ~2.5 us of the copy engine's time beyond its bytes'.
 COMPILED_SLICE_BYTES = 128 << 10
