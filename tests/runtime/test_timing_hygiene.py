@@ -147,6 +147,33 @@ def test_overhead_is_the_median_difference_of_interleaved_pairs():
     out = timing.instrumentation_overhead(_fake([1.1] * 10), _fake([1.0] * 10), _NoFlush(), pairs=10)
     assert out["overhead_fraction"] == pytest.approx(0.1) and out["pairs"] == 10
     assert out["stopped"] == "count" and out["target_ci"] is None
+    assert out["extra_marks"] == 0 and out["per_mark_seconds"] is None      # records that count no marks
+
+
+def test_the_overhead_is_also_given_a_mark_from_the_runs_own_count_of_marks():
+    """A real plan's recorder: the marked run records one mark a stage boundary (the first stage starts at the
+    run's mark, the last one's end is the run's), the bare one two, so the cost a mark is the median difference
+    over the stages less one."""
+    import numpy as np
+
+    from app.kernel.plan import get_plan_class
+    from app.runtime.device import select
+    from app.runtime.execute import backend_for
+    from app.runtime.nvtx import Nvtx
+    from app.runtime.recorder import Recorder
+
+    plan = get_plan_class("join", "v4")({"points": 2_000, "polygons": 200})
+    inputs = plan.make_inputs()
+    backend, _ = backend_for(plan, select("cpu"))
+    marked, bare = (Recorder("cpu", np, Nvtx(False, "join"), per_stage=p) for p in (True, False))
+    _, rec = marked.run(plan, inputs, backend)
+    assert (rec.marks, bare.run(plan, inputs, backend)[1].marks) == (len(rec.stages) + 1, 2)
+    out = timing.instrumentation_overhead(lambda: marked.run(plan, inputs, backend),
+                                          lambda: bare.run(plan, inputs, backend), _NoFlush(), pairs=5)
+    assert out["extra_marks"] == len(plan.stages) - 1 == 5
+    fake = timing.instrumentation_overhead(lambda: (None, RunRecord([], 1.1, 1.1, 7)),
+                                           lambda: (None, RunRecord([], 1.0, 1.0, 2)), _NoFlush(), pairs=4)
+    assert fake["extra_marks"] == 5 and fake["per_mark_seconds"] == pytest.approx(0.02)
 
 
 def test_gpu_overhead_pairs_go_on_until_the_interval_is_narrow_or_time_runs_out(monkeypatch):
@@ -215,6 +242,7 @@ def test_cpu_profile_records_how_it_was_timed(tmp_path):
     tm = json.loads((d / "trace.json").read_text())["timing"]
     assert tm["stopped_by"]["rule"] in ("ci", "budget") and tm["timed_runs"] >= timing.AUTO_MIN_RUNS
     assert tm["l2"]["mode"] == "n/a" and tm["instrumentation"]["pairs"] == timing.OVERHEAD_PAIRS_CPU
+    assert tm["instrumentation"]["extra_marks"] == 5     # six stages: five boundaries the bare plan does not mark
     assert tm["graph"]["capturable"] is False and tm["total"]["median_ci95"][0] <= tm["total"]["median"]
     report = (d / "report.md").read_text()
     assert tm["end_to_end"]["runs"] >= 3 and tm["end_to_end"]["median"] > 0
@@ -225,6 +253,7 @@ def test_cpu_profile_records_how_it_was_timed(tmp_path):
                                         and warm["seconds"] >= timing.WARMUP_MIN_SECONDS)
     assert tm["drift"]["checked"] is (tm["timed_runs"] >= timing.DRIFT_MIN_RUNS)
     for row in ("--bench_runs auto stopped by", "L2 between timed runs", "instrumentation overhead",
+                "marks the bare plan does not record",
                 "end to end, host arrays in and out", "drift over the timed runs", f"{warm['runs']} warm-up (",
                 "CUDA graph", "95% interval of the median", "outlier runs"):
         assert row in report, row

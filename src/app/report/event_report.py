@@ -148,8 +148,11 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         within = f", 95% interval {fmt(100 * ci[0], 2, '%')} to {fmt(100 * ci[1], 2, '%')}" if ci else ""
         # Traces made before the paired estimate carry no interval: theirs was a difference of medians.
         how = "median difference of" if ci else "difference of the medians of"
+        # Traces before the count of marks carry none.
+        each = (f"; about {us(ins['per_mark_seconds'])} us for each of the {ins['extra_marks']} marks the bare plan "
+                "does not record" if ins.get("per_mark_seconds") is not None else "")
         rows.append(["instrumentation overhead (per-stage marks)",
-                     f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within} "
+                     f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within}{each} "
                      f"({us(ins['bare_median_seconds'])} us bare vs {us(ins['instrumented_median_seconds'])} us; "
                      f"{how} {ins['pairs']} interleaved pairs{_pairs_stop(ins)})"])
     if timing.get("graph"):

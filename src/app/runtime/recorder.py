@@ -238,6 +238,7 @@ class RunRecord:
     stages: list[dict]
     total_seconds: float        # clock marks around the whole run
     wall_seconds: float         # host monotonic clock, including the final synchronisation
+    marks: int = 0              # clock marks the run recorded (CUDA events on the GPU)
 
     @property
     def stage_sum(self) -> float:
@@ -304,7 +305,9 @@ class Recorder:
         # Tiled, the run's time is its stages' (t0 to t1 in steps): summed in the order stage_sum sums them,
         # so the time no stage covers is exactly zero, not a rounding residue of either sign.
         total = sum(s["seconds"] for s in stages) if tiled else self.clock.seconds(t0, t1)
-        return output, RunRecord(stages, total, wall)
+        # The run's first mark, one a stage, and the run's own end mark unless the last stage's is the end.
+        marks = 1 + len(self._marks) + (0 if tiled else 1)
+        return output, RunRecord(stages, total, wall, marks)
 
     def _ends_at_last_stage(self, plan) -> bool:
         """Whether the run's end is its last stage's end mark. KernelPlan.run returns its last stage's output

@@ -203,6 +203,7 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
     past ``pairs``, within the budget and up to OVERHEAD_MAX_PAIRS, until the interval's half-width is at
     most that fraction of the bare run; ``stopped`` says which rule ended them."""
     marked, bare = [], []
+    marks = {"marked": 0, "bare": 0}          # clock marks a run of each side records
     t0 = time.monotonic()
     limit = max(pairs, OVERHEAD_MAX_PAIRS) if target_ci else pairs
     for i in range(limit):
@@ -214,15 +215,20 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
             break
         if progress:
             progress.update(f"instrumentation overhead, pair {i + 1}")
-        for side in ((run_instrumented, marked), (run_bare, bare))[::1 if i % 2 == 0 else -1]:
+        for run, times, name in ((run_instrumented, marked, "marked"), (run_bare, bare, "bare"))[::1 if i % 2 == 0 else -1]:
             flush()
-            side[1].append(side[0]()[1].total_seconds)
+            record = run()[1]
+            times.append(record.total_seconds)
+            marks[name] = record.marks
     else:
         stopped = "max_pairs" if target_ci else "count"
     b = statistics.median(bare)
     diffs = [m - x for m, x in zip(marked, bare)]
     lo, hi = median_interval(diffs)
+    # The same cost a mark, for plans of other lengths: the percentage shrinks as the plan grows, a mark's does not.
+    extra = marks["marked"] - marks["bare"]
     return {"pairs": len(marked), "instrumented_median_seconds": statistics.median(marked), "bare_median_seconds": b,
+            "extra_marks": extra, "per_mark_seconds": statistics.median(diffs) / extra if extra > 0 else None,
             "overhead_fraction": statistics.median(diffs) / b if b > 0 else 0.0,
             "overhead_ci95": [lo / b, hi / b] if b > 0 else [0.0, 0.0],
             "stopped": stopped, "target_ci": target_ci,
