@@ -114,9 +114,9 @@ def test_the_report_says_why_the_overhead_pairs_stopped():
     assert "stopped" not in v3["timing"]["instrumentation"]           # captured before the rule: nothing said
     row = next(line for line in build_report(v3, params, roof, None).splitlines() if "instrumentation overhead" in line)
     assert "interleaved pairs)" in row and "stopped" not in row and "for each of" not in row   # nor a mark's cost
-    v3["timing"]["instrumentation"] |= {"extra_marks": 5, "per_mark_seconds": 3.1e-6}
-    assert "; about 3.1 us for each of the 5 marks the bare plan does not record (" in build_report(v3, params, roof,
-                                                                                                  None)
+    v3["timing"]["instrumentation"] |= {"extra_marks": 5, "per_mark_seconds": 3.1e-6, "per_mark_ci95": [-1e-6, 6.2e-6]}
+    assert ("; 3.1 us a mark (95% interval -1.0 to 6.2 us) for the 5 marks the bare plan does not record ("
+            in build_report(v3, params, roof, None))
     for stop, text in (("interval", "stopped once the interval was within +-0.5%"),
                        ("budget", "stopped by the time budget, short of the +-0.5% interval aimed at"),
                        ("max_pairs", "stopped at the most pairs allowed, short of the +-0.5% interval")):

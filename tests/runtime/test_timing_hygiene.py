@@ -147,7 +147,7 @@ def test_overhead_is_the_median_difference_of_interleaved_pairs():
     out = timing.instrumentation_overhead(_fake([1.1] * 10), _fake([1.0] * 10), _NoFlush(), pairs=10)
     assert out["overhead_fraction"] == pytest.approx(0.1) and out["pairs"] == 10
     assert out["stopped"] == "count" and out["target_ci"] is None
-    assert out["extra_marks"] == 0 and out["per_mark_seconds"] is None      # records that count no marks
+    assert out["extra_marks"] == 0 and out["per_mark_seconds"] is out["per_mark_ci95"] is None   # no marks counted
 
 
 def test_the_overhead_is_also_given_a_mark_from_the_runs_own_count_of_marks():
@@ -174,6 +174,7 @@ def test_the_overhead_is_also_given_a_mark_from_the_runs_own_count_of_marks():
     fake = timing.instrumentation_overhead(lambda: (None, RunRecord([], 1.1, 1.1, 7)),
                                            lambda: (None, RunRecord([], 1.0, 1.0, 2)), _NoFlush(), pairs=4)
     assert fake["extra_marks"] == 5 and fake["per_mark_seconds"] == pytest.approx(0.02)
+    assert fake["per_mark_ci95"] == pytest.approx([0.02, 0.02])
 
 
 def test_gpu_overhead_pairs_go_on_until_the_interval_is_narrow_or_time_runs_out(monkeypatch):

@@ -148,9 +148,14 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         within = f", 95% interval {fmt(100 * ci[0], 2, '%')} to {fmt(100 * ci[1], 2, '%')}" if ci else ""
         # Traces made before the paired estimate carry no interval: theirs was a difference of medians.
         how = "median difference of" if ci else "difference of the medians of"
+        # A mark's cost, with its interval: on the CPU a mark is a clock read, and the pairs' noise can dwarf it.
         # Traces before the count of marks carry none.
-        each = (f"; about {us(ins['per_mark_seconds'])} us for each of the {ins['extra_marks']} marks the bare plan "
-                "does not record" if ins.get("per_mark_seconds") is not None else "")
+        each = ""
+        if ins.get("per_mark_seconds") is not None:
+            lo_m, hi_m = ins.get("per_mark_ci95") or (None, None)
+            each = (f"; {us(ins['per_mark_seconds'])} us a mark" +
+                    (f" (95% interval {us(lo_m)} to {us(hi_m)} us)" if lo_m is not None else "") +
+                    f" for the {ins['extra_marks']} marks the bare plan does not record")
         rows.append(["instrumentation overhead (per-stage marks)",
                      f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within}{each} "
                      f"({us(ins['bare_median_seconds'])} us bare vs {us(ins['instrumented_median_seconds'])} us; "

@@ -229,6 +229,7 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
     extra = marks["marked"] - marks["bare"]
     return {"pairs": len(marked), "instrumented_median_seconds": statistics.median(marked), "bare_median_seconds": b,
             "extra_marks": extra, "per_mark_seconds": statistics.median(diffs) / extra if extra > 0 else None,
+            "per_mark_ci95": [lo / extra, hi / extra] if extra > 0 else None,
             "overhead_fraction": statistics.median(diffs) / b if b > 0 else 0.0,
             "overhead_ci95": [lo / b, hi / b] if b > 0 else [0.0, 0.0],
             "stopped": stopped, "target_ci": target_ci,
