@@ -258,3 +258,20 @@ def test_an_edge_cut_many_times_and_one_shared_in_many_pieces_sort_exactly(devic
     right = np.array([_comb(n_teeth), shapely.Polygon(shared), shapely.box(301, 1, 303, 3)], dtype=object)
     got = assert_matches_shapely(left, right, device, version)
     assert sorted(np.asarray(got[2]).round(9).tolist()) == [1.0, 0.2 * 0.5 * n_teeth, 50.0]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_result_is_int32_indices_and_float64_areas_from_the_plan_and_the_api(device, version):
+    """As the join's: indices stay under 2^31 (the plan refuses more vertices), so they are int32, 16 bytes a row
+    to write and to copy back. The plan's own output is checked, not only the API's."""
+    from app.kernel.plan import get_plan_class
+    from app.runtime.execute import run_once
+
+    plan = get_plan_class("overlay", version)({"left": 300, "right": 300})
+    inp = plan.make_inputs()
+    out = run_once(plan, inp, device)
+    assert [c.dtype for c in out] == [np.int32, np.int32, np.float64] and len(out[0]) > 0
+    assert plan.verify(inp, out)["matches"]
+    got = overlay_areas([shapely.box(0, 0, 2, 2)], [shapely.box(1, 1, 3, 3)], device=device, version=version)
+    assert [c.dtype for c in got] == [np.int32, np.int32, np.float64] and got[2].tolist() == [1.0]

@@ -8,7 +8,8 @@ from app.kernel.overlay.plan import OverlayInputs, OverlayV1, OverlayV2, Overlay
 
 
 def overlay_areas(left, right, device: str = "auto", version: str | None = None, make_valid: bool = False):
-    """(a_index, b_index, area) for every pair whose intersection has positive area, sorted by (a, b).
+    """(a_index, b_index, area) for every pair whose intersection has positive area, sorted by (a, b): int32
+    indices (as the join's) and float64 areas.
 
     ``left`` and ``right`` are shapely Polygons/MultiPolygons (holes allowed); the
     areas equal ``shapely.intersection(a, b).area`` within 1e-9 of the larger area.
@@ -23,4 +24,4 @@ def overlay_areas(left, right, device: str = "auto", version: str | None = None,
                            polygons_from_shapely(right, make_valid=make_valid))
     plan = get_plan_class("overlay", version)()
     a, b, area = run_once(plan, inputs, device)
-    return np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64), np.asarray(area, dtype=np.float64)
+    return np.asarray(a, dtype=np.int32), np.asarray(b, dtype=np.int32), np.asarray(area, dtype=np.float64)

@@ -230,7 +230,7 @@ class OverlayCPU:
             fragments, kept, pip_tests = fragments + nfrag, kept + nkept, pip_tests + ntests
         area = 0.5 * area2
         pos = area > 0
-        state["output"] = (pa[pos].astype(np.int64), pb[pos].astype(np.int64), area[pos])
+        state["output"] = (pa[pos].astype(np.int32), pb[pos].astype(np.int32), area[pos])   # as the GPU's
         st.rows_in, st.rows_out = len(pa), int(pos.sum())
         st.meta.update(cut_rings=int(len(cut_a) + len(cut_b)), fragments=fragments, fragments_kept=kept,
                        pip_tests=pip_tests)

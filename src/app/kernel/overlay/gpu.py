@@ -435,7 +435,9 @@ class OverlayGPU(GpuBackend):
         # The output is written before its length is read, into columns as long as the polygon pairs (the
         # most it can be) and cut to length after: the read comes after the last launch, so the GPU does not
         # wait for the host to read the length and launch once more (about 45 us at 100k x 100k on an H200).
-        out = tuple(cp.empty(npairs, dtype=t) for t in (cp.int64, cp.int64, cp.float64))   # the caller's: fresh
+        # The caller's: fresh. The indices in int32, as the join's (the plan refuses 2^31 vertices): 16 bytes a row
+        # to write and copy back, not 24.
+        out = tuple(cp.empty(npairs, dtype=t) for t in (cp.int32, cp.int32, cp.float64))
         self._launch("emit_areas", npairs, block, (keep, incl, np.int32(npairs), n_pairs, state["pair_a"],
                                                    state["pair_b"], area, *out))
         return out

@@ -573,8 +573,8 @@ extern "C" __global__ void pair_area(const double* contrib, int P, const unsigne
 }
 
 extern "C" __global__ void emit_areas(const int* keep, const long long* incl, int P, const unsigned long long* n_pairs,
-                                      const int* pair_a, const int* pair_b, const double* area, long long* out_a,
-                                      long long* out_b, double* out_area) {
+                                      const int* pair_a, const int* pair_b, const double* area, int* out_a,
+                                      int* out_b, double* out_area) {
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= live_count(P, n_pairs) || !keep[p]) return;
     long long i = incl[p] - 1;

@@ -101,7 +101,7 @@ class OverlayPlan(KernelPlan):
         if stage == "reconstruction_event_sort":
             return Cost(rows_in * 12 * 2, note="one read+write pass over the events")
         if stage == "area_reconstruction":
-            return Cost(meta.get("slots", 0) * 32 + meta.get("pip_tests", 0) * 16 + rows_out * 24,
+            return Cost(meta.get("slots", 0) * 32 + meta.get("pip_tests", 0) * 16 + rows_out * 16,
                         meta.get("pip_tests", 0) * 17 * 7,
                         note="edges of every pair, fragment midpoints, areas out; ~17 edge tests per midpoint")
         raise KeyError(stage)
