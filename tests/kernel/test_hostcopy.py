@@ -112,8 +112,8 @@ def test_each_dma_sends_whole_written_slices_in_the_ramp(threads):
         a = dst >> 40
         lo = dst - base[a - 1]
         calls.append((a - 1, lo, nbytes))
-        got = pinned[a - 1].view(np.uint8)[lo:lo + nbytes]
-        if host != pinned[a - 1].ctypes.data + lo or not np.array_equal(got, want[a - 1].view(np.uint8)[lo:lo + nbytes]):
+        got, expected = pinned[a - 1].view(np.uint8)[lo:lo + nbytes], want[a - 1].view(np.uint8)[lo:lo + nbytes]
+        if host != pinned[a - 1].ctypes.data + lo or not np.array_equal(got, expected):
             bad.append((a - 1, lo, nbytes))
         return 0
 

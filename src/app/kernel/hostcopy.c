@@ -263,7 +263,8 @@ static void release_pieces(struct pieces *p) {
 }
 
 /* Cut the rows into runs and slices: 0, or -1 when there is no memory (all freed). */
-static int cut_pieces(struct pieces *p, int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes) {
+static int cut_pieces(struct pieces *p, int n_arrays, const uint64_t *arrays, uint64_t slice_bytes,
+                      uint64_t dma_bytes) {
     memset(p, 0, sizeof *p);
     p->arrays = arrays, p->slice = step_of(slice_bytes);
     const int runs = hostcopy_dmas(n_arrays, arrays, slice_bytes, dma_bytes);

@@ -57,10 +57,10 @@ from app.errors import AppError
 from app.kernel import hostcopy
 
 CHUNK_BYTES = 4 << 20        # numpy copies: measured best on an H200 node against 256 KiB and 1 MiB (more hand-offs)
-# The compiled copy's threads take COMPILED_SLICE_BYTES at a time, in order, and the DMAs send whole slices: the
-# first one slice, each next one twice the last, up to COMPILED_DMA_BYTES. A first DMA of one slice starts the link after a slice's
-# copy instead of a full DMA's (a thread copies ~9 GB/s: 1 MiB took ~115 us), and the later DMAs stay large
-# because each costs ~2.5 us of the copy engine's time beyond its bytes'.
+# The compiled copy's threads take COMPILED_SLICE_BYTES at a time, in order, and the DMAs send whole slices:
+# the first one slice, each next one twice the last, up to COMPILED_DMA_BYTES. A first DMA of one slice starts
+# the link after a slice's copy instead of a full DMA's (a thread copies ~9 GB/s: 1 MiB took ~115 us), and the
+# later DMAs stay large because each costs ~2.5 us of the copy engine's time beyond its bytes'.
 COMPILED_SLICE_BYTES = 128 << 10
 COMPILED_DMA_BYTES = 4 << 20
 MAX_THREADS = 8              # both copies release the GIL: a few threads fill the host's memory bandwidth
@@ -155,9 +155,9 @@ class PinnedStaging:
                 raise RuntimeError(f"the host->device copy of staged bytes failed (CUDA driver error {err})")
             # Each DMA is a copy of its own, as a trace of the run shows it.
             st.count_h2d(sum(row[3] for row in rows), copies=dmas)
-            how.append(f"pinned, {_count(dmas, 'DMA')} of {_size(COMPILED_SLICE_BYTES)} to {_size(COMPILED_DMA_BYTES)}, "
-                       f"written in slices of {_size(COMPILED_SLICE_BYTES)} by {threads}, compiled copy with "
-                       f"streaming stores ({why})")
+            how.append(f"pinned, {_count(dmas, 'DMA')} of {_size(COMPILED_SLICE_BYTES)} to "
+                       f"{_size(COMPILED_DMA_BYTES)}, written in slices of {_size(COMPILED_SLICE_BYTES)} by {threads}, "
+                       f"compiled copy with streaming stores ({why})")
         if by_numpy or lib is None:
             n = self._numpy_copies(st, by_numpy, stream)
             how.append(f"pinned, {_count(n, 'chunk')} of up to {_size(CHUNK_BYTES)}, {threads}, numpy copies ("

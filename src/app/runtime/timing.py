@@ -215,7 +215,8 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
             break
         if progress:
             progress.update(f"instrumentation overhead, pair {i + 1}")
-        for run, times, name in ((run_instrumented, marked, "marked"), (run_bare, bare, "bare"))[::1 if i % 2 == 0 else -1]:
+        sides = ((run_instrumented, marked, "marked"), (run_bare, bare, "bare"))
+        for run, times, name in sides[::1 if i % 2 == 0 else -1]:
             flush()
             record = run()[1]
             times.append(record.total_seconds)
