@@ -13,6 +13,7 @@ assumed to be zero (truth rule 2).
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -86,12 +87,20 @@ class GpuClock:
 
     Events are pooled and reused run after run (a run's times are read before
     the next run starts), so creating them adds no host time to the stages.
+
+    ``untimed`` names marks, by their place in a run (0 is the run's first), to record as events without
+    timing (cudaEventDisableTiming): the same host call at the same place in the stream, but no timestamp,
+    which the GPU writes only once all work queued before it is done. The mark-cost benchmark
+    (tests/benchmark/bench_marks.py) leaves the stage marks untimed and the run's first and last timed, to
+    split a mark's cost between the host and the GPU. Time to or from an untimed mark is NaN.
     """
 
-    def __init__(self):
+    def __init__(self, untimed=()):
         import cupy
 
         self._cp = cupy
+        self._untimed = frozenset(untimed)
+        self._untimed_events: set = set()
         self._record = cupy.cuda.runtime.eventRecord
         self._pool: list = []
         self._ptrs: list = []           # the events' handles, read once: a property read costs host time too
@@ -105,8 +114,10 @@ class GpuClock:
     def mark(self):
         i = self._next
         if i == len(self._pool):
-            self._pool.append(self._cp.cuda.Event())
+            self._pool.append(self._cp.cuda.Event(disable_timing=i in self._untimed))
             self._ptrs.append(self._pool[i].ptr)
+            if i in self._untimed:
+                self._untimed_events.add(self._ptrs[i])
         self._next = i + 1
         # The runtime call itself, not Event.record: a mark is on the host's critical path in a launch-bound
         # plan, and the wrapper's checks add to every stage's time.
@@ -117,6 +128,8 @@ class GpuClock:
         self._cp.cuda.get_current_stream().synchronize()
 
     def seconds(self, a, b) -> float:
+        if self._untimed_events and (a.ptr in self._untimed_events or b.ptr in self._untimed_events):
+            return math.nan
         return self._cp.cuda.get_elapsed_time(a, b) / 1e3
 
 
@@ -247,11 +260,13 @@ class RunRecord:
 
 class Recorder:
     """``per_stage=False`` keeps only the pair of marks around the whole run: the bare plan, whose time
-    next to the instrumented one measures what the per-stage marks cost."""
+    next to the instrumented one measures what the per-stage marks cost. ``clock`` replaces the device's
+    own (CUDA events on the GPU, the monotonic clock on the CPU)."""
 
-    def __init__(self, device: str, xp, nvtx: Nvtx, per_stage: bool = True, tape: SizeTape | None = None):
+    def __init__(self, device: str, xp, nvtx: Nvtx, per_stage: bool = True, tape: SizeTape | None = None,
+                 clock=None):
         self.device, self.xp, self.nvtx, self.per_stage, self.tape = device, xp, nvtx, per_stage, tape
-        self.clock = GpuClock() if device == "gpu" else CpuClock()
+        self.clock = clock or (GpuClock() if device == "gpu" else CpuClock())
         # Ranges are pushed only when something records them (the nvtx package, or the range log of the
         # in-process CUPTI trace): otherwise the calls would only add host time to every stage.
         self._ranges = nvtx.active or nvtx.clock is not None
@@ -305,6 +320,8 @@ class Recorder:
         # Tiled, the run's time is its stages' (t0 to t1 in steps): summed in the order stage_sum sums them,
         # so the time no stage covers is exactly zero, not a rounding residue of either sign.
         total = sum(s["seconds"] for s in stages) if tiled else self.clock.seconds(t0, t1)
+        if math.isnan(total):      # stage marks with no timestamps (GpuClock's untimed): the run's own pair has them
+            total = self.clock.seconds(t0, t1)
         # The run's first mark, one a stage, and the run's own end mark unless the last stage's is the end.
         marks = 1 + len(self._marks) + (0 if tiled else 1)
         return output, RunRecord(stages, total, wall, marks)

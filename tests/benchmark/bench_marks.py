@@ -1,0 +1,222 @@
+"""What a stage mark costs at the kernels' default sizes, and where that cost goes, side by side in one run.
+
+    python -m tests.benchmark.bench_marks [--sizes join=100k:10k;overlay=10k:10k] [--rounds 200]
+
+A profile times its plan with a CUDA event at every stage boundary, and its report compares such runs with
+bare ones (one pair of events around the whole plan): that difference is the instrumentation overhead. Here,
+for each kernel's default version at each size, three kinds of run take turns in a shuffled order every round,
+the L2 flushed before each. Each is timed by the recorder's own pair of CUDA events, the run's first mark and
+its last (as the report's runs are):
+
+- **bare**: no stage marks between the two (the report's bare runs);
+- **marked**: a mark at every stage boundary (every profile's timed runs);
+- **untimed**: the same stage marks as CUDA events created without timing (cudaEventDisableTiming): the same
+  host calls at the same places in the stream, but no timestamp for the GPU to write.
+
+marked - bare is what the marks cost. untimed - bare is their host side: the recorder's Python and the
+event-record calls. marked - untimed is what the timestamps add: a timed record call's longer host call, and
+the GPU's wait (before it writes a timing event's timestamp the GPU finishes everything queued before it, and
+the kernel queued after it starts from an idle stream). Each is the
+median of the rounds' paired differences with its ~95% interval, per extra mark and as a share of the bare
+plan; they are separate medians, so they need not add up exactly.
+
+A chain of short kernels with a mark after each, queued far enough ahead that the GPU is the bound, gives the
+GPU's side of one mark on its own, and a loop of record calls on an idle stream the host's.
+
+Every output is checked: each kind of run's against shapely's. Holds the device lock for the whole run.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from app.kernel.plan import get_plan_class  # noqa: E402
+from app.runtime.device import select  # noqa: E402
+from app.runtime.execute import backend_for  # noqa: E402
+from app.runtime.lock import device_key, device_lock  # noqa: E402
+from app.runtime.nvtx import Nvtx  # noqa: E402
+from app.runtime.recorder import GpuClock, Recorder  # noqa: E402
+from app.runtime.stats import median_interval  # noqa: E402
+from app.runtime.timing import L2Flush  # noqa: E402
+from tests.benchmark.bench_all import _inputs_and_reference, parse_sizes  # noqa: E402
+
+DEFAULT_SIZES = "join=100k:10k;overlay=10k:10k"
+TARGET = 0.02            # the marks' cost the tool aims to stay under, as a share of the bare plan
+ARMS = ("bare", "marked", "untimed")
+
+
+def paired(a: list[float], b: list[float], extra: int, bare_median: float) -> dict:
+    """The median of the paired differences a - b with its ~95% interval, in seconds, per extra mark and as a
+    share of the bare plan's median."""
+    diffs = [x - y for x, y in zip(a, b)]
+    mid, (lo, hi) = statistics.median(diffs), median_interval(diffs)
+    return {"seconds": mid, "ci": (lo, hi), "per_mark": mid / extra, "per_mark_ci": (lo / extra, hi / extra),
+            "share": mid / bare_median, "share_ci": (lo / bare_median, hi / bare_median)}
+
+
+def verdict(share_ci: tuple[float, float], target: float = TARGET) -> str:
+    """Whether the interval puts the marks' cost under the target, over it, or cannot tell."""
+    lo, hi = share_ci
+    if hi <= target:
+        return f"under the {target:.0%} target"
+    if lo > target:
+        return f"over the {target:.0%} target"
+    return f"the interval spans the {target:.0%} target: not resolved"
+
+
+def summarise(times: dict[str, list[float]], extra: int) -> dict:
+    """``times``: each arm's run times, in seconds, round by round (paired by index)."""
+    bare = statistics.median(times["bare"])
+    return {"bare": bare, "bare_ci": median_interval(times["bare"]), "extra_marks": extra,
+            "cost": paired(times["marked"], times["bare"], extra, bare),
+            "host": paired(times["untimed"], times["bare"], extra, bare),
+            "timestamps": paired(times["marked"], times["untimed"], extra, bare)}
+
+
+def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int) -> dict:
+    import cupy as cp
+
+    version = get_plan_class(kernel).version
+    params, inputs, _, ok = _inputs_and_reference(kernel, version, a, b, 16, 1)
+    plan = get_plan_class(kernel, version)(params)
+    sel = select("gpu")
+    backend, _ = backend_for(plan, sel)
+    nvtx = Nvtx(False, kernel)
+    # A run's marks: its first (0), one at each stage's end, the last stage's end the run's (tiled, see Recorder).
+    arms = {"bare": Recorder("gpu", cp, nvtx, per_stage=False), "marked": Recorder("gpu", cp, nvtx),
+            "untimed": Recorder("gpu", cp, nvtx, clock=GpuClock(untimed=range(1, len(plan.stages))))}
+    checked = {}
+    for name, rec in arms.items():
+        out, _ = rec.run(plan, inputs, backend)
+        checked[name] = ok(backend.outputs_to_host(out))    # read now: the next run reuses the result's buffers
+    flush = L2Flush("gpu", "flush", sel.info.get("l2_bytes"))
+    order, rng = list(arms), random.Random(seed)
+    times, marks = {name: [] for name in arms}, {}
+    for i in range(warm + rounds):
+        rng.shuffle(order)
+        for name in order:
+            flush()
+            _, rec = arms[name].run(plan, inputs, backend)
+            if i >= warm:
+                times[name].append(rec.total_seconds)
+                marks[name] = rec.marks
+    extra = marks["marked"] - marks["bare"]
+    if marks["untimed"] != marks["marked"]:
+        raise RuntimeError(f"the untimed runs recorded {marks['untimed']} marks, the marked ones {marks['marked']}")
+    return {"kernel": kernel, "version": version, "size": f"{a:,} x {b:,}", "rounds": rounds, "ok": checked,
+            "card": sel.device_name} | summarise(times, extra)
+
+
+CHAIN_KERNEL = r'''extern "C" __global__ void spin(long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (unsigned long long)ns);
+}'''
+
+
+def chain(kernels: int = 50, kernel_us: float = 20.0, repeats: int = 9) -> dict:
+    """The GPU's side of one mark with the GPU as the bound: ``kernels`` kernels of ``kernel_us`` each, queued
+    behind a long one so the host stays ahead, with nothing, an untimed or a timed event after each. GPU time a
+    mark (us), median of ``repeats`` chains of each kind."""
+    import cupy as cp
+
+    spin = cp.RawKernel(CHAIN_KERNEL, "spin")
+    stream = cp.cuda.Stream(non_blocking=True)
+    events = {"untimed": [cp.cuda.Event(disable_timing=True) for _ in range(kernels)],
+              "timed": [cp.cuda.Event() for _ in range(kernels)]}
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    lead_ns = int(kernels * (kernel_us + 10) * 1e3)       # longer than the host takes to queue the chain
+    out = {}
+    with stream:
+        for mode in ("none", "untimed", "timed") * 2:     # twice each, the first time as a warm-up
+            runs = []
+            for _ in range(repeats):
+                spin((1,), (1,), (cp.int64(lead_ns),))
+                a.record(stream)
+                for i in range(kernels):
+                    spin((1,), (32,), (cp.int64(int(kernel_us * 1e3)),))
+                    if mode != "none":
+                        cp.cuda.runtime.eventRecord(events[mode][i].ptr, stream.ptr)
+                b.record(stream)
+                b.synchronize()
+                runs.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / kernels)
+            out[mode] = statistics.median(runs)
+    host = {}
+    for mode in ("untimed", "timed"):     # the record call's own host time, on an idle stream
+        ptr = events[mode][0].ptr
+        calls = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(1000):
+                cp.cuda.runtime.eventRecord(ptr, stream.ptr)
+            calls.append((time.perf_counter() - t0) / 1000 * 1e6)
+            stream.synchronize()
+        host[mode] = statistics.median(calls)
+    return {"kernels": kernels, "kernel_us": kernel_us, "untimed": out["untimed"] - out["none"],
+            "timed": out["timed"] - out["none"], "host_untimed": host["untimed"], "host_timed": host["timed"]}
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} us"
+
+
+def _part(label: str, p: dict) -> str:
+    lo, hi = p["ci"]
+    plo, phi = p["per_mark_ci"]
+    slo, shi = p["share_ci"]
+    return (f"  {label:<34} {p['seconds'] * 1e6:7.2f} us [{lo * 1e6:.2f}, {hi * 1e6:.2f}]  "
+            f"{p['share'] * 100:+6.2f}% [{slo * 100:+.2f}, {shi * 100:+.2f}] of the bare plan  "
+            f"{p['per_mark'] * 1e6:5.2f} us a mark [{plo * 1e6:.2f}, {phi * 1e6:.2f}]")
+
+
+def lines(r: dict) -> list[str]:
+    ok = " ".join(f"{name} ok={r['ok'][name]}" for name in ARMS)
+    return [f"{r['kernel']} {r['version']} {r['size']} ({r['card']}, {r['rounds']} rounds): bare plan "
+            f"{_us(r['bare'])} [{r['bare_ci'][0] * 1e6:,.1f}-{r['bare_ci'][1] * 1e6:,.1f}]; {r['extra_marks']} "
+            f"marks the bare plan does not record; {ok}",
+            _part("marks' cost (marked - bare)", r["cost"]) + f"  -- {verdict(r['cost']['share_ci'])}",
+            _part("host side (untimed - bare)", r["host"]),
+            _part("timestamps (marked - untimed)", r["timestamps"])]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, metavar="KERNEL=A:B[,A:B];...",
+                    help=f"kernels and sizes, each kernel's default version (default {DEFAULT_SIZES})")
+    ap.add_argument("--rounds", type=int, default=200, metavar="N", help="rounds of the three kinds of run")
+    ap.add_argument("--warm", type=int, default=40, metavar="N", help="rounds run first and not counted")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffled order")
+    args = ap.parse_args(argv)
+    if args.rounds < 3:
+        print("bench_marks: --rounds must be at least 3 (a median's interval needs them)", file=sys.stderr)
+        return 2
+    sizes = parse_sizes(args.sizes)
+    sel = select("auto")
+    if sel.selected != "gpu":
+        print("bench_marks: needs a GPU (on the CPU a stage mark is a clock read; every CPU profile's report "
+              "gives its cost)", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    with device_lock(device_key(sel)):
+        results = [measure_plan(kernel, a, b, args.rounds, args.warm, args.seed)
+                   for kernel, pairs in sizes.items() for a, b in pairs]
+        gpu_bound = chain()
+    print(f"\nWhat a stage mark costs ({time.perf_counter() - t0:.0f} s; medians of paired differences, ~95% "
+          "intervals in brackets)")
+    for r in results:
+        print("\n".join(lines(r)))
+    print(f"a chain of {gpu_bound['kernels']} kernels of {gpu_bound['kernel_us']:.0f} us, the GPU the bound: a "
+          f"timed event after each adds {gpu_bound['timed']:.2f} us of GPU time, an untimed one "
+          f"{gpu_bound['untimed']:.2f} us; the record call itself takes {gpu_bound['host_timed']:.2f} us of host "
+          f"time (timed), {gpu_bound['host_untimed']:.2f} us (untimed), on an idle stream")
+    return 0 if all(all(r["ok"].values()) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""bench_marks splits a stage mark's cost between the host and the GPU's timestamps: its arithmetic here, its
+runs on the GPU (the figures that matter come from the lent GPU machine, not from these tiny sizes)."""
+import math
+import re
+
+import pytest
+
+from app.runtime.device import select
+from tests.benchmark import bench_marks
+
+
+def test_each_part_is_the_median_of_paired_differences_per_mark_and_as_a_share_of_the_bare_plan():
+    bare = [100e-6, 104e-6, 98e-6, 130e-6, 101e-6]          # one slow round: pairing cancels it
+    host = [2e-6, 2e-6, 3e-6, 2e-6, 1e-6]
+    stamp = [4e-6, 5e-6, 4e-6, 4e-6, 6e-6]
+    untimed = [b + h for b, h in zip(bare, host)]
+    marked = [u + s for u, s in zip(untimed, stamp)]
+    r = bench_marks.summarise({"bare": bare, "marked": marked, "untimed": untimed}, extra=4)
+    assert r["bare"] == pytest.approx(101e-6)
+    assert r["host"]["seconds"] == pytest.approx(2e-6) and r["host"]["per_mark"] == pytest.approx(0.5e-6)
+    assert r["timestamps"]["seconds"] == pytest.approx(4e-6) and r["timestamps"]["per_mark"] == pytest.approx(1e-6)
+    # marked - bare per round: 6, 7, 7, 6, 7 us
+    assert r["cost"]["seconds"] == pytest.approx(7e-6)
+    assert r["cost"]["share"] == pytest.approx(7 / 101)
+    lo, hi = r["cost"]["ci"]
+    assert lo <= r["cost"]["seconds"] <= hi
+    assert r["cost"]["share_ci"] == pytest.approx((lo / 101e-6, hi / 101e-6))
+    assert r["cost"]["per_mark_ci"] == pytest.approx((lo / 4, hi / 4))
+
+
+@pytest.mark.parametrize("ci, said", [((0.010, 0.020), "under the 2% target"),
+                                      ((0.021, 0.030), "over the 2% target"),
+                                      ((0.015, 0.025), "spans the 2% target: not resolved")])
+def test_the_verdict_is_drawn_from_the_interval_not_the_median(ci, said):
+    assert said in bench_marks.verdict(ci)
+
+
+def test_too_few_rounds_and_a_host_without_a_gpu_each_get_one_line_and_exit_2(capsys, monkeypatch):
+    assert bench_marks.main(["--rounds", "2"]) == 2
+    assert "--rounds must be at least 3" in capsys.readouterr().err
+    monkeypatch.setattr(bench_marks, "select", lambda how: select("cpu"))
+    assert bench_marks.main(["--rounds", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench_marks: needs a GPU") and "\n" not in err
+
+
+@pytest.mark.gpu
+def test_untimed_stage_marks_are_the_same_marks_and_the_run_is_timed_by_its_own_pair():
+    import cupy as cp
+
+    from app.kernel.plan import get_plan_class
+    from app.runtime.execute import backend_for
+    from app.runtime.nvtx import Nvtx
+    from app.runtime.recorder import GpuClock, Recorder
+
+    plan = get_plan_class("join", "v4")({"points": 5_000, "polygons": 500})
+    inputs = plan.make_inputs()
+    backend, _ = backend_for(plan, select("gpu"))
+    timed = Recorder("gpu", cp, Nvtx(False, "join"))
+    n = len(plan.stages)
+    untimed = Recorder("gpu", cp, Nvtx(False, "join"), clock=GpuClock(untimed=range(1, n)))
+    out_t, rec_t = timed.run(plan, inputs, backend)
+    host_t = backend.outputs_to_host(out_t)
+    out_u, rec_u = untimed.run(plan, inputs, backend)
+    host_u = backend.outputs_to_host(out_u)
+    assert all((a == b).all() for a, b in zip(host_t, host_u))
+    assert rec_u.marks == rec_t.marks == 1 + n
+    assert [s["name"] for s in rec_u.stages] == [s["name"] for s in rec_t.stages]
+    # Every stage touches an untimed mark; the run's own pair, its first mark and its last, is timed.
+    assert all(math.isnan(s["seconds"]) for s in rec_u.stages)
+    assert 0 < rec_u.total_seconds < 1 and all(s["seconds"] > 0 for s in rec_t.stages)
+    # The same clock with every mark timed times every stage again.
+    _, again = Recorder("gpu", cp, Nvtx(False, "join"), clock=GpuClock()).run(plan, inputs, backend)
+    assert all(s["seconds"] > 0 for s in again.stages)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_every_kind_of_run_is_checked_and_each_part_is_given_a_mark_and_a_share(capsys):
+    assert bench_marks.main(["--sizes", "join=20k:2k;overlay=2k:2k", "--rounds", "12", "--warm", "3"]) == 0
+    out = capsys.readouterr().out
+    heads = [line for line in out.splitlines() if "marks the bare plan does not record" in line]
+    assert len(heads) == 2
+    assert all("bare ok=True marked ok=True untimed ok=True" in line for line in heads)
+    for part in ("marks' cost (marked - bare)", "host side (untimed - bare)", "timestamps (marked - untimed)"):
+        rows = [line for line in out.splitlines() if part in line]
+        assert len(rows) == 2, part
+        for row in rows:
+            m = re.search(r"(-?\d+\.\d+) us \[(-?\d+\.\d+), (-?\d+\.\d+)\]", row)
+            mid, lo, hi = (float(x) for x in m.groups())
+            assert lo <= mid <= hi
+    assert re.search(r"a chain of 50 kernels of 20 us, the GPU the bound: a timed event after each adds "
+                     r"-?\d+\.\d+ us of GPU time, an untimed one -?\d+\.\d+ us; the record call itself takes "
+                     r"\d+\.\d+ us of host time \(timed\), \d+\.\d+ us \(untimed\)", out)
