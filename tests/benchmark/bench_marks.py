@@ -16,9 +16,9 @@ its last (as the report's runs are):
 marked - bare is what the marks cost. untimed - bare is their host side: the recorder's Python and the
 event-record calls. marked - untimed is what the timestamps add: a timed record call's longer host call, and
 the GPU's wait (before it writes a timing event's timestamp the GPU finishes everything queued before it, and
-the kernel queued after it starts from an idle stream). Each is the
-median of the rounds' paired differences with its ~95% interval, per extra mark and as a share of the bare
-plan; they are separate medians, so they need not add up exactly.
+the kernel queued after it starts from an idle stream). Each is the median of the rounds' paired differences
+with its ~95% interval, per extra mark and as a share of the bare plan; they are separate medians, so they
+need not add up exactly.
 
 A chain of short kernels with a mark after each, queued far enough ahead that the GPU is the bound, gives the
 GPU's side of one mark on its own, and a loop of record calls on an idle stream the host's.
