@@ -1,6 +1,7 @@
 """What a stage does after its work -- rows and metadata from counters it already read -- is not timed as the
 plan's: a recorder's run does it once its last clock mark is taken. And size reads through the pinned buffer
 bring back exactly the device's words."""
+import math
 import time
 
 import numpy as np
@@ -145,3 +146,31 @@ def test_a_kernel_plans_run_ends_at_its_last_stages_mark_and_a_plan_of_its_own_g
     bare.clock = _Clock()
     _, rec = bare.run(Tiled(), [1], Backend())
     assert bare.clock.marks == 2 and rec.total_seconds == 1.0 and rec.stages == []
+
+
+def test_stage_marks_without_timestamps_leave_the_run_timed_by_its_own_pair():
+    """The mark-cost benchmark records the stage marks without timestamps (GpuClock's ``untimed``): each stage's
+    time is then NaN, never a number, and the run's total comes from its first and last marks."""
+    from app.kernel.plan import KernelPlan
+
+    class Tiled(KernelPlan):
+        kernel, version = "demo", "v1"
+        stages = [_Spec("a"), _Spec("b"), _Spec("c")]
+
+        def __init__(self):
+            self.tiling = {"a": {}, "b": {}, "c": {}}
+
+    class Backend:
+        def a(self, state, st, tiling):
+            state["output"] = [1]
+
+        b = c = a
+
+    class Untimed(_Clock):       # marks 2 and 3 (the stage marks between the run's first and last) untimed
+        def seconds(self, a, b):
+            return math.nan if {a, b} & {2.0, 3.0} else b - a
+
+    recorder = Recorder("cpu", np, Nvtx(False, "demo"), clock=Untimed())
+    _, rec = recorder.run(Tiled(), [1], Backend())
+    assert rec.marks == 4 and all(math.isnan(s["seconds"]) for s in rec.stages)
+    assert rec.total_seconds == 3.0
