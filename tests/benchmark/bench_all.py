@@ -111,7 +111,7 @@ def main(argv=None) -> int:
           "one thread). GPU after build and end to end come with the ~95% interval of their median in brackets "
           "(order statistics of the timed runs). The versions run one after another, so a slowdown of the host "
           "between them is in no interval: where two versions' intervals overlap or lie close, time them "
-          "interleaved before calling one faster. "
+          "interleaved (python -m tests.benchmark.bench_ab KERNEL) before calling one faster. "
           "GPU after build: inputs already on the device; plan: host arrays in, result on the device "
           "(CUDA events); end to end: host arrays in, host arrays out (host clock), and again with the inputs in "
           "pinned host memory (no host copy before their DMA); graph replay: the stages after "

@@ -158,7 +158,8 @@ class JoinV4(JoinV3):
         return replace(base, device_bytes=base.device_bytes + 16 * self.params["points"])
 
 
-set_default("join", "v4", "the fastest at the default sizes on an NVIDIA H200 -- interleaved in one process, L2 flushed, "
-                          "after build: 351 us against v3's 406 us at 100k x 10k (60 rounds), and 416 against 471 us at "
-                          "1M x 100k (30 rounds); the benchmark, same call: 0.289 against 0.600 ms, and 0.416 against "
-                          "0.480 ms at 1M x 100k")
+set_default("join", "v4", "the fastest at the default sizes on an NVIDIA H200, the versions interleaved in one process "
+                          "with L2 flushed (python -m tests.benchmark.bench_ab join, 300 rounds): after the build 0.307 "
+                          "ms against v3's 0.325 ms (paired ratio 1.05x [1.03-1.09]), v1's 0.430 and v2's 0.528 ms; end "
+                          "to end 0.680 against 0.702, 0.794 and 0.890 ms; at 1M x 100k (60 rounds) 0.347 against "
+                          "0.415-0.474 ms after the build")

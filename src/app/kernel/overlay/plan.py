@@ -140,7 +140,8 @@ class OverlayV3(OverlayPlan):
                "a point-in-polygon test per piece (on the CPU: v1's candidates, the status carried the same way)")
 
 
-set_default("overlay", "v3", "the fastest after the build on an NVIDIA H200 at the default sizes, L2 flushed "
-                             "(20 interleaved runs each): 422 us against v1's 783 us and v2's 806 us; L2 warm "
-                             "(10 runs each): 0.395 ms against 0.756 and 0.800 ms (an H100: 0.558 against 0.887 "
-                             "and 1.093 ms) -- and at 100k x 100k: 1.22 ms against v1's 4.33 ms and v2's 4.31 ms")
+set_default("overlay", "v3", "the fastest at the default sizes on an NVIDIA H200, the versions interleaved in one "
+                             "process with L2 flushed (python -m tests.benchmark.bench_ab overlay, 300 rounds): after "
+                             "the build 0.650 ms against v1's 1.048 and v2's 1.061 ms, end to end 1.156 against 1.575 "
+                             "and 1.583 ms; at 100k x 100k (40 rounds) 1.187 against 4.529 and 4.295 ms after the "
+                             "build (an H100 agreed earlier: 0.558 against 0.887 and 1.093 ms, L2 warm)")
