@@ -71,6 +71,9 @@ def default_text(default: str, verdicts: dict) -> str:
     ratio = f"{d['ratio']:.2f}x [{lo:.2f}-{hi:.2f}] of {verdicts['fastest']}'s time"
     if d["verdict"] == "slower":
         return f"the default {default} is SLOWER than {verdicts['fastest']}: {ratio}"
+    if d["verdict"] == "faster":     # paired, faster; by median, not: the rounds disagree with the medians
+        return (f"the default {default} is faster than {verdicts['fastest']} round by round ({ratio}), though "
+                f"{verdicts['fastest']}'s median is lower")
     return f"the default {default} ties with the fastest, {verdicts['fastest']} ({ratio})"
 
 

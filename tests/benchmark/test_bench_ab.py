@@ -30,6 +30,10 @@ def test_what_the_runs_say_of_the_default():
     slow = "v2" if tie["fastest"] == "v1" else "v1"
     assert bench_ab.default_text(slow, tie).startswith(f"the default {slow} ties with the fastest")
     assert bench_ab.default_text("v7", r) == "the default v7 was not measured"
+    # Round by round faster, though its median is not the lowest: said as such, not as a tie.
+    split = {"fastest": "v1", "versions": {"v2": {"verdict": "faster", "ratio": 0.9, "ratio_ci": (0.8, 0.95)}}}
+    assert bench_ab.default_text("v2", split) == ("the default v2 is faster than v1 round by round (0.90x "
+                                                  "[0.80-0.95] of v1's time), though v1's median is lower")
 
 
 def test_the_cpu_plans_of_every_version_interleaved_each_checked_against_shapely(capsys):
