@@ -4,7 +4,7 @@
 
 bench_all runs the versions one after another, so a host that slows down between them moves one version's
 figure and not the others'. On an H200 node it read join v3 at 0.175 ms after the build and v4 at 0.267 ms
-(100k x 10k). Interleaved on the same node, the two tied. Here every round runs each version once, in a
+(100k x 10k). Interleaved on the same node, v4 was the faster. Here every round runs each version once, in a
 shuffled order. On a GPU the L2 is flushed before each run. Each run is timed two ways:
 
 - **after the build**: the plan's stages after the host->device build, on the plan's own clock (CUDA events on a
@@ -14,7 +14,8 @@ shuffled order. On a GPU the L2 is flushed before each run. Each run is timed tw
 
 Per version: the medians with their ~95% intervals. Then each version against the fastest: the median of the
 rounds' paired ratios (this version's time over the fastest's in the same round) with its interval. It is
-called slower where the interval lies above 1, and a tie where the interval holds 1. Last, whether the kernel's
+called slower where the interval lies above 1, a tie where it holds 1 (and faster where it lies below 1: the
+rounds then disagree with the medians). Last, whether the kernel's
 default version is the fastest or ties with it, which is what the tool promises of its default. Every version's
 output is checked against shapely's before any run is timed.
 """
