@@ -228,12 +228,13 @@ int hostcopy_dmas(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, ui
 }
 
 /* A call's pieces: its runs (ROW_WORDS a run), its slices (ROW_WORDS a slice), each slice's run and each
- * run's count of slices. */
+ * run's count of slices still to write (set as the runs are cut; the workers count it down). */
 struct pieces {
     const uint64_t *arrays;
     uint64_t slice;
     uint64_t *runs, *slices;
-    int *run_of, *slices_in_run;
+    int *run_of;
+    atomic_int *left;
     int n_runs, n_slices;
 };
 
@@ -255,11 +256,11 @@ static void add_run(void *ctx, int a, uint64_t lo, uint64_t len) {
         row_piece(p->slices + (size_t)p->n_slices * ROW_WORDS, row, lo + at, len - at < p->slice ? len - at : p->slice);
         p->run_of[p->n_slices++] = p->n_runs;
     }
-    p->slices_in_run[p->n_runs++] = count;
+    atomic_init(&p->left[p->n_runs++], count);
 }
 
 static void release_pieces(struct pieces *p) {
-    free(p->runs), free(p->slices), free(p->run_of), free(p->slices_in_run);
+    free(p->runs), free(p->slices), free(p->run_of), free(p->left);
 }
 
 /* Cut the rows into runs and slices: 0, or -1 when there is no memory (all freed). */
@@ -274,8 +275,8 @@ static int cut_pieces(struct pieces *p, int n_arrays, const uint64_t *arrays, ui
     p->runs = malloc(((size_t)runs + 1) * ROW_WORDS * sizeof(uint64_t));
     p->slices = malloc(((size_t)slices + 1) * ROW_WORDS * sizeof(uint64_t));
     p->run_of = malloc(((size_t)slices + 1) * sizeof(int));
-    p->slices_in_run = malloc(((size_t)runs + 1) * sizeof(int));
-    if (!p->runs || !p->slices || !p->run_of || !p->slices_in_run) {
+    p->left = malloc(((size_t)runs + 1) * sizeof(atomic_int));
+    if (!p->runs || !p->slices || !p->run_of || !p->left) {
         release_pieces(p);
         return -1;
     }
@@ -286,38 +287,38 @@ static int cut_pieces(struct pieces *p, int n_arrays, const uint64_t *arrays, ui
 /* Stage n_arrays arrays (rows of ROW_WORDS words): each is written to pinned host memory, copied or narrowed as its
  * kind says, by the worker threads in slices of slice_bytes taken in order, and sent to the device by htod on stream
  * in runs of whole slices (cut_runs: from one slice up to dma_bytes), each run's DMA queued by the calling thread as
- * soon as its last slice is in. threads: the workers that copy. Returns 0; -1 when no worker thread could start or
- * there was no memory (nothing was copied); or the driver's error code from the first DMA that failed (the copies
- * still finish before the return, so the pinned buffers are free). */
+ * soon as its last slice is in. threads: the workers that copy. *dmas (unless NULL) is set to the number of DMAs.
+ * Returns 0; -1 when no worker thread could start or there was no memory (nothing was copied); or the driver's
+ * error code from the first DMA that failed (the copies still finish before the return, so the pinned buffers are
+ * free). */
 int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes, int threads,
-                   htod_fn htod, void *stream) {
+                   htod_fn htod, void *stream, int *dmas) {
     pthread_once(&fork_handlers, add_fork_handlers);
+    if (dmas) *dmas = 0;
     struct pieces p;
     if (cut_pieces(&p, n_arrays, arrays, slice_bytes, dma_bytes)) return -1;
     if (p.n_slices == 0) {
         release_pieces(&p);
         return 0;
     }
-    atomic_int *left = malloc((size_t)p.n_runs * sizeof(atomic_int));
     char *queued = calloc((size_t)p.n_runs, 1);
-    if (!left || !queued) {
-        free(left), free(queued), release_pieces(&p);
+    if (!queued) {
+        release_pieces(&p);
         return -1;
     }
-    for (int r = 0; r < p.n_runs; r++) atomic_init(&left[r], p.slices_in_run[r]);
     pthread_mutex_lock(&call_lock);
     pthread_mutex_lock(&mu);
     int have = ensure_workers(threads < 1 ? 1 : threads);
     if (have == 0) {
         pthread_mutex_unlock(&mu);
         pthread_mutex_unlock(&call_lock);
-        free(left), free(queued), release_pieces(&p);
+        free(queued), release_pieces(&p);
         return -1;
     }
 #if defined(__x86_64__)
     use_avx2 = __builtin_cpu_supports("avx2");
 #endif
-    j_slices = p.slices, j_run_of = p.run_of, j_n = p.n_slices, j_left = left;
+    j_slices = p.slices, j_run_of = p.run_of, j_n = p.n_slices, j_left = p.left;
     atomic_store(&j_next, 0);
     busy = have;
     active = threads < have ? (threads < 1 ? 1 : threads) : have;
@@ -330,7 +331,7 @@ int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, u
     for (int todo = p.n_runs; todo > 0;) {
         int found = 0;
         for (int r = first; r < p.n_runs; r++) {
-            if (queued[r] || atomic_load_explicit(&left[r], memory_order_acquire) != 0) continue;
+            if (queued[r] || atomic_load_explicit(&p.left[r], memory_order_acquire) != 0) continue;
             queued[r] = 1;
             const uint64_t *k = p.runs + (size_t)r * ROW_WORDS;
             if (!err) err = htod(k[ROW_DEV], (const void *)(uintptr_t)k[ROW_PIN], (size_t)k[ROW_LEN], stream);
@@ -345,7 +346,8 @@ int hostcopy_stage(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, u
     while (busy) pthread_cond_wait(&idle, &mu);
     pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&call_lock);
-    free(left), free(queued), release_pieces(&p);
+    if (dmas) *dmas = p.n_runs;
+    free(queued), release_pieces(&p);
     return err;
 }
 /* For the tests, with no GPU: the same sliced copy, no DMA. */
@@ -355,5 +357,5 @@ static int no_dma(uint64_t dst, const void *src, size_t n, void *stream) {
 }
 
 int hostcopy_copy(int n_arrays, const uint64_t *arrays, uint64_t slice_bytes, uint64_t dma_bytes, int threads) {
-    return hostcopy_stage(n_arrays, arrays, slice_bytes, dma_bytes, threads, no_dma, NULL);
+    return hostcopy_stage(n_arrays, arrays, slice_bytes, dma_bytes, threads, no_dma, NULL, NULL);
 }

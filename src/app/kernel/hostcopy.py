@@ -73,7 +73,7 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
     except OSError as exc:
         return None, f"the compiled host copy {lib_path} did not load ({exc})"
     lib.hostcopy_stage.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int,
-                                   ctypes.c_void_p, ctypes.c_void_p]
+                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
     lib.hostcopy_stage.restype = ctypes.c_int
     lib.hostcopy_copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
     lib.hostcopy_copy.restype = ctypes.c_int
@@ -124,10 +124,10 @@ def stage(lib, rows: list[tuple], slice_bytes: int, dma_bytes: int, threads: int
     ``dma_bytes``, each queued on the stream as soon as its slices are in. Returns 0, NOT_STARTED, or the
     driver's error code (every copy has finished by then), and the number of DMAs. The interpreter's lock is
     released throughout."""
-    table = _table(rows)
-    address = table.buffer_info()[0]
-    err = lib.hostcopy_stage(len(rows), address, slice_bytes, dma_bytes, threads, htod, stream_ptr)
-    return err, lib.hostcopy_dmas(len(rows), address, slice_bytes, dma_bytes)
+    table, dmas = _table(rows), ctypes.c_int(0)
+    err = lib.hostcopy_stage(len(rows), table.buffer_info()[0], slice_bytes, dma_bytes, threads, htod, stream_ptr,
+                             ctypes.byref(dmas))
+    return err, dmas.value
 
 
 def copy(lib, pairs: list[tuple[np.ndarray, np.ndarray]], slice_bytes: int, threads: int,
