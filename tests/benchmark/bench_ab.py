@@ -47,6 +47,16 @@ MEASURES = ("after", "e2e")
 LABEL = {"after": "after build", "e2e": "end to end"}
 
 
+def shuffled_rounds(names, rounds: int, warm: int, seed: int):
+    """Each round every name once, in an order shuffled afresh (seeded): ``(name, counted)``, the first ``warm``
+    rounds not counted. A fixed or merely reversed order would leave some names always at a round's ends."""
+    order, rng = list(names), random.Random(seed)
+    for i in range(warm + rounds):
+        rng.shuffle(order)
+        for name in order:
+            yield name, i >= warm
+
+
 def against_fastest(times: dict[str, list[float]]) -> dict:
     """``times``: each version's run times, round by round (paired by index). The fastest version by median,
     and for every version the median of its paired ratios to the fastest, their ~95% interval and a verdict."""
@@ -94,21 +104,18 @@ def measure(kernel: str, versions: list[str], a: int, b: int, rounds: int, warm:
         arms[v] = (plan, backend, rec, bare)
     flush = L2Flush(sel.selected, "flush", sel.info.get("l2_bytes"))
     times = {m: {v: [] for v in versions} for m in MEASURES}
-    order, rng = list(versions), random.Random(seed)
-    for i in range(warm + rounds):
-        rng.shuffle(order)
-        for v in order:
-            plan, backend, rec, bare = arms[v]
-            flush()
-            _, r = rec.run(plan, inputs, backend)
-            flush()
-            t0 = time.perf_counter()
-            out, _ = bare.run(plan, inputs, backend)
-            backend.outputs_to_host(out)
-            e2e = time.perf_counter() - t0
-            if i >= warm:
-                times["after"][v].append(r.total_seconds - r.stages[0]["seconds"])
-                times["e2e"][v].append(e2e)
+    for v, counted in shuffled_rounds(versions, rounds, warm, seed):
+        plan, backend, rec, bare = arms[v]
+        flush()
+        _, r = rec.run(plan, inputs, backend)
+        flush()
+        t0 = time.perf_counter()
+        out, _ = bare.run(plan, inputs, backend)
+        backend.outputs_to_host(out)
+        e2e = time.perf_counter() - t0
+        if counted:
+            times["after"][v].append(r.total_seconds - r.stages[0]["seconds"])
+            times["e2e"][v].append(e2e)
     return {"kernel": kernel, "size": f"{a:,} x {b:,}", "rounds": rounds, "device": sel.device_name,
             "l2": flush.describe()["mode"], "default": get_plan_class(kernel).version, "ok": checked,
             "first_stage": r.stages[0]["name"], **{m: against_fastest(times[m]) for m in MEASURES}}

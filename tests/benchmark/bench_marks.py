@@ -28,7 +28,6 @@ Every output is checked: each kind of run's against shapely's. Holds the device 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ from app.runtime.nvtx import Nvtx  # noqa: E402
 from app.runtime.recorder import GpuClock, Recorder  # noqa: E402
 from app.runtime.stats import median_interval  # noqa: E402
 from app.runtime.timing import L2Flush  # noqa: E402
+from tests.benchmark.bench_ab import shuffled_rounds  # noqa: E402
 from tests.benchmark.bench_all import _inputs_and_reference, parse_sizes  # noqa: E402
 
 DEFAULT_SIZES = "join=100k:10k;overlay=10k:10k"
@@ -96,16 +96,13 @@ def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int)
         out, _ = rec.run(plan, inputs, backend)
         checked[name] = ok(backend.outputs_to_host(out))    # read now: the next run reuses the result's buffers
     flush = L2Flush("gpu", "flush", sel.info.get("l2_bytes"))
-    order, rng = list(arms), random.Random(seed)
     times, marks = {name: [] for name in arms}, {}
-    for i in range(warm + rounds):
-        rng.shuffle(order)
-        for name in order:
-            flush()
-            _, rec = arms[name].run(plan, inputs, backend)
-            if i >= warm:
-                times[name].append(rec.total_seconds)
-                marks[name] = rec.marks
+    for name, counted in shuffled_rounds(arms, rounds, warm, seed):
+        flush()
+        _, rec = arms[name].run(plan, inputs, backend)
+        if counted:
+            times[name].append(rec.total_seconds)
+            marks[name] = rec.marks
     extra = marks["marked"] - marks["bare"]
     if marks["untimed"] != marks["marked"]:
         raise RuntimeError(f"the untimed runs recorded {marks['untimed']} marks, the marked ones {marks['marked']}")
