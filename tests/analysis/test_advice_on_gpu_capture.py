@@ -318,3 +318,35 @@ def test_a_baseline_from_another_card_of_the_same_model_is_compared_with_a_note(
     assert (f"Note: the two profiles ran on different cards ({base['device']['uuid']}, {t['device']['uuid']}), so "
             "on different machines") in section
     assert "ran on different cards" not in build_report(t, params, roof, t).split("## vs Baseline")[1]
+
+
+def test_the_stage_times_without_the_other_marks_are_the_captures_own():
+    """Captured at the default sizes: each stage's row gives the trace's figures, the whole plan's row the same
+    rounds' medians and the pairs' own overhead, and the Timing section the one-mark runs' overhead."""
+    t = json.loads((DATA / "join_v4_100k_10k_h200_one_mark.trace.json").read_text())
+    one, ins = t["timing"]["one_mark"], t["timing"]["instrumentation"]
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    md = build_report(t, {"command_line": "python -m app.kernel join v4", "clocks": {"locked": False}}, roof, None)
+    section = md.split("## Stage times without the other stages' marks")[1].split("\n## ")[0]
+    assert one["rounds"] == ins["pairs"] == 283 and f"({one['rounds']} rounds)" in section
+    for s in one["stages"]:
+        row = next(line for line in section.splitlines() if line.startswith(f"| {s['name']} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        lo, hi = s["ci95"]
+        alo, ahi = s["marks_add_ci95"]
+        assert s["resolved"] and cells[1] == f"{s['marked_seconds'] * 1e6:,.1f}"
+        assert cells[2] == f"{s['seconds'] * 1e6:,.1f}" and cells[3] == f"{lo * 1e6:,.1f} – {hi * 1e6:,.1f}"
+        assert cells[4] == f"{s['marks_add_seconds'] * 1e6:,.1f} ({alo * 1e6:,.1f} – {ahi * 1e6:,.1f})"
+    # the filter's Duration with every stage marked is 29.5 us, of which the other marks add 5.8 us
+    assert "| candidate_filter | 29.5 | 20.5 | 17.2 – 23.6 | 5.8 (3.3 – 9.2) |" in section
+    whole = next(line for line in section.splitlines() if line.startswith("| whole plan |"))
+    assert f"{ins['instrumented_median_seconds'] * 1e6:,.1f}" in whole
+    assert f"{ins['bare_median_seconds'] * 1e6:,.1f} bare" in whole
+    assert one["bare_median_seconds"] == ins["bare_median_seconds"]
+    assert f"{ins['overhead_fraction'] * ins['bare_median_seconds'] * 1e6:,.1f} (the instrumentation overhead" in whole
+    row = next(line for line in md.splitlines() if "one stage mark a run" in line)
+    assert f"{one['overhead_fraction'] * 100:.2f}% of the bare plan" in row and "283 rounds" in row
+    old = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())     # made before: no section
+    assert "without the other stages' marks" not in build_report(old, {"command_line": "x", "clocks": {}},
+                                                                  plan_roofline(old["device"]["name"], "gpu",
+                                                                                old["stages"]), None)

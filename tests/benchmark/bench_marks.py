@@ -20,6 +20,12 @@ the kernel queued after it starts from an idle stream). Each is the median of th
 with its ~95% interval, per extra mark and as a share of the bare plan; they are separate medians, so they
 need not add up exactly.
 
+Beside them run the runs event mode takes its stage times without the other marks from
+(app.runtime.one_mark): bare runs with a single stage mark, at the end of one stage each (one such run a stage
+but the last, every round). Their cost against the bare run of their round is the instrumentation overhead of
+those stage times, judged against 2% as the marks' is; and each stage's time from them is printed beside its
+time with every stage marked.
+
 A chain of short kernels with a mark after each, queued far enough ahead that the GPU is the bound, gives the
 GPU's side of one mark on its own, and a loop of record calls on an idle stream the host's.
 
@@ -40,7 +46,8 @@ from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
 from app.runtime.nvtx import Nvtx  # noqa: E402
-from app.runtime.recorder import GpuClock, Recorder  # noqa: E402
+from app.runtime.one_mark import estimate  # noqa: E402
+from app.runtime.recorder import GpuClock, OneMarkRecorder, Recorder  # noqa: E402
 from app.runtime.stats import median_interval  # noqa: E402
 from app.runtime.timing import L2Flush  # noqa: E402
 from tests.benchmark.bench_ab import shuffled_rounds  # noqa: E402
@@ -88,26 +95,42 @@ def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int)
     sel = select("gpu")
     backend, _ = backend_for(plan, sel)
     nvtx = Nvtx(False, kernel)
+    names = [s.name for s in plan.stages]
+    n = len(names)
     # A run's marks: its first (0), one at each stage's end, the last stage's end the run's (tiled, see Recorder).
     arms = {"bare": Recorder("gpu", cp, nvtx, per_stage=False), "marked": Recorder("gpu", cp, nvtx),
-            "untimed": Recorder("gpu", cp, nvtx, clock=GpuClock(untimed=range(1, len(plan.stages))))}
+            "untimed": Recorder("gpu", cp, nvtx, clock=GpuClock(untimed=range(1, n)))}
+    ones = {f"one{k}": k for k in range(1, n)}      # bare runs with one stage mark, at the end of stage k
+    arms |= {name: OneMarkRecorder("gpu", cp, nvtx, k) for name, k in ones.items()}
     checked = {}
     for name, rec in arms.items():
         out, _ = rec.run(plan, inputs, backend)
         checked[name] = ok(backend.outputs_to_host(out))    # read now: the next run reuses the result's buffers
     flush = L2Flush("gpu", "flush", sel.info.get("l2_bytes"))
-    times, marks = {name: [] for name in arms}, {}
+    times, marks, to_mark = {name: [] for name in arms}, {}, {k: [] for k in ones.values()}
+    stage_times = []
     for name, counted in shuffled_rounds(arms, rounds, warm, seed):
         flush()
         _, rec = arms[name].run(plan, inputs, backend)
         if counted:
             times[name].append(rec.total_seconds)
             marks[name] = rec.marks
+            if name in ones:
+                to_mark[ones[name]].append(rec.to_boundary)
+            elif name == "marked":
+                stage_times.append([s["seconds"] for s in rec.stages])
     extra = marks["marked"] - marks["bare"]
-    if marks["untimed"] != marks["marked"]:
-        raise RuntimeError(f"the untimed runs recorded {marks['untimed']} marks, the marked ones {marks['marked']}")
-    return {"kernel": kernel, "version": version, "size": f"{a:,} x {b:,}", "rounds": rounds, "ok": checked,
-            "card": sel.device_name} | summarise(times, extra)
+    if marks["untimed"] != marks["marked"] or any(marks[name] != marks["bare"] + 1 for name in ones):
+        raise RuntimeError(f"the runs recorded other marks than planned: {marks}")
+    bare = statistics.median(times["bare"])
+    rounds_seen = [{"bare": times["bare"][i], "marked": stage_times[i], "marked_total": times["marked"][i]}
+                   | {k: (to_mark[k][i], times[nm][i]) for nm, k in ones.items()} for i in range(rounds)]
+    one = estimate(names, rounds_seen)
+    pooled = [t for nm in ones for t in times[nm]]
+    return {"kernel": kernel, "version": version, "size": f"{a:,} x {b:,}", "rounds": rounds,
+            "ok": {"all arms": all(checked.values())} | {nm: checked[nm] for nm in ARMS}, "card": sel.device_name,
+            "one": paired(pooled, times["bare"] * len(ones), 1, bare) if ones else None,
+            "one_stages": one["stages"]} | summarise({k: times[k] for k in ARMS}, extra)
 
 
 CHAIN_KERNEL = r'''extern "C" __global__ void spin(long long ns) {
@@ -173,13 +196,22 @@ def _part(label: str, p: dict) -> str:
 
 
 def lines(r: dict) -> list[str]:
-    ok = " ".join(f"{name} ok={r['ok'][name]}" for name in ARMS)
-    return [f"{r['kernel']} {r['version']} {r['size']} ({r['card']}, {r['rounds']} rounds): bare plan "
-            f"{_us(r['bare'])} [{r['bare_ci'][0] * 1e6:,.1f}-{r['bare_ci'][1] * 1e6:,.1f}]; {r['extra_marks']} "
-            f"marks the bare plan does not record; {ok}",
-            _part("marks' cost (marked - bare)", r["cost"]) + f"  -- {verdict(r['cost']['share_ci'])}",
-            _part("host side (untimed - bare)", r["host"]),
-            _part("timestamps (marked - untimed)", r["timestamps"])]
+    ok = " ".join(f"{name} ok={r['ok'][name]}" for name in ("all arms",) + ARMS)
+    out = [f"{r['kernel']} {r['version']} {r['size']} ({r['card']}, {r['rounds']} rounds): bare plan "
+           f"{_us(r['bare'])} [{r['bare_ci'][0] * 1e6:,.1f}-{r['bare_ci'][1] * 1e6:,.1f}]; {r['extra_marks']} "
+           f"marks the bare plan does not record; {ok}",
+           _part("marks' cost (marked - bare)", r["cost"]) + f"  -- {verdict(r['cost']['share_ci'])}",
+           _part("host side (untimed - bare)", r["host"]),
+           _part("timestamps (marked - untimed)", r["timestamps"])]
+    if r["one"]:
+        out.append(_part("one stage mark a run (- bare)", r["one"]) + f"  -- {verdict(r['one']['share_ci'])}")
+        out.append("  each stage, every stage marked -> one mark a run (the times without the other marks, "
+                   "~95% interval):")
+        for s in r["one_stages"]:
+            lo, hi = s["ci95"]
+            out.append(f"    {s['name']:<28} {s['marked_seconds'] * 1e6:9.1f} -> {s['seconds'] * 1e6:9.1f} us "
+                       f"[{lo * 1e6:.1f}, {hi * 1e6:.1f}]" + ("" if s["resolved"] else "  not resolved"))
+    return out
 
 
 def main(argv=None) -> int:

@@ -80,14 +80,19 @@ def test_on_a_gpu_every_kind_of_run_is_checked_and_each_part_is_given_a_mark_and
     out = capsys.readouterr().out
     heads = [line for line in out.splitlines() if "marks the bare plan does not record" in line]
     assert len(heads) == 2
-    assert all("bare ok=True marked ok=True untimed ok=True" in line for line in heads)
-    for part in ("marks' cost (marked - bare)", "host side (untimed - bare)", "timestamps (marked - untimed)"):
+    assert all("all arms ok=True bare ok=True marked ok=True untimed ok=True" in line for line in heads)
+    for part in ("marks' cost (marked - bare)", "host side (untimed - bare)", "timestamps (marked - untimed)",
+                 "one stage mark a run (- bare)"):
         rows = [line for line in out.splitlines() if part in line]
         assert len(rows) == 2, part
         for row in rows:
             m = re.search(r"(-?\d+\.\d+) us \[(-?\d+\.\d+), (-?\d+\.\d+)\]", row)
             mid, lo, hi = (float(x) for x in m.groups())
             assert lo <= mid <= hi
+    # each stage of both plans: its time with every stage marked, then from the runs with one mark each
+    stages = re.findall(r"^    (\w+) +(\d+\.\d) -> +(-?\d+\.\d) us \[(-?\d+\.\d), (-?\d+\.\d)\]", out, re.M)
+    assert len(stages) == 12 and stages[0][0] == "owned_buffer_build"
+    assert all(float(lo) <= float(mid) <= float(hi) for _, _, mid, lo, hi in stages)
     assert re.search(r"a chain of 50 kernels of 20 us, the GPU the bound: a timed event after each adds "
                      r"-?\d+\.\d+ us of GPU time, an untimed one -?\d+\.\d+ us; the record call itself takes "
                      r"\d+\.\d+ us of host time \(timed\), \d+\.\d+ us \(untimed\)", out)

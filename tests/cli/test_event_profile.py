@@ -9,6 +9,7 @@ from app.runtime.timing import OVERHEAD_MAX_PAIRS, OVERHEAD_PAIRS, OVERHEAD_PAIR
 from tests.conftest import DEVICES
 
 ARGS = ["join", "v2", "--points", "20000", "--polygons", "2000", "--bench_runs", "5", "--warmup", "1"]
+REASONS = ("count", "budget", "interval", "max_pairs")      # why the overhead pairs stopped
 STAGES = ["owned_buffer_build", "bounds", "morton_sort", "candidate_filter", "predicate_refine", "output_sort"]
 
 
@@ -119,6 +120,30 @@ def test_nvtx_reported_as_emitted_only_when_emitted(profile):
     else:
         assert (pairs, ins["stopped"]) == (OVERHEAD_PAIRS_CPU, "count")
     assert nv["ranges"] == len(STAGES) * (1 + 1 + 5 + pairs)
+
+
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_stage_times_without_the_other_marks(profile):
+    """On a GPU each stage is also timed from runs that carry one stage mark each: each stage has an interval and
+    what the other marks add to it, and the runs' own overhead is given. On the CPU the report says why not."""
+    device, d, trace, _ = profile
+    one = trace["timing"]["one_mark"]
+    report = (d / "report.md").read_text()
+    section = report.split("## Stage times without the other stages' marks")[1].split("\n## ")[0]
+    if device == "cpu":
+        assert one["why"].startswith("CPU run") and "Not measured: CPU run" in section
+        return
+    assert [s["name"] for s in one["stages"]] == STAGES
+    assert one["rounds"] == trace["timing"]["instrumentation"]["pairs"] and one["stopped"] in REASONS
+    assert one["stage_sum_seconds"] == pytest.approx(sum(s["seconds"] for s in one["stages"]))
+    for s in one["stages"]:
+        lo, hi = s["ci95"]
+        alo, ahi = s["marks_add_ci95"]
+        assert lo <= s["seconds"] <= hi and s["resolved"] == (lo > 0) and alo <= s["marks_add_seconds"] <= ahi
+        assert s["marked_seconds"] > 0 and f"| {s['name']} |" in section
+    assert one["overhead_fraction"] is not None and one["overhead_ci95"][0] <= one["overhead_fraction"]
+    assert one["bare_median_seconds"] > 0 and one["marked_median_seconds"] > 0
+    assert "one stage mark a run" in report
 
 
 def test_nvtx_off_and_disabled(tmp_path, monkeypatch):

@@ -77,6 +77,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             *([["drift over the timed runs", _drift_text(drift_check)]] if drift_check else []),
             *_hygiene_rows(timing),
         ]),
+        _one_mark_section(trace),
         _roofline(roof),
         _stage_chart(roof) if stage_chart else None,
         transfers_section(trace),
@@ -160,6 +161,13 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
                      f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within}{each} "
                      f"({us(ins['bare_median_seconds'])} us bare vs {us(ins['instrumented_median_seconds'])} us; "
                      f"{how} {ins['pairs']} interleaved pairs{_pairs_stop(ins)})"])
+    one = timing.get("one_mark") or {}
+    if one.get("overhead_fraction") is not None:
+        lo, hi = one["overhead_ci95"]
+        rows.append(["instrumentation overhead, one stage mark a run (the stage times without the other marks)",
+                     f"{fmt(100 * one['overhead_fraction'], 2, '%')} of the bare plan, 95% interval "
+                     f"{fmt(100 * lo, 2, '%')} to {fmt(100 * hi, 2, '%')} ({us(one['overhead_seconds'])} us; median "
+                     f"difference of each run from the bare run of its round, {one['rounds']} rounds)"])
     if timing.get("graph"):
         rows.append(["CUDA graph", timing["graph"]["why"]])
         replay = timing["graph"].get("replay")
@@ -178,6 +186,42 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         elif replay:
             rows.append(["graph replay", replay["why"]])
     return rows
+
+
+def _one_mark_section(trace: dict) -> Section | None:
+    """Each stage's time from runs with no other stage mark (app.runtime.one_mark), beside its time with every
+    stage marked in the same rounds and what the other marks add to it."""
+    one = trace["timing"].get("one_mark")
+    if one is None:         # traces made before this measurement
+        return None
+    title = "Stage times without the other stages' marks"
+    if "stages" not in one:
+        return Section(title, text=f"Not measured: {one['why']}.")
+    rows = []
+    for o in one["stages"]:
+        lo, hi = o["ci95"]
+        alo, ahi = o["marks_add_ci95"]
+        rows.append([o["name"], us(o["marked_seconds"]),
+                     us(o["seconds"]) if o["resolved"] else f"not resolved ({us(o['seconds'])})",
+                     f"{us(lo)} – {us(hi)}", f"{us(o['marks_add_seconds'])} ({us(alo)} – {us(ahi)})"])
+    ins = trace["timing"].get("instrumentation") or {}
+    paired = ins.get("overhead_fraction", 0.0) * ins.get("bare_median_seconds", 0.0)
+    rows.append(["whole plan", us(one["marked_median_seconds"]),
+                 f"{us(one['bare_median_seconds'])} bare (the stages above add up to {us(one['stage_sum_seconds'])})",
+                 "", f"{us(paired)} (the instrumentation overhead, in Timing)"])
+    return Section(title, columns=["Stage", "Every stage marked (us)", "One mark a run (us)", "95% interval (us)",
+                                   "The other marks add (us, 95% interval)"], rows=rows,
+                   note="A stage mark's cost lands after it, so in a run marked at every stage boundary (the timed "
+                        "runs) each stage carries the cost of the mark that starts it. Every round of the "
+                        "instrumentation overhead's pairs -- a bare run and a run marked at every boundary -- also "
+                        "ran the plan once with a single stage mark at the end of each stage but the last, in a "
+                        f"shuffled order ({one['rounds']} rounds). In each round a stage's time is the time to the "
+                        "mark after it minus the time to the mark before it, each from its own run; the figure is "
+                        "the median over the rounds. These times carry no other mark's cost, but each has the spread "
+                        "of the plan up to it, so its interval is wider than the timed runs' Duration. \"Every stage "
+                        "marked\" is the median of the same rounds' marked runs, so the last column compares like "
+                        "with like: the median of the rounds' differences. Not resolved: the interval reaches zero, "
+                        "and no conclusion is drawn from the figure.")
 
 
 def _stage_chart(roof):

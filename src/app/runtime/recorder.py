@@ -252,6 +252,7 @@ class RunRecord:
     total_seconds: float        # clock marks around the whole run
     wall_seconds: float         # host monotonic clock, including the final synchronisation
     marks: int = 0              # clock marks the run recorded (CUDA events on the GPU)
+    to_boundary: float | None = None    # OneMarkRecorder: from the run's first mark to its one stage mark
 
     @property
     def stage_sum(self) -> float:
@@ -335,6 +336,31 @@ class Recorder:
         return self.per_stage and bool(self._marks) and type(plan).run is KernelPlan.run
 
 
+class OneMarkRecorder(Recorder):
+    """A bare run (no per-stage marks) with one stage mark: at the end of stage ``boundary`` (1 = the first).
+    Its RunRecord's ``to_boundary`` is the time from the run's first mark to that one: what the stages up to
+    and including ``boundary`` take with no other stage mark in the run (app.runtime.one_mark)."""
+
+    def __init__(self, device: str, xp, nvtx: Nvtx, boundary: int, clock=None):
+        super().__init__(device, xp, nvtx, per_stage=False, clock=clock)
+        self.boundary = boundary
+        self._seen = 0
+        self._pair = None           # (the run's first mark, the stage mark) once the stage has ended
+
+    def stage(self, spec) -> "_Stage":
+        bracket = super().stage(spec)
+        self._seen += 1
+        return _BoundaryStage(self, bracket.st) if self._seen == self.boundary else bracket
+
+    def run(self, plan, inputs, backend):
+        self._seen, self._pair = 0, None
+        output, record = super().run(plan, inputs, backend)
+        if self._pair is not None:
+            record.to_boundary = self.clock.seconds(*self._pair)
+            record.marks += 1
+        return output, record
+
+
 class _Stage:
     """One stage's bracket. A plain object rather than a generator context manager: at the default sizes the
     plan is host-bound, so every microsecond of Python here lands in the plan's time, and the marked path
@@ -373,4 +399,22 @@ class _Stage:
         if rec._contexts is None and exc_type is None:      # not in a recorder's run: nothing to wait for
             for fn in self.st.deferred:
                 fn()
+        return False
+
+
+class _BoundaryStage(_Stage):
+    """The marked stage of a OneMarkRecorder's run: a bare stage with a mark as it ends. The run has no other
+    stage mark, so the recorder's last mark is still the run's first."""
+
+    __slots__ = ()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            rec = self.rec
+            if _INJECTED_DELAY and self.st.name in _INJECTED_DELAY:
+                time.sleep(_INJECTED_DELAY[self.st.name])
+            rec._pair = (rec._last, rec.clock.mark())
+            if rec._contexts is None:
+                for fn in self.st.deferred:
+                    fn()
         return False

@@ -15,11 +15,13 @@
 * How many runs (``--bench_runs N|auto``): ``auto`` runs until the 95% interval of the
   median total is within 1% of it, or a time budget is spent, and says which stopped it.
 * Instrumentation overhead: pairs of runs with per-stage marks and bare (one pair of
-  marks around the plan), interleaved so drift hits both alike.
+  marks around the plan), interleaved so drift hits both alike; on a GPU each pair's
+  round also runs the plan with one stage mark a run (app.runtime.one_mark).
 * Progress on stderr for any run longer than two seconds.
 """
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 import time
@@ -190,7 +192,7 @@ def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tupl
 
 def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: int = OVERHEAD_PAIRS,
                              progress: Progress | None = None, budget_s: float | None = None,
-                             target_ci: float | None = None) -> dict:
+                             target_ci: float | None = None, others: dict | None = None) -> dict:
     """What the per-stage marks cost: runs with them and bare runs (one pair of marks around the plan),
     interleaved pair by pair, the order flipped every pair so neither side always runs second.
 
@@ -201,8 +203,14 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
     stop (after OVERHEAD_MIN_PAIRS) once they have taken that long: a slow plan -- a CPU run at a million
     points -- must not double the profile's time to measure its marks. With ``target_ci`` the pairs go on
     past ``pairs``, within the budget and up to OVERHEAD_MAX_PAIRS, until the interval's half-width is at
-    most that fraction of the bare run; ``stopped`` says which rule ended them."""
+    most that fraction of the bare run; ``stopped`` says which rule ended them.
+
+    ``others`` (name -> run) are run once in every pair's round too, the round's runs then in an order shuffled
+    afresh (seeded) each round; ``rounds`` holds each round's RunRecords by name ("marked", "bare" and theirs):
+    event mode's runs with one stage mark each (app.runtime.one_mark), side by side with the pair they are
+    judged against."""
     marked, bare = [], []
+    rounds, rng = [], random.Random(0)
     marks = {"marked": 0, "bare": 0}          # clock marks a run of each side records
     t0 = time.monotonic()
     limit = max(pairs, OVERHEAD_MAX_PAIRS) if target_ci else pairs
@@ -215,12 +223,19 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
             break
         if progress:
             progress.update(f"instrumentation overhead, pair {i + 1}")
-        sides = ((run_instrumented, marked, "marked"), (run_bare, bare, "bare"))
-        for run, times, name in sides[::1 if i % 2 == 0 else -1]:
+        sides = [(run_instrumented, marked, "marked"), (run_bare, bare, "bare")]
+        if others:
+            sides += [(run, None, name) for name, run in others.items()]
+            rng.shuffle(sides)
+        got = {}
+        for run, times, name in sides if others or i % 2 == 0 else sides[::-1]:
             flush()
-            record = run()[1]
-            times.append(record.total_seconds)
-            marks[name] = record.marks
+            record = got[name] = run()[1]
+            if times is not None:
+                times.append(record.total_seconds)
+                marks[name] = record.marks
+        if others:
+            rounds.append(got)
     else:
         stopped = "max_pairs" if target_ci else "count"
     b = statistics.median(bare)
@@ -233,9 +248,12 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
             "per_mark_ci95": [lo / extra, hi / extra] if extra > 0 else None,
             "overhead_fraction": statistics.median(diffs) / b if b > 0 else 0.0,
             "overhead_ci95": [lo / b, hi / b] if b > 0 else [0.0, 0.0],
-            "stopped": stopped, "target_ci": target_ci,
-            "how": "median difference of interleaved pairs (order flipped every pair) over the median bare run: "
-                   "the same plan with a mark at every stage boundary vs one pair of marks around the whole plan"}
+            "stopped": stopped, "target_ci": target_ci, **({"rounds": rounds} if others else {}),
+            "how": "median difference of interleaved pairs ("
+                   + ("each pair's round with the runs of one stage mark each, in a shuffled order" if others
+                      else "order flipped every pair")
+                   + ") over the median bare run: the same plan with a mark at every stage boundary vs one pair of "
+                     "marks around the whole plan"}
 
 
 def _half_width(marked: list, bare: list) -> float:

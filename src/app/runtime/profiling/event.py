@@ -24,7 +24,8 @@ from app.runtime.memory import check_fits
 from app.runtime.nvtx import Nvtx
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.provenance import params_json
-from app.runtime.recorder import Recorder
+from app.runtime.one_mark import from_rounds
+from app.runtime.recorder import OneMarkRecorder, Recorder
 from app.runtime.stats import outlier_runs
 from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, OVERHEAD_TARGET_CI, L2Flush,
                                 Progress, drift, end_to_end, graph_capturability, instrumentation_overhead,
@@ -61,12 +62,17 @@ class EventMode(Mode):
                 bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
                 budget = max(1.0, OVERHEAD_SHARE * sum(r.wall_seconds for r in runs))
                 on_gpu = selection.selected == "gpu"
+                names = [s["name"] for s in runs[-1].stages]
+                one_marks, why_not = _one_mark_runs(plan, inputs, backend, selection, xp, len(names))
                 overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
                                                     lambda: bare.run(plan, inputs, backend), flush, progress=progress,
                                                     budget_s=budget,
                                                     pairs=OVERHEAD_PAIRS if on_gpu else OVERHEAD_PAIRS_CPU,
                                                     target_ci=OVERHEAD_TARGET_CI
-                                                    if on_gpu and options.overhead == "precise" else None)
+                                                    if on_gpu and options.overhead == "precise" else None,
+                                                    others=one_marks)
+                stage_marks = (from_rounds(names, overhead.pop("rounds"), overhead["stopped"]) if one_marks
+                               else {"why": why_not})
                 if selection.selected == "gpu":
                     e2e = end_to_end(lambda: bare.run(plan, inputs, backend),
                                      backend.outputs_to_host, flush, len(runs), budget)
@@ -89,6 +95,7 @@ class EventMode(Mode):
                             compile_info=compile_info, warmup=warmed["runs"], verification=verification)
         trace["timing"] |= {"warmup": warmed, "drift": drift([r.total_seconds for r in runs]),
                             "stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead,
+                            "one_mark": stage_marks,
                             "end_to_end": e2e, "staging_dma": staging_dma,
                             "window_waited_seconds": window["waited_seconds"]}
         if options.graph:
@@ -118,6 +125,23 @@ class EventMode(Mode):
                 files[f"compiled/{stage}/{fname}"] = content
         ok = verification is None or verification["matches"]
         return Profile(trace=trace, files=files, summary=_summary(trace), ok=ok)
+
+
+def _one_mark_runs(plan, inputs, backend, selection, xp, n: int) -> tuple[dict | None, str | None]:
+    """On a GPU, the runs with one stage mark each that every round of the overhead pairs also runs
+    (app.runtime.one_mark), by the stage whose end they mark; elsewhere None, and why."""
+    from app.kernel.plan import KernelPlan
+
+    if selection.selected != "gpu":
+        return None, ("CPU run: a stage mark is a clock read, a fraction of a microsecond, so the timed runs' stage "
+                      "times need no such check")
+    if type(plan).run is not KernelPlan.run:
+        return None, "the plan runs its stages its own way, so a stage's end need not be the next one's start"
+    if n < 2:
+        return None, "a plan of one stage: its time is the bare plan's"
+    nvtx = Nvtx(False, plan.kernel)
+    recorders = {k: OneMarkRecorder(selection.selected, xp, nvtx, k) for k in range(1, n)}
+    return {k: (lambda r=r: r.run(plan, inputs, backend)) for k, r in recorders.items()}, None
 
 
 def _add_occupancy(trace: dict, compile_info: dict) -> None:
