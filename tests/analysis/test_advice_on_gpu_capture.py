@@ -350,3 +350,17 @@ def test_the_stage_times_without_the_other_marks_are_the_captures_own():
     assert "without the other stages' marks" not in build_report(old, {"command_line": "x", "clocks": {}},
                                                                   plan_roofline(old["device"]["name"], "gpu",
                                                                                 old["stages"]), None)
+
+
+def test_a_stage_the_other_marks_measurably_inflate_says_so_in_its_key_issue():
+    """From the capture: the filter (5.8 us [3.3, 9.2] of 29.5), output_sort (8.4 [1.7, 15.7] of 67.7) and bounds
+    (2.4 [0.4, 4.9] of 23.3) are named; refine's interval reaches zero and the build's share is small: not."""
+    t = json.loads((DATA / "join_v4_100k_10k_h200_one_mark.trace.json").read_text())
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    issues = {f["stage"]: f["key_issue"] for f in advice.stage_findings(t, roof)}
+    assert "the other stages' marks add 5.8 us (20%) to its time" in issues["candidate_filter"]
+    assert "marks add 8.4 us (12%)" in issues["output_sort"] and "marks add 2.4 us (10%)" in issues["bounds"]
+    assert not any("marks add" in issues[s] for s in ("owned_buffer_build", "morton_sort", "predicate_refine"))
+    old = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())      # made before: nothing said
+    assert not any("marks add" in f["key_issue"]
+                   for f in advice.stage_findings(old, plan_roofline(old["device"]["name"], "gpu", old["stages"])))

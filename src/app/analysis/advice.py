@@ -30,6 +30,7 @@ def classify(dram_pct: float | None, compute_pct: float | None) -> str:
 def stage_findings(trace: dict, roof: dict) -> list[dict]:
     """Per stage: bottleneck class and its key issue, in plan order."""
     total = trace["total_elapsed_seconds"] or 1e-30
+    marks_add = _marks_add(trace)
     out = []
     for s in trace["stages"]:
         point = roof.get("stages", {}).get(s["name"]) if roof.get("available") else None
@@ -50,9 +51,27 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
             if not s["spread"].get("stable", True) and s["spread"]["runs"] > 1:
                 issues.append(f"unstable (±{100 * robust_of(s['spread']):.1f}% robust spread"
                               + (f", {outlier_runs(s['spread']['outliers'])})" if "outliers" in s["spread"] else ")"))
+            if s["name"] in marks_add:
+                issues.append(marks_add[s["name"]])
             issue = "; ".join(issues) or "-"
         out.append({"stage": s["name"], "share_pct": 100 * s["elapsed_seconds"] / total,
                     "dram_pct": dram, "flop_pct": flop, "bottleneck": bneck, "key_issue": issue})
+    return out
+
+
+MARKS_ADD_SHARE = 0.10     # the other stage marks' share of a stage's time from which its Key Issue names it
+
+
+def _marks_add(trace: dict) -> dict[str, str]:
+    """Stages whose time with every stage marked the other marks measurably inflate (timing.one_mark: the
+    interval of what they add is above zero) by MARKS_ADD_SHARE or more of it: a Key Issue, since the stage's
+    DRAM% and roofline gap are computed from that inflated time."""
+    out = {}
+    for o in (trace.get("timing", {}).get("one_mark") or {}).get("stages", []):
+        add, marked = o["marks_add_seconds"], o["marked_seconds"]
+        if o["marks_add_ci95"][0] > 0 and marked > 0 and add >= MARKS_ADD_SHARE * marked:
+            out[o["name"]] = (f"the other stages' marks add {add * 1e6:.1f} us ({100 * add / marked:.0f}%) to its "
+                              "time")
     return out
 
 
