@@ -13,6 +13,7 @@ from app.runtime.nvtx import Nvtx
 from app.runtime.one_mark import estimate, from_rounds
 from app.runtime.recorder import OneMarkRecorder, Recorder
 from app.runtime.timing import instrumentation_overhead
+from tests.runtime.test_recorder_bookkeeping import _Clock     # a clock whose marks are 1, 2, 3, ... in order
 
 NAMES = ["build", "sort", "filter", "emit"]
 
@@ -67,23 +68,6 @@ class _Spec:
         self.name, self.category = name, "compute"
 
 
-class _Counting:
-    """A clock whose marks are 1, 2, 3, ... in the order taken."""
-
-    def begin(self):
-        self.n = 0
-
-    def mark(self):
-        self.n += 1
-        return float(self.n)
-
-    def finish(self):
-        pass
-
-    def seconds(self, a, b):
-        return b - a
-
-
 class _Plan(KernelPlan):
     kernel, version = "demo", "v1"
     stages = [_Spec(n) for n in NAMES]
@@ -106,24 +90,24 @@ class _Backend:
 def test_a_one_mark_run_marks_only_the_end_of_its_stage(k):
     """The run's first mark, then one at stage k's end, then the run's end: three marks, and the time to the
     stage mark is one step of the counting clock; no stage's own time is measured."""
-    recorder = OneMarkRecorder("cpu", np, Nvtx(False, "demo"), k, clock=_Counting())
+    recorder = OneMarkRecorder("cpu", np, Nvtx(False, "demo"), k, clock=_Clock())
     out, rec = recorder.run(_Plan(), {}, _Backend())
     assert out == "emit" and rec.marks == 3
     assert rec.to_boundary == 1.0 and rec.total_seconds == 2.0
     assert rec.stages == []            # like a bare run's: no stage is timed on its own
-    again = recorder.run(_Plan(), {}, _Backend())[1]        # a second run starts its count again
+    again = recorder.run(_Plan(), {}, _Backend())[1]        # a second run: one step again, three marks
     assert (again.to_boundary, again.marks) == (1.0, 3)
 
 
 def test_a_bare_run_and_a_boundary_past_the_last_stage_carry_no_stage_mark():
-    bare = Recorder("cpu", np, Nvtx(False, "demo"), per_stage=False, clock=_Counting()).run(_Plan(), {}, _Backend())[1]
-    past = OneMarkRecorder("cpu", np, Nvtx(False, "demo"), 9, clock=_Counting()).run(_Plan(), {}, _Backend())[1]
+    bare = Recorder("cpu", np, Nvtx(False, "demo"), per_stage=False, clock=_Clock()).run(_Plan(), {}, _Backend())[1]
+    past = OneMarkRecorder("cpu", np, Nvtx(False, "demo"), 9, clock=_Clock()).run(_Plan(), {}, _Backend())[1]
     assert bare.marks == past.marks == 2 and bare.to_boundary is None and past.to_boundary is None
 
 
 def test_rounds_whose_one_mark_run_missed_its_mark_are_refused():
-    bare = Recorder("cpu", np, Nvtx(False, "demo"), per_stage=False, clock=_Counting())
-    marked = Recorder("cpu", np, Nvtx(False, "demo"), clock=_Counting())
+    bare = Recorder("cpu", np, Nvtx(False, "demo"), per_stage=False, clock=_Clock())
+    marked = Recorder("cpu", np, Nvtx(False, "demo"), clock=_Clock())
     got = {"bare": bare.run(_Plan(), {}, _Backend())[1], "marked": marked.run(_Plan(), {}, _Backend())[1]}
     got |= {k: bare.run(_Plan(), {}, _Backend())[1] for k in (1, 2, 3)}
     with pytest.raises(RuntimeError, match=r"end of stage 1 \(build\) recorded no mark there"):
