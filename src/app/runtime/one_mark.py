@@ -4,7 +4,7 @@ A CUDA timing event is not free. On the lent H200 hosts the record call takes ab
 the GPU writes the timestamp it finishes all the work queued before it, so the kernel after it starts from an
 idle stream (about 1.8 us where the GPU is the bound); and the launches after it can be slower still. That cost
 lands after the mark: in a run marked at every stage boundary, each stage carries the cost of the mark that
-starts it, and the plan carries one a stage -- 3-6% of the plan at the default sizes, and up to a quarter of a
+starts it, and the plan carries one a stage -- 2-7% of the plan at the default sizes, and up to a quarter of a
 short stage.
 
 Here every round of the instrumentation pairs -- the plan once bare (the run's first and last marks only) and
