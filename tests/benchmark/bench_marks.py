@@ -46,7 +46,7 @@ from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
 from app.runtime.nvtx import Nvtx  # noqa: E402
-from app.runtime.one_mark import estimate  # noqa: E402
+from app.runtime.one_mark import from_rounds  # noqa: E402
 from app.runtime.recorder import GpuClock, OneMarkRecorder, Recorder  # noqa: E402
 from app.runtime.stats import median_interval  # noqa: E402
 from app.runtime.timing import L2Flush  # noqa: E402
@@ -100,33 +100,30 @@ def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int)
     # A run's marks: its first (0), one at each stage's end, the last stage's end the run's (tiled, see Recorder).
     arms = {"bare": Recorder("gpu", cp, nvtx, per_stage=False), "marked": Recorder("gpu", cp, nvtx),
             "untimed": Recorder("gpu", cp, nvtx, clock=GpuClock(untimed=range(1, n)))}
-    ones = {f"one{k}": k for k in range(1, n)}      # bare runs with one stage mark, at the end of stage k
-    arms |= {name: OneMarkRecorder("gpu", cp, nvtx, k) for name, k in ones.items()}
+    ones = list(range(1, n))        # bare runs with one stage mark, at the end of stage k, named k as from_rounds reads
+    arms |= {k: OneMarkRecorder("gpu", cp, nvtx, k) for k in ones}
     checked = {}
     for name, rec in arms.items():
         out, _ = rec.run(plan, inputs, backend)
         checked[name] = ok(backend.outputs_to_host(out))    # read now: the next run reuses the result's buffers
     flush = L2Flush("gpu", "flush", sel.info.get("l2_bytes"))
-    times, marks, to_mark = {name: [] for name in arms}, {}, {k: [] for k in ones.values()}
-    stage_times = []
+    seen, got = [], {}                 # each counted round's RunRecords by arm
     for name, counted in shuffled_rounds(arms, rounds, warm, seed):
         flush()
         _, rec = arms[name].run(plan, inputs, backend)
         if counted:
-            times[name].append(rec.total_seconds)
-            marks[name] = rec.marks
-            if name in ones:
-                to_mark[ones[name]].append(rec.to_boundary)
-            elif name == "marked":
-                stage_times.append([s["seconds"] for s in rec.stages])
+            got[name] = rec
+            if len(got) == len(arms):
+                seen.append(got)
+                got = {}
+    times = {name: [r[name].total_seconds for r in seen] for name in arms}
+    marks = {name: seen[-1][name].marks for name in arms}
     extra = marks["marked"] - marks["bare"]
-    if marks["untimed"] != marks["marked"] or any(marks[name] != marks["bare"] + 1 for name in ones):
+    if marks["untimed"] != marks["marked"] or any(marks[k] != marks["bare"] + 1 for k in ones):
         raise RuntimeError(f"the runs recorded other marks than planned: {marks}")
     bare = statistics.median(times["bare"])
-    rounds_seen = [{"bare": times["bare"][i], "marked": stage_times[i], "marked_total": times["marked"][i]}
-                   | {k: (to_mark[k][i], times[nm][i]) for nm, k in ones.items()} for i in range(rounds)]
-    one = estimate(names, rounds_seen)
-    pooled = [t for nm in ones for t in times[nm]]
+    one = from_rounds(names, seen, "count")
+    pooled = [t for k in ones for t in times[k]]
     return {"kernel": kernel, "version": version, "size": f"{a:,} x {b:,}", "rounds": rounds,
             "ok": {"all arms": all(checked.values())} | {nm: checked[nm] for nm in ARMS}, "card": sel.device_name,
             "one": paired(pooled, times["bare"] * len(ones), 1, bare) if ones else None,
