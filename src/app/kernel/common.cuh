@@ -1,4 +1,4 @@
-// Device code shared by join.cu and overlay.cu (gpu_build.py puts it in front of each).
+// Device code shared by join.cu and the overlay's kernels (gpu_build.py puts it in front of each).
 // Compiled with NVRTC, --fmad=false: the orientation filter's error bound assumes
 // separately rounded multiply and subtract, and CPU/GPU must compute identical
 // Morton codes. Coordinates are interleaved fp64 (x, y); offsets are int32, CSR style.

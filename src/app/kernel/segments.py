@@ -1,5 +1,5 @@
 """Segment pairs in numpy: exact disjoint/proper/touch/collinear-overlap classification
-and the split points each pair puts on its two segments (overlay.cu ``refine`` mirrors it).
+and the split points each pair puts on its two segments (overlay_area.cu's ``refine_pairs`` mirrors it).
 
 For e = e0->e1 (layer A) and f = f0->f1 (layer B) the four orientations
 o1 = orient(e0, e1, f0), o2 = orient(e0, e1, f1), o3 = orient(f0, f1, e0),
@@ -116,7 +116,7 @@ def classify_pairs(e0x, e0y, e1x, e1y, f0x, f0y, f1x, f1y, marks: bool = False) 
             col_idx = slot % 2
             out[i, col_idx] = np.where(on_seg, _inside_split(t), out[i, col_idx])
         kind[i[hit]] = TOUCH
-        if marks:       # as overlay.cu's refine_pairs: a segment's own end on the other one, when nothing split it
+        if marks:       # as overlay_area.cu's refine_pairs: a segment's own end on the other one, when nothing split it
             for out, first, second in ((e_t, on_end[2], on_end[3]), (f_t, on_end[0], on_end[1])):
                 bare = hit & np.isnan(out[i, 0]) & np.isnan(out[i, 1])
                 out[i[bare & first], 0] = 0.0

@@ -1,4 +1,4 @@
-"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu and overlay_v3.cu.
+"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu, overlay_area.cu and overlay_v3.cu.
 
 Every counter of a run lands in one device array, the run's ledger (the grid the filter
 buckets by, chosen on the device, then the filter's, refine's and area's counters), which
@@ -39,7 +39,8 @@ from app.kernel import grid
 from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
-SOURCE = (Path(__file__).with_name("overlay.cu"), Path(__file__).with_name("overlay_v3.cu"))
+# Compiled as one program, in this order (each file uses what the ones before it define).
+SOURCE = tuple(Path(__file__).with_name(f) for f in ("overlay.cu", "overlay_area.cu", "overlay_v3.cu"))
 # overlay.cu's PAIR_STASH: b's each a keeps from polygon_pairs' count pass (an a with more is tested again).
 PAIR_STASH = 16
 # The run's ledger, 64-bit words: common.cuh's GridParams (ox, oy, sx, sy as fp64 bits, level, shift, cells, table

@@ -1,4 +1,4 @@
-// overlay v3's kernels; compiled after overlay.cu (scan.cu and common.cuh in front), whose
+// overlay v3's kernels; compiled after overlay.cu and overlay_area.cu (scan.cu and common.cuh in front), whose
 // helpers (point_at) and edge-slot conventions they share.
 
 // ---- v3 filter, part 2: half a warp per polygon pair, b's edges broadcast by shuffles --
@@ -168,7 +168,7 @@ __device__ __forceinline__ RingRef ring_ref(long long tid, int max_rings, const 
 }
 
 // ---- v3's record sort, its last step: each bucket's records by slot, then by key ----------
-// v3's tables are keyed by buckets of SLOT_BUCKET (32) edge slots (overlay.cu's slot_count
+// v3's tables are keyed by buckets of SLOT_BUCKET (32) edge slots (overlay_area.cu's slot_count
 // and slot_scatter with shift SLOT_BUCKET_SHIFT): a table of every edge slot cost more to
 // zero and scan than the records it placed. Here each record finds its place in its bucket
 // (``grouped``, as the scatter left it) by counting the bucket's records that sort before

@@ -1,0 +1,459 @@
+// Overlay kernels, part 2: from the candidate edge pairs to the areas (exact refine, the records' sort,
+// area reconstruction). Compiled after overlay.cu (scan.cu and common.cuh in front), whose edge-slot
+// conventions and helpers they share.
+
+// ---- exact intersection refine ----------------------------------------------------
+// The same classification as segments.py. Parameters along a segment use its
+// dominant axis, so its own endpoints sit at exactly 0 and 1. Each candidate appends
+// up to four split records (slot, t) and, for a collinear overlap, two overlap records
+// (slot, lo, hi, keep), counted in n_records[0] and [1]. stats: [0] proper, [1] touch,
+// [2] collinear overlap, [3] ambiguous pairs, [4] split events, [5] v3's marks at segment ends.
+// With ev_kind (v3) each split record also says whether it is a proper crossing (1) or
+// not (0: a touch, or an end of a shared stretch).
+__device__ __forceinline__ double seg_param(double px, double py, double2 s0, double2 s1) {
+    return fabs(s1.x - s0.x) >= fabs(s1.y - s0.y) ? (px - s0.x) / (s1.x - s0.x) : (py - s0.y) / (s1.y - s0.y);
+}
+
+__device__ __forceinline__ bool in_box(double px, double py, double2 s0, double2 s1) {
+    return fmin(s0.x, s1.x) <= px && px <= fmax(s0.x, s1.x) && fmin(s0.y, s1.y) <= py && py <= fmax(s0.y, s1.y);
+}
+
+__device__ __forceinline__ double inside_split(double t) { return (t > 0.0 && t < 1.0) ? t : -1.0; }
+
+// The input vertex (an endpoint of e or f) whose dominant coordinate is c.
+__device__ __forceinline__ double2 interval_point(double c, bool use_x, double2 e0, double2 e1, double2 f0, double2 f1) {
+    if ((use_x ? e0.x : e0.y) == c) return e0;
+    if ((use_x ? e1.x : e1.y) == c) return e1;
+    if ((use_x ? f0.x : f0.y) == c) return f0;
+    return f1;
+}
+
+extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, const int* ro_a, const double2* cb,
+                                        const int* gro_b, const int* ro_b, const int* pair_a, const int* pair_b,
+                                        const long long* slot_incl, const int* cand_p, const int* cand_ka,
+                                        const int* cand_kb, int C, const unsigned long long* n_cand, double errA,
+                                        int* ev_slot, double* ev_t, signed char* ev_kind, int* ov_slot, double* ov_lo,
+                                        double* ov_hi, int* ov_keep, unsigned long long* stats,
+                                        unsigned long long* n_records) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long n_proper = 0, n_touch = 0, n_overlap = 0, n_amb = 0, n_events = 0, n_marks = 0;
+    double te[2] = {-1.0, -1.0}, tf[2] = {-1.0, -1.0}, ov_e[2] = {0.0, 0.0}, ov_f[2] = {0.0, 0.0};
+    int slot_e = 0, slot_f = 0;
+    bool same = false;
+    // v3's candidate buffers have a room of C; n_cand (a device word) holds the real count.
+    if (c < live_count(C, n_cand)) {
+        int p = cand_p[c], ka = cand_ka[c], kb = cand_kb[c];
+        int a = pair_a[p], b = pair_b[p];
+        int a0 = ro_a[gro_a[a]], b0 = ro_b[gro_b[b]];
+        long long base = p == 0 ? 0 : slot_incl[p - 1];
+        slot_e = (int)(base + (ka - a0));
+        slot_f = (int)(base + (ro_a[gro_a[a + 1]] - a0) + (kb - b0));
+        double2 e0 = ca[ka], e1 = ca[ka + 1], f0 = cb[kb], f1 = cb[kb + 1];
+        unsigned long long ex = 0;
+        int o1 = orient2d(e0.x, e0.y, e1.x, e1.y, f0.x, f0.y, errA, ex);
+        int o2 = orient2d(e0.x, e0.y, e1.x, e1.y, f1.x, f1.y, errA, ex);
+        int o3 = orient2d(f0.x, f0.y, f1.x, f1.y, e0.x, e0.y, errA, ex);
+        int o4 = orient2d(f0.x, f0.y, f1.x, f1.y, e1.x, e1.y, errA, ex);
+        n_amb = ex > 0;
+        bool col = o1 == 0 && o2 == 0;
+        bool use_x = fabs(e1.x - e0.x) >= fabs(e1.y - e0.y);
+        double ce0 = use_x ? e0.x : e0.y, ce1 = use_x ? e1.x : e1.y;
+        double cf0 = use_x ? f0.x : f0.y, cf1 = use_x ? f1.x : f1.y;
+        double lo = fmax(fmin(ce0, ce1), fmin(cf0, cf1)), hi = fmin(fmax(ce0, ce1), fmax(cf0, cf1));
+        if (col && lo < hi) {
+            n_overlap = 1;
+            double2 plo = interval_point(lo, use_x, e0, e1, f0, f1), phi = interval_point(hi, use_x, e0, e1, f0, f1);
+            double el = seg_param(plo.x, plo.y, e0, e1), eh = seg_param(phi.x, phi.y, e0, e1);
+            double fl = seg_param(plo.x, plo.y, f0, f1), fh = seg_param(phi.x, phi.y, f0, f1);
+            double elo = fmin(el, eh), ehi = fmax(el, eh), flo = fmin(fl, fh), fhi = fmax(fl, fh);
+            te[0] = inside_split(elo); te[1] = inside_split(ehi);
+            tf[0] = inside_split(flo); tf[1] = inside_split(fhi);
+            same = (ce1 - ce0) * (cf1 - cf0) > 0.0;
+            ov_e[0] = elo; ov_e[1] = ehi; ov_f[0] = flo; ov_f[1] = fhi;
+        } else if (!col && o1 * o2 < 0 && o3 * o4 < 0) {
+            n_proper = 1;
+            double dex = e1.x - e0.x, dey = e1.y - e0.y, dfx = f1.x - f0.x, dfy = f1.y - f0.y;
+            double wx = f0.x - e0.x, wy = f0.y - e0.y, den = dex * dfy - dey * dfx;
+            double ue = fmin(fmax((wx * dfy - wy * dfx) / den, 0.0), 1.0);
+            double uf = fmin(fmax((wx * dey - wy * dex) / den, 0.0), 1.0);
+            // v3 keeps a crossing whose parameter rounds to an end of the segment (at 0 or 1): the walk in
+            // area_rings_flip flips its inside/outside status at every proper crossing, so none may go missing.
+            te[0] = ev_kind ? ue : inside_split(ue);
+            tf[0] = ev_kind ? uf : inside_split(uf);
+        } else if (!col || lo == hi) {
+            bool hit = false;
+            if (o1 == 0 && in_box(f0.x, f0.y, e0, e1)) { te[0] = inside_split(seg_param(f0.x, f0.y, e0, e1)); hit = true; }
+            if (o2 == 0 && in_box(f1.x, f1.y, e0, e1)) { te[1] = inside_split(seg_param(f1.x, f1.y, e0, e1)); hit = true; }
+            if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) { tf[0] = inside_split(seg_param(e0.x, e0.y, f0, f1)); hit = true; }
+            if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) { tf[1] = inside_split(seg_param(e1.x, e1.y, f0, f1)); hit = true; }
+            n_touch = hit;
+            if (ev_kind && hit) {
+                // v3: a touch at a segment's own end splits nothing, but the other boundary meets this ring
+                // there, so the walk's status is unknown past it: mark the end (t = 0 or 1). Two segments
+                // that are not collinear meet in one point, so a segment with no split has at most one mark.
+                if (te[0] < 0.0 && te[1] < 0.0) {
+                    if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) te[0] = 0.0;
+                    else if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) te[0] = 1.0;
+                }
+                if (tf[0] < 0.0 && tf[1] < 0.0) {
+                    if (o1 == 0 && in_box(f0.x, f0.y, e0, e1)) tf[0] = 0.0;
+                    else if (o2 == 0 && in_box(f1.x, f1.y, e0, e1)) tf[0] = 1.0;
+                }
+            }
+        }
+        for (int i = 0; i < 2; ++i) {
+            // Split events are the records strictly inside a segment; v3's records at its ends are marks.
+            n_events += (te[i] > 0.0 && te[i] < 1.0) + (tf[i] > 0.0 && tf[i] < 1.0);
+            n_marks += (te[i] == 0.0 || te[i] == 1.0) + (tf[i] == 0.0 || tf[i] == 1.0);
+        }
+    }
+    // The records, appended (a warp reserves its lanes' room with one atomic on n_records[0] or [1]): the
+    // sort after this groups them by slot and reads how many there are from those words. A record slot a
+    // candidate with fewer records left empty cost the sort a thread (4.8M records' threads for 773k records
+    // at 100k x 100k).
+    unsigned long long at = warp_reserve((te[0] >= 0.0) + (te[1] >= 0.0) + (tf[0] >= 0.0) + (tf[1] >= 0.0), n_records);
+    for (int i = 0; i < 4; ++i) {
+        double t = i < 2 ? te[i] : tf[i - 2];
+        if (t < 0.0) continue;
+        ev_slot[at] = i < 2 ? slot_e : slot_f;
+        ev_t[at] = t;
+        if (ev_kind) ev_kind[at] = n_proper;
+        ++at;
+    }
+    // A collinear overlap: a stretch shared by both segments. A keeps it when both run the same way; B never
+    // does (no double count).
+    at = warp_reserve(n_overlap ? 2u : 0u, n_records + 1);
+    if (n_overlap) {
+        ov_slot[at] = slot_e; ov_lo[at] = ov_e[0]; ov_hi[at] = ov_e[1]; ov_keep[at] = same;
+        ov_slot[at + 1] = slot_f; ov_lo[at + 1] = ov_f[0]; ov_hi[at + 1] = ov_f[1]; ov_keep[at + 1] = 0;
+    }
+    unsigned long long v[6] = {n_proper, n_touch, n_overlap, n_amb, n_events, n_marks};
+    block_add<6>(stats, v);
+}
+
+// ---- reconstruction-event sort: records grouped by slot, then ordered by their key ---
+// Counting sort (count with an atomic rank, scan, scatter) and an insertion sort of each
+// slot's few records: split records by t, overlap records by lo, both sets in the same
+// launches (a fixed grid striding over both; how many records each set holds is a device
+// word, n_records[0] and [1], counted by refine_pairs). Each set has its own table, keyed
+// by slot >> shift: v1 and v2 key it by slot (shift 0); v3 by buckets of 32 slots, and
+// sorts each bucket's records in overlay_v3.cu's bucket_sort (a table of every edge slot
+// cost more than the records: 11.6M entries for 773k records at 100k x 100k). The table has
+// n_keys + 1 entries (entry key + 1 counts key's records; the scan makes them starts).
+// Also the overlap table's fate, decided here where the count is known: with no overlap record (refine found
+// no collinear overlap, the usual case) its starts are zeroed and the scan after this is told to cover nothing
+// (ov_scan_len 0), in place of a scan of the whole table (71 us at 100k x 100k on an H200 for a table of every
+// edge slot); otherwise ov_scan_len is the table's length. ``ov_start`` is the scan's output buffer.
+extern "C" __global__ void slot_count(const int* ev_slot, int* ev_rank, int* ev_counts, const int* ov_slot,
+                                      int* ov_rank, int* ov_counts, const unsigned long long* n_records,
+                                      long long n_keys, int shift, long long* ov_scan_len, int* ov_start) {
+    long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
+    long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    if (i0 == 0) *ov_scan_len = n_ov ? n_keys + 1 : 0;
+    for (long long i = i0; i < n_ev + n_ov; i += stride) {
+        bool ov = i >= n_ev;
+        long long r = ov ? i - n_ev : i;
+        const int* slot = ov ? ov_slot : ev_slot;
+        (ov ? ov_rank : ev_rank)[r] = atomicAdd((ov ? ov_counts : ev_counts) + (slot[r] >> shift) + 1, 1);
+    }
+    if (n_ov == 0)
+        for (long long i = i0; i <= n_keys; i += stride) ov_start[i] = 0;
+}
+
+extern "C" __global__ void slot_scatter(const int* ev_slot, const int* ev_rank, const int* ev_start, int* ev_order,
+                                        const int* ov_slot, const int* ov_rank, const int* ov_start, int* ov_order,
+                                        const unsigned long long* n_records, int shift) {
+    long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_ev + n_ov; i += stride) {
+        bool ov = i >= n_ev;
+        long long r = ov ? i - n_ev : i;
+        int s = (ov ? ov_slot : ev_slot)[r] >> shift;
+        (ov ? ov_order : ev_order)[(ov ? ov_start : ev_start)[s] + (ov ? ov_rank : ev_rank)[r]] = (int)r;
+    }
+}
+
+// The record ranked first in its slot sorts that slot's records by key. Most edge slots hold no record (773k
+// split events over about 8.5M slots at 100k x 100k), and a thread per slot took 36 us on an H200, most of its
+// threads finding nothing to sort.
+extern "C" __global__ void slot_sort(const int* ev_slot, const int* ev_rank, const int* ev_start, const double* ev_t,
+                                     int* ev_order, const int* ov_slot, const int* ov_rank, const int* ov_start,
+                                     const double* ov_lo, int* ov_order, const unsigned long long* n_records) {
+    long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_ev + n_ov; i += stride) {
+        bool ov = i >= n_ev;
+        long long r = ov ? i - n_ev : i;
+        if ((ov ? ov_rank : ev_rank)[r] != 0) continue;
+        const int* start = ov ? ov_start : ev_start;
+        const double* key = ov ? ov_lo : ev_t;
+        int* order = ov ? ov_order : ev_order;
+        int s = (ov ? ov_slot : ev_slot)[r];
+        int i0 = start[s], i1 = start[s + 1];
+        for (int k = i0 + 1; k < i1; ++k) {
+            int v = order[k];
+            double kv = key[v];
+            int j = k - 1;
+            while (j >= i0 && key[order[j]] > kv) { order[j + 1] = order[j]; --j; }
+            order[j + 1] = v;
+        }
+    }
+}
+
+// ---- area reconstruction ------------------------------------------------------------
+// A thread per (pair, side, ring). A ring with no split or overlap record lies wholly
+// inside or outside the other polygon: one midpoint decides, and it adds twice its
+// area. A cut ring adds, for every piece of every edge that is strictly inside the
+// other polygon (or on a shared boundary that A keeps), the shoelace term of the
+// piece relative to the centre of a's bbox. stats: [0] point-in-polygon tests,
+// [1] pieces, [2] pieces kept, [3] cut rings.
+__device__ __forceinline__ double2 point_at(double2 s0, double2 s1, double t) {
+    return t == 1.0 ? s1 : make_double2(s0.x + t * (s1.x - s0.x), s0.y + t * (s1.y - s0.y));
+}
+
+// Whether the piece of an edge at parameter tm lies on a stretch shared with the other layer (a collinear
+// overlap record of the edge's slot, o_lo..o_hi in ov_order), and whether any such record keeps it.
+__device__ __forceinline__ bool on_overlap(double tm, int o_lo, int o_hi, const int* ov_order, const double* ov_lo,
+                                           const double* ov_hi, const int* ov_keep, bool& keep) {
+    bool shared = false;
+    keep = false;
+    for (int j = o_lo; j < o_hi; ++j) {
+        int rec = ov_order[j];
+        if (ov_lo[rec] <= tm && tm <= ov_hi[rec]) { shared = true; keep |= ov_keep[rec] != 0; }
+    }
+    return shared;
+}
+
+extern "C" __global__ void area_rings(
+        const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
+        const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+        const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P, int max_rings,
+        const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
+        const int* ov_start, const int* ov_order, const double* ov_lo, const double* ov_hi, const int* ov_keep,
+        double errA, double* contrib, unsigned long long* stats) {
+    long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long per_pair = 2LL * max_rings;
+    int p = (int)(tid / per_pair);
+    int rem = (int)(tid % per_pair), side = rem / max_rings, lr = rem % max_rings;
+    double acc = 0.0;
+    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, n_cut = 0, ex = 0, edges = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double2* C = side ? cb : ca;
+        const int *ro = side ? ro_b : ro_a, *gro = side ? gro_b : gro_a;
+        const double2* CO = side ? ca : cb;
+        const int *roO = side ? ro_a : ro_b, *groO = side ? gro_a : gro_b;
+        int g = side ? b : a, go = side ? a : b;
+        const double* boxO = (side ? box_a : box_b) + 4 * (long long)go;
+        int r = gro[g] + lr;
+        if (r < gro[g + 1]) {
+            long long base = p == 0 ? 0 : slot_incl[p - 1];
+            int a_coords = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
+            long long slot0 = base + (side ? a_coords : 0) - ro[gro[g]];     // slot of coordinate k: slot0 + k
+            int k0 = ro[r], k1 = ro[r + 1] - 1;
+            bool cut = ev_start[slot0 + k1] != ev_start[slot0 + k0] || ov_start[slot0 + k1] != ov_start[slot0 + k0];
+            const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
+            if (!cut) {
+                if (boxes_meet(rb[0], rb[1], rb[2], rb[3], boxO)) {
+                    double2 e0 = C[k0], e1 = C[k0 + 1];
+                    double2 m = make_double2(0.5 * (e0.x + e1.x), 0.5 * (e0.y + e1.y));
+                    if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
+                        bool bnd = false;
+                        ++n_pip;
+                        if (classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd)
+                            acc += (side ? ra2_b : ra2_a)[r];
+                    }
+                }
+            } else {
+                n_cut = 1;
+                const double* BA = box_a + 4 * (long long)a;
+                double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
+                for (int k = k0; k < k1; ++k) {
+                    long long s = slot0 + k;
+                    int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
+                    double2 e0 = C[k], e1 = C[k + 1];
+                    if (e_lo == e_hi && o_lo == o_hi &&
+                        !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
+                        continue;   // no events and away from the other polygon: outside
+                    double t0 = 0.0;
+                    for (int i = e_lo; i <= e_hi; ++i) {
+                        double t1 = i < e_hi ? ev_t[ev_order[i]] : 1.0;
+                        if (!(t1 > t0)) continue;
+                        ++n_pieces;
+                        double tm = 0.5 * (t0 + t1);
+                        bool keep;
+                        bool shared = on_overlap(tm, o_lo, o_hi, ov_order, ov_lo, ov_hi, ov_keep, keep);
+                        if (!shared) {
+                            double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
+                            if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
+                                bool bnd = false;
+                                ++n_pip;
+                                keep = classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd;
+                            }
+                        }
+                        if (keep) {
+                            ++n_kept;
+                            double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
+                            acc += (q0.x - ox) * (q1.y - oy) - (q1.x - ox) * (q0.y - oy);
+                        }
+                        t0 = t1;
+                    }
+                }
+            }
+        }
+    }
+    if (p < P) contrib[tid] = acc;
+    unsigned long long v[4] = {n_pip, n_pieces, n_kept, n_cut};
+    block_add<4>(stats, v);
+}
+
+// Per pair: half the sum of its rings' contributions; keep[p] = area > 0. kept[0] += pairs kept (the result's
+// length, read by the host with the run's other counters). n_pairs: as live_count's (v3), or null.
+extern "C" __global__ void pair_area(const double* contrib, int P, const unsigned long long* n_pairs, int max_rings,
+                                     double* area, int* keep, unsigned long long* kept) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long k = 0;
+    if (p < live_count(P, n_pairs)) {
+        double s = 0.0;
+        for (int i = 0; i < 2 * max_rings; ++i) s += contrib[(long long)p * 2 * max_rings + i];
+        area[p] = 0.5 * s;
+        keep[p] = k = 0.5 * s > 0.0;
+    }
+    unsigned long long v[1] = {k};
+    block_add<1>(kept, v);
+}
+
+extern "C" __global__ void emit_areas(const int* keep, const long long* incl, int P, const unsigned long long* n_pairs,
+                                      const int* pair_a, const int* pair_b, const double* area, int* out_a,
+                                      int* out_b, double* out_area) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= live_count(P, n_pairs) || !keep[p]) return;
+    long long i = incl[p] - 1;
+    out_a[i] = pair_a[p]; out_b[i] = pair_b[p]; out_area[i] = area[p];
+}
+
+// ---- v2 filter, part 2: sort-and-sweep within each polygon pair -------------------
+// The warp gathers b's edges that reach a's bbox into shared memory, sorts them by
+// lowest y, and each lane (one of a's edges) tests only the prefix whose lowest y is
+// <= its highest y. Pairs whose b has more than SWEEP_MAX near edges fall back to
+// scanning b in order (same tests counted). stats as edge_pairs.
+#define SWEEP_MAX 64
+#define SWEEP_WARPS 8   // blockDim.x must be 256
+
+extern "C" __global__ void __launch_bounds__(256)
+edge_pairs_sweep(const double2* ca, const int* ro_a, const int* gro_a, const double* box_a,
+                 const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+                 const int* pair_a, const int* pair_b, int P, long long* counts, long long* slots,
+                 const long long* incl_offsets, int* out_p, int* out_ka, int* out_kb, unsigned long long* stats) {
+    __shared__ double s_box[SWEEP_WARPS][SWEEP_MAX][4];   // xlo, ylo, xhi, yhi
+    __shared__ int s_k[SWEEP_WARPS][SWEEP_MAX];
+    int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned long long tests = 0, found = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double* BA = box_a + 4 * (long long)a;
+        const double* BB = box_b + 4 * (long long)b;
+        int a0 = ro_a[gro_a[a]], a1 = ro_a[gro_a[a + 1]];
+        int b0 = ro_b[gro_b[b]], b1 = ro_b[gro_b[b + 1]];
+        // Gather b's near edges (ballot compaction), in coordinate order.
+        int n = 0;
+        for (int base = b0; base < b1; base += 32) {
+            int kb = base + lane;
+            bool near = false;
+            double2 f0, f1;
+            if (kb < b1 - 1) {
+                // kb starts an edge unless it is the last coordinate of its ring: a ring's
+                // last coordinate repeats its first, so the next coordinate starts a new ring.
+                int r = gro_b[b];
+                while (ro_b[r + 1] <= kb) ++r;
+                if (kb != ro_b[r + 1] - 1) {
+                    f0 = cb[kb]; f1 = cb[kb + 1];
+                    near = fmin(f0.x, f1.x) <= BA[2] && BA[0] <= fmax(f0.x, f1.x) &&
+                           fmin(f0.y, f1.y) <= BA[3] && BA[1] <= fmax(f0.y, f1.y);
+                }
+            }
+            unsigned int ballot = __ballot_sync(FULL_MASK, near);
+            int pos = n + __popc(ballot & ((1u << lane) - 1));
+            if (near && pos < SWEEP_MAX) {
+                s_box[w][pos][0] = fmin(f0.x, f1.x); s_box[w][pos][1] = fmin(f0.y, f1.y);
+                s_box[w][pos][2] = fmax(f0.x, f1.x); s_box[w][pos][3] = fmax(f0.y, f1.y);
+                s_k[w][pos] = kb;
+            }
+            n += __popc(ballot);
+        }
+        __syncwarp();
+        bool fits = n <= SWEEP_MAX;
+        if (fits && lane == 0) {   // insertion sort by lowest y: a few dozen entries
+            for (int i = 1; i < n; ++i) {
+                double v[4] = {s_box[w][i][0], s_box[w][i][1], s_box[w][i][2], s_box[w][i][3]};
+                int kv = s_k[w][i], j = i - 1;
+                while (j >= 0 && s_box[w][j][1] > v[1]) {
+                    for (int c = 0; c < 4; ++c) s_box[w][j + 1][c] = s_box[w][j][c];
+                    s_k[w][j + 1] = s_k[w][j];
+                    --j;
+                }
+                for (int c = 0; c < 4; ++c) s_box[w][j + 1][c] = v[c];
+                s_k[w][j + 1] = kv;
+            }
+        }
+        __syncwarp();
+        long long out = incl_offsets ? (p == 0 ? 0 : incl_offsets[p - 1]) : 0;
+        int ring = gro_a[a], ring_end = ro_a[ring + 1] - 1;
+        for (int base = a0; base < a1; base += 32) {
+            int k = base + lane, mine = 0;
+            double ex0 = 0, ey0 = 0, ex1 = 0, ey1 = 0;
+            bool live = false;
+            if (k < a1) {
+                while (k >= ring_end + 1) { ++ring; ring_end = ro_a[ring + 1] - 1; }
+                if (k < ring_end) {
+                    double2 e0 = ca[k], e1 = ca[k + 1];
+                    ex0 = fmin(e0.x, e1.x); ey0 = fmin(e0.y, e1.y); ex1 = fmax(e0.x, e1.x); ey1 = fmax(e0.y, e1.y);
+                    live = ex0 <= BB[2] && BB[0] <= ex1 && ey0 <= BB[3] && BB[1] <= ey1;
+                }
+            }
+            for (int pass = 0; pass < (incl_offsets ? 2 : 1); ++pass) {
+                long long pos = 0;
+                if (pass == 1) {   // emit: this lane's start from an exclusive scan of the counts
+                    int incl = mine;
+                    for (int off = 1; off < 32; off <<= 1) {
+                        int up = __shfl_up_sync(FULL_MASK, incl, off);
+                        if (lane >= off) incl += up;
+                    }
+                    pos = out + incl - mine;
+                    out += __shfl_sync(FULL_MASK, incl, 31);
+                }
+                if (live) {
+                    if (fits) {
+                        for (int j = 0; j < n && s_box[w][j][1] <= ey1; ++j) {
+                            const double* f = s_box[w][j];
+                            bool hit = ex0 <= f[2] && f[0] <= ex1 && f[3] >= ey0;
+                            if (pass == 0) { ++tests; if (hit) { ++found; ++mine; } }
+                            else if (hit) { out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = s_k[w][j]; ++pos; }
+                        }
+                    } else {
+                        int r = gro_b[b], r_end = ro_b[r + 1] - 1;
+                        for (int kb = b0; kb < b1; ++kb) {
+                            if (kb == r_end) { ++r; r_end = ro_b[r + 1] - 1; continue; }
+                            double2 f0 = cb[kb], f1 = cb[kb + 1];
+                            double fx0 = fmin(f0.x, f1.x), fy0 = fmin(f0.y, f1.y);
+                            double fx1 = fmax(f0.x, f1.x), fy1 = fmax(f0.y, f1.y);
+                            if (!(fx0 <= BA[2] && BA[0] <= fx1 && fy0 <= BA[3] && BA[1] <= fy1)) continue;
+                            if (fy0 > ey1) continue;
+                            bool hit = ex0 <= fx1 && fx0 <= ex1 && fy1 >= ey0;
+                            if (pass == 0) { ++tests; if (hit) { ++found; ++mine; } }
+                            else if (hit) { out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = kb; ++pos; }
+                        }
+                    }
+                }
+            }
+        }
+        if (!incl_offsets) {
+            unsigned long long t = found;
+            for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(FULL_MASK, t, off);
+            if (lane == 0) { counts[p] = (long long)t; slots[p] = (long long)(a1 - a0) + (b1 - b0); }
+        }
+    }
+    unsigned long long v[2] = {tests, found};
+    if (!incl_offsets) block_add<2>(stats, v);
+}
