@@ -221,7 +221,10 @@ def _one_mark_section(trace: dict) -> Section | None:
                         "of the plan up to it, so its interval is wider than the timed runs' Duration. \"Every stage "
                         "marked\" is the median of the same rounds' marked runs, so the last column compares like "
                         "with like: the median of the rounds' differences. Not resolved: the interval reaches zero, "
-                        "and no conclusion is drawn from the figure.")
+                        "and no conclusion is drawn from the figure. In the whole plan's row the first two figures "
+                        "are each side's own median and the last is the median of the rounds' differences: on a "
+                        "noisy machine the two medians can even fall the other way round, while the paired "
+                        "difference, taken from runs side by side, is the steadier measure of what the marks cost.")
 
 
 def _stage_chart(roof):
