@@ -252,3 +252,129 @@ extern "C" __global__ void edge_pairs(const double2* ca, const int* ro_a, const 
     unsigned long long v[2] = {tests, found};
     if (!incl_offsets) block_add<2>(stats, v);
 }
+
+// ---- v2 filter, part 2: sort-and-sweep within each polygon pair -------------------
+// The warp gathers b's edges that reach a's bbox into shared memory, sorts them by
+// lowest y, and each lane (one of a's edges) tests only the prefix whose lowest y is
+// <= its highest y. Pairs whose b has more than SWEEP_MAX near edges fall back to
+// scanning b in order (same tests counted). stats as edge_pairs.
+#define SWEEP_MAX 64
+#define SWEEP_WARPS 8   // blockDim.x must be 256
+
+extern "C" __global__ void __launch_bounds__(256)
+edge_pairs_sweep(const double2* ca, const int* ro_a, const int* gro_a, const double* box_a,
+                 const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
+                 const int* pair_a, const int* pair_b, int P, long long* counts, long long* slots,
+                 const long long* incl_offsets, int* out_p, int* out_ka, int* out_kb, unsigned long long* stats) {
+    __shared__ double s_box[SWEEP_WARPS][SWEEP_MAX][4];   // xlo, ylo, xhi, yhi
+    __shared__ int s_k[SWEEP_WARPS][SWEEP_MAX];
+    int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned long long tests = 0, found = 0;
+    if (p < P) {
+        int a = pair_a[p], b = pair_b[p];
+        const double* BA = box_a + 4 * (long long)a;
+        const double* BB = box_b + 4 * (long long)b;
+        int a0 = ro_a[gro_a[a]], a1 = ro_a[gro_a[a + 1]];
+        int b0 = ro_b[gro_b[b]], b1 = ro_b[gro_b[b + 1]];
+        // Gather b's near edges (ballot compaction), in coordinate order.
+        int n = 0;
+        for (int base = b0; base < b1; base += 32) {
+            int kb = base + lane;
+            bool near = false;
+            double2 f0, f1;
+            if (kb < b1 - 1) {
+                // kb starts an edge unless it is the last coordinate of its ring: a ring's
+                // last coordinate repeats its first, so the next coordinate starts a new ring.
+                int r = gro_b[b];
+                while (ro_b[r + 1] <= kb) ++r;
+                if (kb != ro_b[r + 1] - 1) {
+                    f0 = cb[kb]; f1 = cb[kb + 1];
+                    near = fmin(f0.x, f1.x) <= BA[2] && BA[0] <= fmax(f0.x, f1.x) &&
+                           fmin(f0.y, f1.y) <= BA[3] && BA[1] <= fmax(f0.y, f1.y);
+                }
+            }
+            unsigned int ballot = __ballot_sync(FULL_MASK, near);
+            int pos = n + __popc(ballot & ((1u << lane) - 1));
+            if (near && pos < SWEEP_MAX) {
+                s_box[w][pos][0] = fmin(f0.x, f1.x); s_box[w][pos][1] = fmin(f0.y, f1.y);
+                s_box[w][pos][2] = fmax(f0.x, f1.x); s_box[w][pos][3] = fmax(f0.y, f1.y);
+                s_k[w][pos] = kb;
+            }
+            n += __popc(ballot);
+        }
+        __syncwarp();
+        bool fits = n <= SWEEP_MAX;
+        if (fits && lane == 0) {   // insertion sort by lowest y: a few dozen entries
+            for (int i = 1; i < n; ++i) {
+                double v[4] = {s_box[w][i][0], s_box[w][i][1], s_box[w][i][2], s_box[w][i][3]};
+                int kv = s_k[w][i], j = i - 1;
+                while (j >= 0 && s_box[w][j][1] > v[1]) {
+                    for (int c = 0; c < 4; ++c) s_box[w][j + 1][c] = s_box[w][j][c];
+                    s_k[w][j + 1] = s_k[w][j];
+                    --j;
+                }
+                for (int c = 0; c < 4; ++c) s_box[w][j + 1][c] = v[c];
+                s_k[w][j + 1] = kv;
+            }
+        }
+        __syncwarp();
+        long long out = incl_offsets ? (p == 0 ? 0 : incl_offsets[p - 1]) : 0;
+        int ring = gro_a[a], ring_end = ro_a[ring + 1] - 1;
+        for (int base = a0; base < a1; base += 32) {
+            int k = base + lane, mine = 0;
+            double ex0 = 0, ey0 = 0, ex1 = 0, ey1 = 0;
+            bool live = false;
+            if (k < a1) {
+                while (k >= ring_end + 1) { ++ring; ring_end = ro_a[ring + 1] - 1; }
+                if (k < ring_end) {
+                    double2 e0 = ca[k], e1 = ca[k + 1];
+                    ex0 = fmin(e0.x, e1.x); ey0 = fmin(e0.y, e1.y); ex1 = fmax(e0.x, e1.x); ey1 = fmax(e0.y, e1.y);
+                    live = ex0 <= BB[2] && BB[0] <= ex1 && ey0 <= BB[3] && BB[1] <= ey1;
+                }
+            }
+            for (int pass = 0; pass < (incl_offsets ? 2 : 1); ++pass) {
+                long long pos = 0;
+                if (pass == 1) {   // emit: this lane's start from an exclusive scan of the counts
+                    int incl = mine;
+                    for (int off = 1; off < 32; off <<= 1) {
+                        int up = __shfl_up_sync(FULL_MASK, incl, off);
+                        if (lane >= off) incl += up;
+                    }
+                    pos = out + incl - mine;
+                    out += __shfl_sync(FULL_MASK, incl, 31);
+                }
+                if (live) {
+                    if (fits) {
+                        for (int j = 0; j < n && s_box[w][j][1] <= ey1; ++j) {
+                            const double* f = s_box[w][j];
+                            bool hit = ex0 <= f[2] && f[0] <= ex1 && f[3] >= ey0;
+                            if (pass == 0) { ++tests; if (hit) { ++found; ++mine; } }
+                            else if (hit) { out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = s_k[w][j]; ++pos; }
+                        }
+                    } else {
+                        int r = gro_b[b], r_end = ro_b[r + 1] - 1;
+                        for (int kb = b0; kb < b1; ++kb) {
+                            if (kb == r_end) { ++r; r_end = ro_b[r + 1] - 1; continue; }
+                            double2 f0 = cb[kb], f1 = cb[kb + 1];
+                            double fx0 = fmin(f0.x, f1.x), fy0 = fmin(f0.y, f1.y);
+                            double fx1 = fmax(f0.x, f1.x), fy1 = fmax(f0.y, f1.y);
+                            if (!(fx0 <= BA[2] && BA[0] <= fx1 && fy0 <= BA[3] && BA[1] <= fy1)) continue;
+                            if (fy0 > ey1) continue;
+                            bool hit = ex0 <= fx1 && fx0 <= ex1 && fy1 >= ey0;
+                            if (pass == 0) { ++tests; if (hit) { ++found; ++mine; } }
+                            else if (hit) { out_p[pos] = p; out_ka[pos] = k; out_kb[pos] = kb; ++pos; }
+                        }
+                    }
+                }
+            }
+        }
+        if (!incl_offsets) {
+            unsigned long long t = found;
+            for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(FULL_MASK, t, off);
+            if (lane == 0) { counts[p] = (long long)t; slots[p] = (long long)(a1 - a0) + (b1 - b0); }
+        }
+    }
+    unsigned long long v[2] = {tests, found};
+    if (!incl_offsets) block_add<2>(stats, v);
+}
