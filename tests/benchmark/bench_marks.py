@@ -121,13 +121,20 @@ def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int)
     extra = marks["marked"] - marks["bare"]
     if marks["untimed"] != marks["marked"] or any(marks[k] != marks["bare"] + 1 for k in ones):
         raise RuntimeError(f"the runs recorded other marks than planned: {marks}")
-    bare = statistics.median(times["bare"])
     one = from_rounds(names, seen, "count")
-    pooled = [t for k in ones for t in times[k]]
     return {"kernel": kernel, "version": version, "size": f"{a:,} x {b:,}", "rounds": rounds,
             "ok": {"all arms": all(checked.values())} | {nm: checked[nm] for nm in ARMS}, "card": sel.device_name,
-            "one": paired(pooled, times["bare"] * len(ones), 1, bare) if ones else None,
+            "one": _one_mark_cost(one) if ones else None,
             "one_stages": one["stages"]} | summarise({k: times[k] for k in ARMS}, extra)
+
+
+def _one_mark_cost(one: dict) -> dict:
+    """The one-mark runs' cost against the bare run of their round, as from_rounds measures it for the report,
+    in paired()'s form: one extra mark a run."""
+    bare, (lo, hi) = one["bare_median_seconds"], one["overhead_ci95"]
+    ci = (lo * bare, hi * bare)
+    return {"seconds": one["overhead_seconds"], "ci": ci, "per_mark": one["overhead_seconds"], "per_mark_ci": ci,
+            "share": one["overhead_fraction"], "share_ci": (lo, hi)}
 
 
 CHAIN_KERNEL = r'''extern "C" __global__ void spin(long long ns) {

@@ -204,8 +204,8 @@ def _one_mark_section(trace: dict) -> Section | None:
         rows.append([o["name"], us(o["marked_seconds"]),
                      us(o["seconds"]) if o["resolved"] else f"not resolved ({us(o['seconds'])})",
                      f"{us(lo)} – {us(hi)}", f"{us(o['marks_add_seconds'])} ({us(alo)} – {us(ahi)})"])
-    ins = trace["timing"].get("instrumentation") or {}
-    paired = ins.get("overhead_fraction", 0.0) * ins.get("bare_median_seconds", 0.0)
+    ins = trace["timing"]["instrumentation"]          # the pairs the one-mark runs ran beside
+    paired = ins["overhead_fraction"] * ins["bare_median_seconds"]
     rows.append(["whole plan", us(one["marked_median_seconds"]),
                  f"{us(one['bare_median_seconds'])} bare (the stages above add up to {us(one['stage_sum_seconds'])})",
                  "", f"{us(paired)} (the instrumentation overhead, in Timing)"])
