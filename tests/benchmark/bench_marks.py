@@ -13,12 +13,21 @@ its last (as the report's runs are):
 - **untimed**: the same stage marks as CUDA events created without timing (cudaEventDisableTiming): the same
   host calls at the same places in the stream, but no timestamp for the GPU to write.
 
+- **side stream**: at every stage boundary the same timed record call, on another, idle stream: the host
+  does what a marked run does, and nothing enters the plan's stream;
+- **busy-wait**: at every stage boundary the host spins for as long as a timed record call takes on an idle
+  stream (measured first, the same loop as below), and calls nothing.
+
+(These two take a little more Python a boundary than a marked run: a function call around what they do.)
+
 marked - bare is what the marks cost. untimed - bare is their host side: the recorder's Python and the
 event-record calls. marked - untimed is what the timestamps add: a timed record call's longer host call, and
 the GPU's wait (before it writes a timing event's timestamp the GPU finishes everything queued before it, and
-the kernel queued after it starts from an idle stream). Each is the median of the rounds' paired differences
-with its ~95% interval, per extra mark and as a share of the bare plan; they are separate medians, so they
-need not add up exactly.
+the kernel queued after it starts from an idle stream). side stream - bare and busy-wait - bare say whether
+the plan's stream has anything to do with it: where both cost what the marks do, a mark costs its host time,
+whatever fills it, and no other kind of event could be cheaper. Each is the median of the rounds' paired
+differences with its ~95% interval, per extra mark and as a share of the bare plan; they are separate medians,
+so they need not add up exactly.
 
 Beside them run the runs event mode takes its stage times without the other marks from
 (app.runtime.one_mark): bare runs with a single stage mark, at the end of one stage each (one such run a stage
@@ -34,6 +43,7 @@ Every output is checked: each kind of run's against shapely's. Holds the device 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -55,7 +65,50 @@ from tests.benchmark.bench_all import _inputs_and_reference, parse_sizes  # noqa
 
 DEFAULT_SIZES = "join=100k:10k;overlay=10k:10k"
 TARGET = 0.02            # the marks' cost the tool aims to stay under, as a share of the bare plan
-ARMS = ("bare", "marked", "untimed")
+ARMS = ("bare", "marked", "untimed", "side", "busy")
+_STAND_IN = object()     # what a StandInClock returns for the marks it does not record
+
+
+class StandInClock(GpuClock):
+    """The stage clock with ``action()`` in place of every stage mark (marks 1 .. ``stages`` - 1): the run's
+    first mark and its last, the last stage's end, stay the plan stream's timed events, so the run is timed
+    as a marked one is, by the same recorder path, with something else at each boundary."""
+
+    def __init__(self, stages: int, action):
+        super().__init__()
+        self._stages, self._action = stages, action
+
+    def mark(self):
+        i = self._next
+        if 0 < i < self._stages:
+            self._next = i + 1
+            self._action()
+            return _STAND_IN
+        return super().mark()
+
+    def seconds(self, a, b) -> float:
+        return math.nan if a is _STAND_IN or b is _STAND_IN else super().seconds(a, b)
+
+
+def spin(seconds: float) -> None:
+    """Busy-wait: host time spent and nothing called."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def record_call(stream, event, repeats: int = 9) -> float:
+    """A record call's host time on an idle ``stream``, in us: the median of ``repeats`` loops of 1,000."""
+    import cupy as cp
+
+    calls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            cp.cuda.runtime.eventRecord(event.ptr, stream.ptr)
+        calls.append((time.perf_counter() - t0) / 1000 * 1e6)
+        stream.synchronize()
+    return statistics.median(calls)
 
 
 def paired(a: list[float], b: list[float], extra: int, bare_median: float) -> dict:
@@ -80,10 +133,14 @@ def verdict(share_ci: tuple[float, float], target: float = TARGET) -> str:
 def summarise(times: dict[str, list[float]], extra: int) -> dict:
     """``times``: each arm's run times, in seconds, round by round (paired by index)."""
     bare = statistics.median(times["bare"])
-    return {"bare": bare, "bare_ci": median_interval(times["bare"]), "extra_marks": extra,
-            "cost": paired(times["marked"], times["bare"], extra, bare),
-            "host": paired(times["untimed"], times["bare"], extra, bare),
-            "timestamps": paired(times["marked"], times["untimed"], extra, bare)}
+    out = {"bare": bare, "bare_ci": median_interval(times["bare"]), "extra_marks": extra,
+           "cost": paired(times["marked"], times["bare"], extra, bare),
+           "host": paired(times["untimed"], times["bare"], extra, bare),
+           "timestamps": paired(times["marked"], times["untimed"], extra, bare)}
+    for arm in ("side", "busy"):
+        if arm in times:
+            out[arm] = paired(times[arm], times["bare"], extra, bare)
+    return out
 
 
 def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int) -> dict:
@@ -98,8 +155,14 @@ def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int)
     names = [s.name for s in plan.stages]
     n = len(names)
     # A run's marks: its first (0), one at each stage's end, the last stage's end the run's (tiled, see Recorder).
+    side = cp.cuda.Stream(non_blocking=True)
+    side_event = cp.cuda.Event()
+    call = record_call(side, side_event) * 1e-6
     arms = {"bare": Recorder("gpu", cp, nvtx, per_stage=False), "marked": Recorder("gpu", cp, nvtx),
-            "untimed": Recorder("gpu", cp, nvtx, clock=GpuClock(untimed=range(1, n)))}
+            "untimed": Recorder("gpu", cp, nvtx, clock=GpuClock(untimed=range(1, n))),
+            "side": Recorder("gpu", cp, nvtx, clock=StandInClock(
+                n, lambda: cp.cuda.runtime.eventRecord(side_event.ptr, side.ptr))),
+            "busy": Recorder("gpu", cp, nvtx, clock=StandInClock(n, lambda: spin(call)))}
     ones = list(range(1, n))        # bare runs with one stage mark, at the end of stage k, named k as from_rounds reads
     arms |= {k: OneMarkRecorder("gpu", cp, nvtx, k) for k in ones}
     checked = {}
@@ -119,11 +182,12 @@ def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int)
     times = {name: [r[name].total_seconds for r in seen] for name in arms}
     marks = {name: seen[-1][name].marks for name in arms}
     extra = marks["marked"] - marks["bare"]
-    if marks["untimed"] != marks["marked"] or any(marks[k] != marks["bare"] + 1 for k in ones):
+    if any(marks[k] != marks["marked"] for k in ARMS[2:]) or any(marks[k] != marks["bare"] + 1 for k in ones):
         raise RuntimeError(f"the runs recorded other marks than planned: {marks}")
     one = from_rounds(names, seen, "count")
     return {"kernel": kernel, "version": version, "size": f"{a:,} x {b:,}", "rounds": rounds,
             "ok": {"all arms": all(checked.values())} | {nm: checked[nm] for nm in ARMS}, "card": sel.device_name,
+            "call_us": call * 1e6,
             "one": _one_mark_cost(one) if ones else None,
             "one_stages": one["stages"]} | summarise({k: times[k] for k in ARMS}, extra)
 
@@ -171,17 +235,7 @@ def chain(kernels: int = 50, kernel_us: float = 20.0, repeats: int = 9) -> dict:
                 b.synchronize()
                 runs.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / kernels)
             out[mode] = statistics.median(runs)
-    host = {}
-    for mode in ("untimed", "timed"):     # the record call's own host time, on an idle stream
-        ptr = events[mode][0].ptr
-        calls = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(1000):
-                cp.cuda.runtime.eventRecord(ptr, stream.ptr)
-            calls.append((time.perf_counter() - t0) / 1000 * 1e6)
-            stream.synchronize()
-        host[mode] = statistics.median(calls)
+    host = {mode: record_call(stream, events[mode][0], repeats) for mode in ("untimed", "timed")}
     return {"kernels": kernels, "kernel_us": kernel_us, "untimed": out["untimed"] - out["none"],
             "timed": out["timed"] - out["none"], "host_untimed": host["untimed"], "host_timed": host["timed"]}
 
@@ -207,6 +261,9 @@ def lines(r: dict) -> list[str]:
            _part("marks' cost (marked - bare)", r["cost"]) + f"  -- {verdict(r['cost']['share_ci'])}",
            _part("host side (untimed - bare)", r["host"]),
            _part("timestamps (marked - untimed)", r["timestamps"])]
+    if "side" in r:
+        out += [_part("same call, idle side stream (- bare)", r["side"]),
+                _part(f"busy-wait {r['call_us']:.2f} us (- bare)", r["busy"])]
     if r["one"]:
         out.append(_part("one stage mark a run (- bare)", r["one"]) + f"  -- {verdict(r['one']['share_ci'])}")
         out.append("  each stage, every stage marked -> one mark a run (the times without the other marks, "

@@ -9,6 +9,26 @@ from app.runtime.device import select
 from tests.benchmark import bench_marks
 
 
+def test_the_stand_in_arms_are_paired_with_the_bare_run_of_their_round_when_present():
+    bare = [100e-6, 140e-6, 101e-6]
+    marked = [b + 10e-6 for b in bare]
+    side = [b + 9e-6 for b in bare]
+    busy = [b + 8e-6 for b in bare]
+    r = bench_marks.summarise({"bare": bare, "marked": marked, "untimed": marked, "side": side, "busy": busy},
+                              extra=2)
+    assert r["side"]["seconds"] == pytest.approx(9e-6) and r["side"]["per_mark"] == pytest.approx(4.5e-6)
+    assert r["busy"]["seconds"] == pytest.approx(8e-6) and r["busy"]["share"] == pytest.approx(8 / 101)
+    assert "side" not in bench_marks.summarise({"bare": bare, "marked": marked, "untimed": marked}, extra=2)
+
+
+def test_spin_spends_host_time_and_returns():
+    import time
+
+    t0 = time.perf_counter()
+    bench_marks.spin(200e-6)
+    assert time.perf_counter() - t0 >= 200e-6
+
+
 def test_each_part_is_the_median_of_paired_differences_per_mark_and_as_a_share_of_the_bare_plan():
     bare = [100e-6, 104e-6, 98e-6, 130e-6, 101e-6]          # one slow round: pairing cancels it
     host = [2e-6, 2e-6, 3e-6, 2e-6, 1e-6]
@@ -81,8 +101,9 @@ def test_on_a_gpu_every_kind_of_run_is_checked_and_each_part_is_given_a_mark_and
     heads = [line for line in out.splitlines() if "marks the bare plan does not record" in line]
     assert len(heads) == 2
     assert all("all arms ok=True bare ok=True marked ok=True untimed ok=True" in line for line in heads)
+    assert all("side ok=True busy ok=True" in line for line in heads)
     for part in ("marks' cost (marked - bare)", "host side (untimed - bare)", "timestamps (marked - untimed)",
-                 "one stage mark a run (- bare)"):
+                 "same call, idle side stream (- bare)", "us (- bare)", "one stage mark a run (- bare)"):
         rows = [line for line in out.splitlines() if part in line]
         assert len(rows) == 2, part
         for row in rows:

@@ -113,16 +113,22 @@ class GpuClock:
 
     def mark(self):
         i = self._next
-        if i == len(self._pool):
-            self._pool.append(self._cp.cuda.Event(disable_timing=i in self._untimed))
-            self._ptrs.append(self._pool[i].ptr)
-            if i in self._untimed:
-                self._untimed_events.add(self._ptrs[i])
+        if i >= len(self._pool):
+            self._grow(i)
         self._next = i + 1
         # The runtime call itself, not Event.record: a mark is on the host's critical path in a launch-bound
         # plan, and the wrapper's checks add to every stage's time.
         self._record(self._ptrs[i], self._stream)
         return self._pool[i]
+
+    def _grow(self, i: int) -> None:
+        """Events for the marks up to ``i``: a subclass may skip marks (bench_marks puts other things there)."""
+        while len(self._pool) <= i:
+            j = len(self._pool)
+            self._pool.append(self._cp.cuda.Event(disable_timing=j in self._untimed))
+            self._ptrs.append(self._pool[j].ptr)
+            if j in self._untimed:
+                self._untimed_events.add(self._ptrs[j])
 
     def finish(self) -> None:
         self._cp.cuda.get_current_stream().synchronize()
