@@ -4,15 +4,14 @@
 
 A profile times its plan with a CUDA event at every stage boundary, and its report compares such runs with
 bare ones (one pair of events around the whole plan): that difference is the instrumentation overhead. Here,
-for each kernel's default version at each size, three kinds of run take turns in a shuffled order every round,
+for each kernel's default version at each size, five kinds of run take turns in a shuffled order every round,
 the L2 flushed before each. Each is timed by the recorder's own pair of CUDA events, the run's first mark and
 its last (as the report's runs are):
 
 - **bare**: no stage marks between the two (the report's bare runs);
 - **marked**: a mark at every stage boundary (every profile's timed runs);
 - **untimed**: the same stage marks as CUDA events created without timing (cudaEventDisableTiming): the same
-  host calls at the same places in the stream, but no timestamp for the GPU to write.
-
+  host calls at the same places in the stream, but no timestamp for the GPU to write;
 - **side stream**: at every stage boundary the same timed record call, on another, idle stream: the host
   does what a marked run does, and nothing enters the plan's stream;
 - **busy-wait**: at every stage boundary the host spins for as long as a timed record call takes on an idle
@@ -279,7 +278,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=DEFAULT_SIZES, metavar="KERNEL=A:B[,A:B];...",
                     help=f"kernels and sizes, each kernel's default version (default {DEFAULT_SIZES})")
-    ap.add_argument("--rounds", type=int, default=200, metavar="N", help="rounds of the three kinds of run")
+    ap.add_argument("--rounds", type=int, default=200, metavar="N", help="rounds of the kinds of run")
     ap.add_argument("--warm", type=int, default=40, metavar="N", help="rounds run first and not counted")
     ap.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffled order")
     args = ap.parse_args(argv)
