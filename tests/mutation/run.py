@@ -69,8 +69,10 @@ def main() -> int:
                 print(f"    {name}: {' / '.join(c.strip() for c in changed)[:200]}")
             if len(survivors) > SHOWN:
                 print("    and, by name only: " + ", ".join(survivors[SHOWN:]))
-        if run.returncode not in (0, 1) and not tested:
-            print(run.stdout[-2000:] + run.stderr[-2000:], file=sys.stderr)
+        if not tested:      # mutmut checked nothing (its own test run failed, or it stopped): say what it said
+            print("mutation run: mutmut tested no mutant (exit status "
+                  f"{run.returncode}); the end of its output:\n" + run.stdout[-2000:] + run.stderr[-2000:],
+                  file=sys.stderr)
             return 2
         return 0 if score >= args.min_score else 1
     finally:
