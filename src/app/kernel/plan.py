@@ -150,6 +150,13 @@ class KernelPlan:
         return state
 
 
+def stages_tile_run(plan: KernelPlan) -> bool:
+    """Whether the plan's run is exactly its stages in order (KernelPlan.run): each stage starts where the one
+    before it ended, and the run ends as its last stage does. A plan with a run of its own may work between or
+    after its stages."""
+    return type(plan).run is KernelPlan.run
+
+
 REGISTRY: dict[str, dict[str, type[KernelPlan]]] = {}
 # kernel -> (version, why): the version a run that names none gets, where it is not the latest.
 DEFAULTS: dict[str, tuple[str, str]] = {}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.kernel.plan import KernelPlan
+from app.kernel.plan import stages_tile_run
 from app.runtime.nvtx import Nvtx
 
 
@@ -339,7 +339,7 @@ class Recorder:
         itself: one more event record, a few microseconds of host time and a GPU bubble, which the bare run
         (no per-stage marks) does not pay. A plan with a run of its own may work after its last stage: it
         gets a mark of its own, and the time no stage covers is measured."""
-        return self.per_stage and bool(self._marks) and type(plan).run is KernelPlan.run
+        return self.per_stage and bool(self._marks) and stages_tile_run(plan)
 
 
 class OneMarkRecorder(Recorder):

@@ -14,6 +14,7 @@ from app.analysis import advice
 from app.analysis.roofline import plan_roofline
 from app.analysis.summary import event_summary
 from app.analysis.trace import build_trace
+from app.kernel.plan import stages_tile_run
 from app.report.event_report import build_report
 from app.runtime import device as devmod
 from app.runtime.autotune import tiling_files
@@ -130,12 +131,10 @@ class EventMode(Mode):
 def _one_mark_runs(plan, inputs, backend, selection, xp, n: int) -> tuple[dict | None, str | None]:
     """On a GPU, the runs with one stage mark each that every round of the overhead pairs also runs
     (app.runtime.one_mark), by the stage whose end they mark; elsewhere None, and why."""
-    from app.kernel.plan import KernelPlan
-
     if selection.selected != "gpu":
         return None, ("CPU run: a stage mark is a clock read, a fraction of a microsecond, so the timed runs' stage "
                       "times need no such check")
-    if type(plan).run is not KernelPlan.run:
+    if not stages_tile_run(plan):
         return None, "the plan runs its stages its own way, so a stage's end need not be the next one's start"
     if n < 2:
         return None, "a plan of one stage: its time is the bare plan's"
