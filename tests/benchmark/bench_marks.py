@@ -34,6 +34,11 @@ but the last, every round). Their cost against the bare run of their round is th
 those stage times, judged against 2% as the marks' is; and each stage's time from them is printed beside its
 time with every stage marked.
 
+Then the stages after the build (the host's copies in) run as one CUDA graph, in turns, each timed as event
+mode's graph replay is (app.runtime.graph): bare, and with a CUDA event record node at every boundary between
+them, timed events and untimed. Nothing runs on the host at a boundary there, so the difference is the GPU's
+side of a stage mark on its own, in the plan itself; every graph's output is checked against shapely's too.
+
 A chain of short kernels with a mark after each, queued far enough ahead that the GPU is the bound, gives the
 GPU's side of one mark on its own, and a loop of record calls on an idle stream the host's.
 
@@ -53,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from app.kernel.plan import get_plan_class  # noqa: E402
 from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for  # noqa: E402
+from app.runtime.graph import AfterBuild, build_stages, replay_blockers, taped_run  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
 from app.runtime.nvtx import Nvtx  # noqa: E402
 from app.runtime.one_mark import from_rounds  # noqa: E402
@@ -65,6 +71,7 @@ from tests.benchmark.bench_all import _inputs_and_reference, parse_sizes  # noqa
 DEFAULT_SIZES = "join=100k:10k;overlay=10k:10k"
 TARGET = 0.02            # the marks' cost the tool aims to stay under, as a share of the bare plan
 ARMS = ("bare", "marked", "untimed", "side", "busy")
+CU_EVENT_RECORD_EXTERNAL = 1    # cuEventRecordWithFlags: captured, an event record node (not a dependency)
 _STAND_IN = object()     # what a StandInClock returns for the marks it does not record
 
 
@@ -187,8 +194,59 @@ def measure_plan(kernel: str, a: int, b: int, rounds: int, warm: int, seed: int)
     return {"kernel": kernel, "version": version, "size": f"{a:,} x {b:,}", "rounds": rounds,
             "ok": {"all arms": all(checked.values())} | {nm: checked[nm] for nm in ARMS}, "card": sel.device_name,
             "call_us": call * 1e6,
-            "one": _one_mark_cost(one) if ones else None,
-            "one_stages": one["stages"]} | summarise({k: times[k] for k in ARMS}, extra)
+            "one": _one_mark_cost(one) if ones else None, "one_stages": one["stages"],
+            "graph": graph_nodes(plan, inputs, backend, ok, flush, rounds, warm, seed)} \
+        | summarise({k: times[k] for k in ARMS}, extra)
+
+
+def node_recorder():
+    """``record(event, stream)``: the driver's cuEventRecordWithFlags with CU_EVENT_RECORD_EXTERNAL, which CuPy
+    does not expose. In a stream capture it adds an event record node to the graph, which a replay records
+    as an eager record call would; a plain record call there only joins streams."""
+    import ctypes
+
+    call = ctypes.CDLL("libcuda.so.1").cuEventRecordWithFlags
+    call.argtypes, call.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint], ctypes.c_int
+
+    def record(event, stream) -> None:
+        err = call(event.ptr, stream.ptr, CU_EVENT_RECORD_EXTERNAL)
+        if err:
+            raise RuntimeError(f"cuEventRecordWithFlags returned CUresult {err}")
+    return record
+
+
+def graph_nodes(plan, inputs, backend, ok, flush, rounds: int, warm: int, seed: int) -> dict | None:
+    """The stages after the build as one CUDA graph, replayed bare and with an event record node at each
+    boundary between them (timed events, then untimed ones), in turns, each timed as event mode's graph
+    replay is. None where a stage keeps the plan out of a graph (a host read other than a size)."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        _, ref, tape = taped_run(plan, inputs, backend)
+        first = build_stages(ref)
+        if replay_blockers(ref, first):
+            return None
+        stages = AfterBuild(plan, inputs, backend, stream, tape, first)
+        nodes, record = len(stages.after) - 1, node_recorder()
+        events = {"timed": [cp.cuda.Event() for _ in range(nodes)],
+                  "untimed": [cp.cuda.Event(disable_timing=True) for _ in range(nodes)]}
+        graphs = {"bare": stages.capture()}
+        for kind, evs in events.items():
+            graphs[kind] = stages.capture(lambda k, evs=evs: record(evs[k], stream))
+        checked = {}
+        for name, graph in graphs.items():
+            graph.replay()
+            checked[name] = ok(backend.outputs_to_host(graph.state["output"]))
+        times = {name: [] for name in graphs}
+        for name, counted in shuffled_rounds(graphs, rounds, warm, seed):
+            t = stages.timed(graphs[name].replay, flush)
+            if counted:
+                times[name].append(t)
+    bare = statistics.median(times["bare"])
+    return {"stages": len(stages.after), "nodes": nodes, "bare": bare, "bare_ci": median_interval(times["bare"]),
+            "ok": checked, "timed": paired(times["timed"], times["bare"], nodes, bare),
+            "untimed": paired(times["untimed"], times["bare"], nodes, bare)}
 
 
 def _one_mark_cost(one: dict) -> dict:
@@ -243,13 +301,13 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:,.1f} us"
 
 
-def _part(label: str, p: dict) -> str:
+def _part(label: str, p: dict, whole: str = "the bare plan", each: str = "a mark") -> str:
     lo, hi = p["ci"]
     plo, phi = p["per_mark_ci"]
     slo, shi = p["share_ci"]
     return (f"  {label:<34} {p['seconds'] * 1e6:7.2f} us [{lo * 1e6:.2f}, {hi * 1e6:.2f}]  "
-            f"{p['share'] * 100:+6.2f}% [{slo * 100:+.2f}, {shi * 100:+.2f}] of the bare plan  "
-            f"{p['per_mark'] * 1e6:5.2f} us a mark [{plo * 1e6:.2f}, {phi * 1e6:.2f}]")
+            f"{p['share'] * 100:+6.2f}% [{slo * 100:+.2f}, {shi * 100:+.2f}] of {whole}  "
+            f"{p['per_mark'] * 1e6:5.2f} us {each} [{plo * 1e6:.2f}, {phi * 1e6:.2f}]")
 
 
 def lines(r: dict) -> list[str]:
@@ -271,6 +329,16 @@ def lines(r: dict) -> list[str]:
             lo, hi = s["ci95"]
             out.append(f"    {s['name']:<28} {s['marked_seconds'] * 1e6:9.1f} -> {s['seconds'] * 1e6:9.1f} us "
                        f"[{lo * 1e6:.1f}, {hi * 1e6:.1f}]" + ("" if s["resolved"] else "  not resolved"))
+    g = r.get("graph")
+    if g:
+        ok = " ".join(f"{name} ok={v}" for name, v in g["ok"].items())
+        out.append(f"  the {g['stages']} stages after the build as one CUDA graph, no host call at a boundary: bare "
+                   f"replay {_us(g['bare'])} [{g['bare_ci'][0] * 1e6:,.1f}-{g['bare_ci'][1] * 1e6:,.1f}]; "
+                   f"{g['nodes']} event record nodes; {ok}")
+        out += [_part("event nodes, timed (- bare replay)", g["timed"], "the bare replay", "a node"),
+                _part("event nodes, untimed (- bare replay)", g["untimed"], "the bare replay", "a node")]
+    elif "graph" in r:
+        out.append("  no graph replay: a stage reads the device other than for a size (see --graph's report)")
     return out
 
 
@@ -304,7 +372,8 @@ def main(argv=None) -> int:
           f"timed event after each adds {gpu_bound['timed']:.2f} us of GPU time, an untimed one "
           f"{gpu_bound['untimed']:.2f} us; the record call itself takes {gpu_bound['host_timed']:.2f} us of host "
           f"time (timed), {gpu_bound['host_untimed']:.2f} us (untimed), on an idle stream")
-    return 0 if all(all(r["ok"].values()) for r in results) else 1
+    graphs_ok = all(all(r["graph"]["ok"].values()) for r in results if r["graph"])
+    return 0 if graphs_ok and all(all(r["ok"].values()) for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -102,8 +102,12 @@ def test_on_a_gpu_every_kind_of_run_is_checked_and_each_part_is_given_a_mark_and
     assert len(heads) == 2
     assert all("all arms ok=True bare ok=True marked ok=True untimed ok=True" in line for line in heads)
     assert all("side ok=True busy ok=True" in line for line in heads)
+    graphs = [line for line in out.splitlines() if "stages after the build as one CUDA graph" in line]
+    assert len(graphs) == 2 and all("bare ok=True timed ok=True untimed ok=True" in line for line in graphs)
+    assert all("4 event record nodes" in line for line in graphs)      # both plans: five stages after the build
     for part in ("marks' cost (marked - bare)", "host side (untimed - bare)", "timestamps (marked - untimed)",
-                 "same call, idle side stream (- bare)", "busy-wait", "one stage mark a run (- bare)"):
+                 "same call, idle side stream (- bare)", "busy-wait", "one stage mark a run (- bare)",
+                 "event nodes, timed (- bare replay)", "event nodes, untimed (- bare replay)"):
         rows = [line for line in out.splitlines() if part in line]
         assert len(rows) == 2, part
         for row in rows:
@@ -117,3 +121,34 @@ def test_on_a_gpu_every_kind_of_run_is_checked_and_each_part_is_given_a_mark_and
     assert re.search(r"a chain of 50 kernels of 20 us, the GPU the bound: a timed event after each adds "
                      r"-?\d+\.\d+ us of GPU time, an untimed one -?\d+\.\d+ us; the record call itself takes "
                      r"\d+\.\d+ us of host time \(timed\), \d+\.\d+ us \(untimed\)", out)
+
+
+@pytest.mark.gpu
+def test_event_nodes_captured_in_the_graph_are_recorded_by_each_replay_between_its_stages():
+    """cuEventRecordWithFlags in a capture puts record nodes in the graph: a replay stamps them in order, and
+    the stages between them add up to the replay's time (a plain record call would leave no node)."""
+    import cupy as cp
+
+    from app.kernel.plan import get_plan_class
+    from app.runtime.execute import backend_for
+    from app.runtime.graph import AfterBuild, build_stages, taped_run
+
+    plan = get_plan_class("join", "v4")({"points": 20_000, "polygons": 2_000})
+    inputs = plan.make_inputs()
+    backend, _ = backend_for(plan, select("gpu"))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        want, ref, tape = taped_run(plan, inputs, backend)
+        stages = AfterBuild(plan, inputs, backend, stream, tape, build_stages(ref))
+        nodes, record = [cp.cuda.Event() for _ in stages.after[1:]], bench_marks.node_recorder()
+        graph = stages.capture(lambda k: record(nodes[k], stream))
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        graph.replay()
+        end.record(stream)
+        end.synchronize()
+    got = backend.outputs_to_host(graph.state["output"])
+    assert all((a == b).all() for a, b in zip(got, want)) and len(got[0]) > 0
+    marks = [start, *nodes, end]
+    steps = [cp.cuda.get_elapsed_time(a, b) for a, b in zip(marks, marks[1:])]
+    assert all(s >= 0 for s in steps) and sum(steps) == pytest.approx(cp.cuda.get_elapsed_time(start, end), abs=0.01)

@@ -51,79 +51,124 @@ def replay_blockers(record, first: int) -> list[str]:
     return out
 
 
+def taped_run(plan, inputs, backend):
+    """One eager run, marked as a profile's are, that keeps the sizes it reads: (its output on the host, its
+    RunRecord, the tape). A capture replays the tape's sizes."""
+    import cupy as cp
+
+    tape = SizeTape()
+    out, record = Recorder("gpu", cp, Nvtx(False, plan.kernel), tape=tape).run(plan, inputs, backend)
+    return backend.outputs_to_host(out), record, tape
+
+
+class AfterBuild:
+    """The stages after a plan's build on one stream: captured as a graph, run eagerly, and timed alike.
+
+    ``tape`` holds the sizes an eager run read: a capture hands them back instead of reading the device.
+    Every capture and every timed run first runs the build eagerly, with no per-stage marks."""
+
+    def __init__(self, plan, inputs, backend, stream, tape: SizeTape, first: int):
+        import cupy as cp
+
+        self.cp, self.plan, self.inputs, self.backend, self.stream, self.tape = cp, plan, inputs, backend, stream, tape
+        self.build, self.after = plan.stages[:first], plan.stages[first:]
+        self.bare = Recorder("gpu", cp, Nvtx(False, plan.kernel), per_stage=False)   # no marks, real size reads
+        self._start, self._end = cp.cuda.Event(), cp.cuda.Event()
+
+    def capture(self, boundary=None) -> "Captured":
+        """A fresh build, then the stages after it captured as one graph. ``boundary(k)``, where given, is called
+        inside the capture after the k-th of those stages, for each but the last (bench_marks puts event
+        record nodes there)."""
+        state = self.plan.run_stages({"inputs": self.inputs}, self.build, self.backend, self.bare)
+        self.stream.synchronize()
+        self.tape.replay()
+        self.tape.result_arrays = []
+        taped = Recorder("gpu", self.cp, Nvtx(False, self.plan.kernel), per_stage=False, tape=self.tape)
+        self.stream.begin_capture(mode=RELAXED_CAPTURE)
+        try:
+            for k, spec in enumerate(self.after):
+                self.plan.run_stages(state, [spec], self.backend, taped)
+                if boundary is not None and k < len(self.after) - 1:
+                    boundary(k)
+        finally:
+            graph = self.stream.end_capture()
+        return Captured(self.cp, graph, state, list(self.tape.result_arrays), self.stream)
+
+    def eager(self, fresh: dict) -> None:
+        """The stages after the build launched one by one on ``fresh`` (a build's state), with no per-stage marks."""
+        self.plan.run_stages(fresh, self.after, self.backend, self.bare)
+
+    def timed(self, run, flush) -> float:
+        """Seconds of ``run(fresh)`` timed as the profile's runs time the stages after the build: the L2 policy
+        applied, the build run (its copies queued, not waited for), then one pair of events around ``run``."""
+        flush()
+        self.bare.defer()        # the stages' bookkeeping after the clock, as in a recorder's run
+        fresh = self.plan.run_stages({"inputs": self.inputs}, self.build, self.backend, self.bare)
+        self._start.record(self.stream)
+        run(fresh)
+        self._end.record(self.stream)
+        self._end.synchronize()
+        self.bare.settle()
+        return self.cp.cuda.get_elapsed_time(self._start, self._end) / 1e3
+
+
+class Captured:
+    """A captured graph of the stages after the build, the state its buffers belong to, and the device arrays
+    a caller reads the result's length from after a replay."""
+
+    def __init__(self, cp, graph, state: dict, result_arrays: list, stream):
+        self.cp, self.graph, self.state, self.result_arrays, self.stream = cp, graph, state, result_arrays, stream
+
+    def replay(self, _fresh=None) -> None:
+        """The replay, then the result's length read as the eager run reads it (a caller needs it to cut the
+        result): timed, the two cover the same work. The graph reads the buffers of the build it was captured
+        after (the same data): the build before a timed replay is there so the host and the copy engine are
+        where they are in a plan's run."""
+        self.graph.launch(self.stream)
+        for array in self.result_arrays:
+            read_to_host(self.cp, array)
+
+
 def graph_replay(plan, inputs, backend, flush, runs: int, progress=None) -> dict:
     """Time graph replay of the stages after the build next to the same stages run eagerly (interleaved)."""
     import cupy as cp
 
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        tape = SizeTape()
-        taped = Recorder("gpu", cp, Nvtx(False, plan.kernel), tape=tape)
-        ref_out, ref = taped.run(plan, inputs, backend)
-        ref_host = backend.outputs_to_host(ref_out)
+        ref_host, ref, tape = taped_run(plan, inputs, backend)
         first = build_stages(ref)
         blockers = replay_blockers(ref, first)
         if blockers:
             return {"replayed": False, "why": "no replay: " + "; ".join(blockers)}
-        after = plan.stages[first:]
-        bare = Recorder("gpu", cp, Nvtx(False, plan.kernel), per_stage=False)    # no marks, real size reads
-        state = plan.run_stages({"inputs": inputs}, plan.stages[:first], backend, bare)
-        stream.synchronize()
-        tape.replay()
-        stream.begin_capture(mode=RELAXED_CAPTURE)
-        try:
-            plan.run_stages(state, after, backend, Recorder("gpu", cp, Nvtx(False, plan.kernel), per_stage=False,
-                                                            tape=tape))
-        finally:
-            graph = stream.end_capture()
-        graph.launch(stream)
-        got = backend.outputs_to_host(state["output"])
-        if len(got) != len(ref_host) or not all(np.array_equal(a, b) for a, b in zip(got, ref_host)):
+        stages = AfterBuild(plan, inputs, backend, stream, tape, first)
+        graph = stages.capture()
+        graph.graph.launch(stream)
+        if not _equal(backend.outputs_to_host(graph.state["output"]), ref_host):
             return {"replayed": False, "why": "the graph's output differs from the eager run's: no figure is given"}
-        # Both sides alike, as the profile's runs: L2 flushed, the build run (its copies queued), then one pair
-        # of events around the stages after it -- launched one by one (eager, no per-stage marks) or as the
-        # graph. The graph reads the buffers of the build it was captured after (the same data): the build
-        # before a replay is there so the host and the copy engine are where they are in a plan's run.
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-
-        def timed(run) -> float:
-            flush()
-            bare.defer()        # the stages' bookkeeping after the clock, as in a recorder's run
-            fresh = plan.run_stages({"inputs": inputs}, plan.stages[:first], backend, bare)
-            start.record(stream)
-            run(fresh)
-            end.record(stream)
-            end.synchronize()
-            bare.settle()
-            return cp.cuda.get_elapsed_time(start, end) / 1e3
-
-        def replay_and_read(_fresh) -> None:
-            """The replay, then the result's length read as the eager run reads it (a caller needs it to
-            cut the result): the two times cover the same work."""
-            graph.launch(stream)
-            for array in tape.result_arrays:
-                read_to_host(cp, array)
-
         eager, replay = [], []
         for i in range(runs):
             if progress:
                 progress.update(f"graph replay {i + 1}/{runs}")
-            eager.append(timed(lambda fresh: plan.run_stages(fresh, after, backend, bare)))
-            replay.append(timed(replay_and_read))
-        again = backend.outputs_to_host(state["output"])
-        if not all(np.array_equal(a, b) for a, b in zip(again, ref_host)):
+            eager.append(stages.timed(stages.eager, flush))
+            replay.append(stages.timed(graph.replay, flush))
+        if not _equal(backend.outputs_to_host(graph.state["output"]), ref_host):
             return {"replayed": False, "why": "the graph's output changed between replays: no figure is given"}
     e, g = statistics.median(eager), statistics.median(replay)
-    return {"replayed": True, "runs": runs, "stages": [s.name for s in after],
+    after = len(stages.after)
+    return {"replayed": True, "runs": runs, "stages": [s.name for s in stages.after],
             "eager_after_build_seconds": e, "graph_after_build_seconds": g,
             "graph_ci95": list(median_interval(replay)), "eager_ci95": list(median_interval(eager)),
             "speedup": e / g if g > 0 else None, "size_reads_replayed": len(tape.reads),
-            "result_reads_in_replay": len(tape.result_arrays),
-            "why": f"the {len(after)} stages after the build captured as one CUDA graph {_scope(ref, first, tape)}, "
+            "result_reads_in_replay": len(graph.result_arrays),
+            "why": f"the {after} stages after the build captured as one CUDA graph {_scope(ref, first, tape)}, "
                    "output checked equal to the eager run's; eager and replay runs interleaved, each timed "
                    "from the end of its own build, as the profile's runs are"
                    + ("; each replay timed with its read of the result's length, as an eager run reads it"
-                      if tape.result_arrays else "")}
+                      if graph.result_arrays else "")}
+
+
+def _equal(got, want) -> bool:
+    return len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
 
 
 def _scope(record, first: int, tape) -> str:
