@@ -268,7 +268,7 @@ def test_the_report_says_when_the_timed_runs_were_still_changing():
 
     own, replay = steady["timing"]["after_build"]["median"], steady["timing"]["graph"]["replay"]
     assert (f"the profile's own timed runs gave {us(own)} us after the build, "
-            f"{own / replay['graph_after_build_seconds']:,.2f}x the replay") in md
+            f"{own / replay['graph_after_build_seconds']:,.2f}x the replay, measured apart") in md
 
 
 def test_the_headline_names_unstable_stages_by_the_robust_spread_it_judged_them_on():

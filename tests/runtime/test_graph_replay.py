@@ -58,6 +58,8 @@ def test_graph_replay_gives_the_eager_output_and_both_times(tmp_path, args):
     assert replay["result_reads_in_replay"] == 1
     assert "each replay timed with its read of the result's length" in replay["why"]
     assert "each timed from the end of its own build, as the profile's runs are" in replay["why"]
+    # warmed as the profile's runs are (the profile's --warmup, auto here), and the report says how many pairs
+    assert replay["warmup"]["runs"] >= 1 and f"after {replay['warmup']['runs']} warm-up pairs" in replay["why"]
     assert replay["stages"] == [s["name"] for s in trace["stages"][1:]]
     assert 0 < replay["graph_after_build_seconds"] and 0 < replay["eager_after_build_seconds"]
     assert "graph replay vs eager, after the build" in (d / "report.md").read_text()

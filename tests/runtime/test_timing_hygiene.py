@@ -97,6 +97,17 @@ def test_warmup_auto_runs_until_the_plans_time_stops_changing(monkeypatch):
                                                               "seconds": pytest.approx(0.0, abs=0.5)}
 
 
+def test_warmup_reads_each_runs_time_where_it_is_told_to(monkeypatch):
+    """--graph warms pairs of an eager run and a replay, whose time is a plain number, not a recorder's run."""
+    monkeypatch.setattr(timing, "WARMUP_MIN_SECONDS", 0.0)
+    pairs = iter([3.0, 2.0, 2.0] + [1.0] * 100)
+    warm = timing.warm_up(lambda: next(pairs), "auto", _NoFlush(), seconds=lambda t: t)
+    # the first window still holds the slow pairs (median 2.0 against 1.0); one run later it does not
+    assert warm["rule"] == "steady" and warm["runs"] == 2 * timing.WARMUP_WINDOW + 1
+    with pytest.raises(TypeError):      # the default reads a recorder's run: a number is refused, not misread
+        timing.warm_up(lambda: 1.0, "auto", _NoFlush())
+
+
 def test_warmup_auto_stops_at_its_budget_or_cap_and_says_so(monkeypatch):
     falling = [1.0 / (i + 1) for i in range(1000)]                       # never steady
     monkeypatch.setattr(timing, "WARMUP_BUDGET_SECONDS", 0.0)

@@ -173,10 +173,14 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         replay = timing["graph"].get("replay")
         if replay and replay.get("replayed"):
             # The timed runs' own figure beside the comparison's eager one: measured apart, on some H200 nodes
-            # they differed by up to a quarter (eager 500 against 400 us), and the speed-up depends on which.
+            # they differed by up to a quarter (eager 500 against 400 us), and the speed-up depends on which. The
+            # host's pace moves during a profile: within one join profile on an H100, batches of 30 marked runs
+            # took 201 to 334 us after the build at different points. Only the interleaved pair compares alike.
             own = timing.get("after_build") or {}
             beside = (f"; the profile's own timed runs gave {us(own['median'])} us after the build, "
-                      f"{fmt(own['median'] / replay['graph_after_build_seconds'], 2, 'x')} the replay"
+                      f"{fmt(own['median'] / replay['graph_after_build_seconds'], 2, 'x')} the replay, measured "
+                      "apart, at another point of the profile: the host's pace moves between batches of runs, so "
+                      "compare the interleaved pair"
                       if own.get("median") and replay["graph_after_build_seconds"] > 0 else "")
             rows.append(["graph replay vs eager, after the build (us)",
                          f"{us(replay['graph_after_build_seconds'])} replayed vs "

@@ -110,9 +110,11 @@ class Progress:
             self.out.flush()
 
 
-def warm_up(run_once, how, flush, progress: Progress | None = None) -> dict:
+def warm_up(run_once, how, flush, progress: Progress | None = None,
+            seconds=lambda result: result[1].total_seconds) -> dict:
     """Discarded runs after the cold run: ``how`` of them, or with "auto" until the plan's total time is steady
-    (see the module's notes). Returns how many ran, what stopped them and for how long they ran."""
+    (see the module's notes). Returns how many ran, what stopped them and for how long they ran. ``seconds``
+    reads a run's time from what ``run_once`` returns (a recorder's run by default)."""
     t0 = time.monotonic()
     if how != "auto":
         for i in range(int(how)):
@@ -126,7 +128,7 @@ def warm_up(run_once, how, flush, progress: Progress | None = None) -> dict:
         if progress:
             progress.update(f"warm-up {len(totals) + 1}")
         flush()
-        totals.append(run_once()[1].total_seconds)
+        totals.append(seconds(run_once()))
         elapsed = time.monotonic() - t0
         out = {"runs": len(totals), "seconds": elapsed, "window": WARMUP_WINDOW, "steady_within": WARMUP_STEADY}
         if len(totals) >= 2 * WARMUP_WINDOW:

@@ -83,7 +83,7 @@ class EventMode(Mode):
                            "how": "CPU: the result is already in host arrays, so this is the bare plan of the "
                                   "overhead pairs"}
                     staging_dma = None
-                replay = _graph_replay(plan, inputs, backend, flush, len(runs), progress) \
+                replay = _graph_replay(plan, inputs, backend, flush, len(runs), progress, options.warmup) \
                     if options.graph and selection.selected == "gpu" else None
                 clocks = clock_report(selection.selected, gpu_uuid(selection), start=clocks_start,
                                       end=clock_snapshot(selection), samples=sampler.summary())
@@ -168,11 +168,11 @@ def _summary(trace: dict) -> str:
     return "\n".join(lines)
 
 
-def _graph_replay(plan, inputs, backend, flush, runs: int, progress) -> dict:
+def _graph_replay(plan, inputs, backend, flush, runs: int, progress, warmup) -> dict:
     """--graph on a GPU: graph replay of the stages after the build next to eager runs (runtime/graph.py)."""
     from app.runtime.graph import graph_replay
 
     try:
-        return graph_replay(plan, inputs, backend, flush, runs, progress)
+        return graph_replay(plan, inputs, backend, flush, runs, progress, warmup)
     except Exception as exc:  # a capture the driver refused is a finding of the profile, not a crash
         return {"replayed": False, "why": f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"}
