@@ -122,8 +122,8 @@ class Captured:
     def replay(self, _fresh=None) -> None:
         """The replay, then the result's length read as the eager run reads it (a caller needs it to cut the
         result): timed, the two cover the same work. The graph reads the buffers of the build it was captured
-        after (the same data): the build before a timed replay is there so the host and the copy engine are
-        where they are in a plan's run."""
+        after (the same data), not ``_fresh`` (the state of the build a timed run hands over): that build is
+        there so the host and the copy engine are where they are in a plan's run."""
         self.graph.launch(self.stream)
         for array in self.result_arrays:
             read_to_host(self.cp, array)
@@ -144,21 +144,21 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None, warmup=
         if blockers:
             return {"replayed": False, "why": "no replay: " + "; ".join(blockers)}
         stages = AfterBuild(plan, inputs, backend, stream, tape, first)
-        graph = stages.capture()
-        graph.graph.launch(stream)
-        if not _equal(backend.outputs_to_host(graph.state["output"]), ref_host):
+        captured = stages.capture()
+        captured.replay()
+        if not _equal(backend.outputs_to_host(captured.state["output"]), ref_host):
             return {"replayed": False, "why": "the graph's output differs from the eager run's: no figure is given"}
         # Warmed as the profile's own runs are: on an H100 the first 30 pairs after a capture took 533 us eager and
         # 118.8 us replayed (medians), against 291-325 and 106-107 us in the 90 pairs after them.
-        warmed = warm_up(lambda: stages.timed(stages.eager, flush) + stages.timed(graph.replay, flush), warmup,
+        warmed = warm_up(lambda: stages.timed(stages.eager, flush) + stages.timed(captured.replay, flush), warmup,
                          lambda: None, progress, seconds=lambda pair: pair)
         eager, replay = [], []
         for i in range(runs):
             if progress:
                 progress.update(f"graph replay {i + 1}/{runs}")
             eager.append(stages.timed(stages.eager, flush))
-            replay.append(stages.timed(graph.replay, flush))
-        if not _equal(backend.outputs_to_host(graph.state["output"]), ref_host):
+            replay.append(stages.timed(captured.replay, flush))
+        if not _equal(backend.outputs_to_host(captured.state["output"]), ref_host):
             return {"replayed": False, "why": "the graph's output changed between replays: no figure is given"}
     e, g = statistics.median(eager), statistics.median(replay)
     after = len(stages.after)
@@ -166,12 +166,12 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None, warmup=
             "eager_after_build_seconds": e, "graph_after_build_seconds": g,
             "graph_ci95": list(median_interval(replay)), "eager_ci95": list(median_interval(eager)),
             "speedup": e / g if g > 0 else None, "size_reads_replayed": len(tape.reads),
-            "result_reads_in_replay": len(graph.result_arrays),
+            "result_reads_in_replay": len(captured.result_arrays),
             "why": f"the {after} stages after the build captured as one CUDA graph {_scope(ref, first, tape)}, "
                    f"output checked equal to the eager run's; after {warmed['runs']} warm-up pairs, eager and "
                    "replay runs interleaved, each timed from the end of its own build, as the profile's runs are"
                    + ("; each replay timed with its read of the result's length, as an eager run reads it"
-                      if graph.result_arrays else "")}
+                      if captured.result_arrays else "")}
 
 
 def _equal(got, want) -> bool:
