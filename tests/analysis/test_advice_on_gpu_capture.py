@@ -248,7 +248,7 @@ def test_a_dma_alone_no_faster_than_its_build_draws_no_conclusion():
 def test_the_report_says_when_the_timed_runs_were_still_changing():
     """The real join v4 capture at 1M x 100k (one warm-up run, before --warmup auto): its first ten timed runs'
     median is far above its last ten's, and the report's first line says so, from the capture's own runs."""
-    from app.runtime.timing import drift
+    from app.runtime.stats import drift
 
     t = json.loads((DATA / "join_v4_1M_100k_h200_dma.trace.json").read_text())
     assert "drift" not in t["timing"] and t["timing"]["warmup_runs"] == 1

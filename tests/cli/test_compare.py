@@ -51,6 +51,10 @@ def test_two_runs_of_identical_code_are_noise(runs, capsys):
     for s in doc["stages"] + [doc["total"]]:
         assert set(s) >= {"base_median_us", "new_median_us", "change_pct", "ci_pct", "verdict"}
         assert s["samples"] == [7, 7]
+    # each profile timed the host's pace before its runs: compare shows both, whatever their verdict
+    pace = doc["host_pace"]
+    assert pace["base_median_us"] > 0 and pace["new_median_us"] > 0 and doc["caution"] is None
+    assert pace["ci_pct"][0] <= pace["change_pct"] <= pace["ci_pct"][1]
 
 
 def test_a_slowed_run_is_slower_and_fails_the_gate(runs, capsys):

@@ -146,6 +146,24 @@ def test_stage_times_without_the_other_marks(profile):
     assert "one stage mark a run" in report
 
 
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_host_pace_is_timed_before_every_timed_run(profile):
+    """The fixed loop ran once before each timed run, its figures are its samples', and the report shows them; on
+    a GPU the clocks were read between the runs, never during one."""
+    from app.runtime.host_pace import summarise
+
+    device, d, trace, params = profile
+    p = trace["timing"]["host_pace"]
+    runs = trace["timing"]["timed_runs"]
+    assert p["runs"] == len(p["samples"]) == runs and all(v > 0 for v in p["samples"])
+    assert summarise(p["samples"], trace["timing"]["total"]["samples"]) == p
+    assert p["rank_correlation"] is None and f"{runs} loop timings for {runs} runs" in p["why_no_correlation"]
+    row = next(line for line in (d / "report.md").read_text().splitlines() if "| host CPU pace before" in line)
+    assert f"{p['median'] * 1e6:,.1f} median" in row and "no correlation: " in row
+    if device == "gpu" and (params["clocks"].get("samples") or {}).get("n"):
+        assert "never during one" in params["clocks"]["samples"]["when"]
+
+
 def test_nvtx_off_and_disabled(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert main([*ARGS, "--device", "cpu", "--out", str(out / "a")]) == 0

@@ -35,7 +35,7 @@ def test_samples_range_and_throttling():
     assert "SM 1,980 MHz (timed runs 1,410–1,980, median 1,980)" in cell
     assert cell.endswith("THROTTLED (sw_power_cap)")
     note = throttle_note(clocks)
-    assert "sw_power_cap in 12 of 250 samples taken during the timed runs" in note
+    assert "sw_power_cap in 12 of 250 samples taken between the timed runs" in note
 
 
 def test_unreadable_values_are_named_not_invented():

@@ -2,6 +2,7 @@
 for the decoding only), the reasons bitmask, the sampler's summary, and real NVML on a GPU."""
 import json
 import sys
+import threading
 import time
 import types
 
@@ -141,15 +142,41 @@ def test_sampler_with_fake_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(mask=0x4))
     monkeypatch.delenv("APP_GPU_CLOCKS", raising=False)
     with ClockSampler(UUID, interval_s=0.001, max_samples=16) as sampler:
-        time.sleep(0.2)
+        for _ in range(100):                                # the timed runs' loop: a poll before each run
+            time.sleep(0.002)
+            sampler.poll()
     s = sampler.summary()
     assert 2 <= s["n"] <= 16                                # bounded: halved and slowed when full
+    assert s["interval_ms"] > 1 and "never during one" in s["when"]
     assert s["sm_mhz"]["min"] == s["sm_mhz"]["max"] == 1980 and s["mem_mhz"]["median"] == 3201
     assert s["reasons_seen"] == ["sw_power_cap"] and s["throttled_samples"] == s["n"]
     clocks = {"locked": False, "reason": "no-lock", "samples": s,
               "start": snapshot(UUID) | {"reasons": [], "throttled": False}}
     assert "THROTTLED (sw_power_cap)" in clock_cell(clocks)
     assert f"sw_power_cap in {s['n']} of {s['n']} samples" in throttle_note(clocks)
+
+
+def test_sampler_reads_only_when_polled_and_at_most_once_an_interval(monkeypatch):
+    """No thread reads NVML beside the timed runs (one slowed the default join by ~3% on an H100): a sample is
+    taken at start, at a poll once the interval has passed, and at stop -- nowhere else."""
+    nv = fake_pynvml(mask=0)
+    reads, clock = [], nv.nvmlDeviceGetClockInfo
+    nv.nvmlDeviceGetClockInfo = lambda handle, kind: reads.append(kind) or clock(handle, kind)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delenv("APP_GPU_CLOCKS", raising=False)
+    threads = threading.active_count()
+    with ClockSampler(UUID, interval_s=60.0) as sampler:
+        assert threading.active_count() == threads
+        assert len(sampler.samples) == 1 and len(reads) == 2     # the first sample (SM, memory), at start
+        time.sleep(0.05)
+        assert len(reads) == 2                              # nothing read while the "run" went on
+        for _ in range(5):
+            sampler.poll()                                  # within the interval: no sample
+        assert len(sampler.samples) == 1 and len(reads) == 2
+        sampler.interval_s = 0.0
+        sampler.poll()
+        assert len(sampler.samples) == 2 and len(reads) == 4
+    assert sampler.summary()["n"] == 3 and len(reads) == 6  # and the last, at stop
 
 
 def test_sampler_without_nvml_says_why(monkeypatch):
@@ -184,6 +211,8 @@ def test_real_gpu_clocks(monkeypatch):
     assert 0 < snap["mem_mhz"] <= snap["max_mem_mhz"]
     assert isinstance(snap["reasons"], list) and isinstance(snap["throttled"], bool)
     with ClockSampler(snap["uuid"]) as sampler:
-        time.sleep(0.2)
+        for _ in range(8):
+            time.sleep(0.03)
+            sampler.poll()
     s = sampler.summary()
     assert s["n"] >= 3 and 0 < s["sm_mhz"]["min"] <= s["sm_mhz"]["max"] <= snap["max_sm_mhz"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.kernel.cli import main
-from app.runtime import timing
+from app.runtime import stats, timing
 from app.runtime.recorder import RunRecord
 from app.runtime.stats import median_interval, outlier_runs, spread
 
@@ -82,6 +82,20 @@ def test_fixed_count_is_exact():
     assert len(records) == 7 and stopped == {"rule": "count", "requested": 7}
 
 
+def test_the_between_hook_runs_before_every_run_and_outside_it():
+    """Event mode reads the GPU's clocks and the host's pace in ``between``: once a run, before its L2 step,
+    never while a run is timed."""
+    log = []
+
+    def run_once():
+        log.append("run")
+        return None, RunRecord([], 1.0, 1.0)
+
+    timing.timed_runs(run_once, 3, lambda: log.append("flush"), timing.Progress("t", after=1e9),
+                      between=lambda: log.append("between"))
+    assert log == ["between", "flush", "run"] * 3
+
+
 def test_warmup_auto_runs_until_the_plans_time_stops_changing(monkeypatch):
     """A plan that gets faster over its first runs, as the lent hosts' builds did, then holds: the warm-up
     goes on until two windows of runs agree, and no further."""
@@ -125,17 +139,17 @@ def test_drift_is_flagged_in_real_captures_of_warming_runs_and_not_in_steady_one
     by the host, went from ~3 to ~2.3 ms), join v3 at 100k x 10k was not."""
     data = Path(__file__).resolve().parents[1] / "data" / "event"
     warming = json.loads((data / "join_v4_1M_100k_h200_dma.trace.json").read_text())["timing"]["total"]["samples"]
-    d = timing.drift(warming)
+    d = stats.drift(warming)
     k = len(warming) // 3
     assert d["checked"] and d["runs_per_third"] == k and d["significant"] is True
     assert d["first_third_median"] == pytest.approx(sorted(warming[:k])[k // 2] if k % 2 else
                                                     sum(sorted(warming[:k])[k // 2 - 1:k // 2 + 1]) / 2)
     assert d["change"] < -0.2 and d["first_ci95"][0] > d["last_ci95"][1]
     steady = json.loads((data / "join_v3_100k_10k_h200.trace.json").read_text())["timing"]["total"]["samples"]
-    assert timing.drift(steady)["significant"] is False
-    assert timing.drift(warming[:14]) == {"checked": False, "why": "14 timed runs: the check compares thirds of at "
+    assert stats.drift(steady)["significant"] is False
+    assert stats.drift(warming[:14]) == {"checked": False, "why": "14 timed runs: the check compares thirds of at "
                                                                    "least 5 runs"}
-    assert timing.drift(warming[:15])["runs_per_third"] == 5
+    assert stats.drift(warming[:15])["runs_per_third"] == 5
 
 
 def test_only_the_last_runs_output_is_kept():
@@ -263,7 +277,7 @@ def test_cpu_profile_records_how_it_was_timed(tmp_path):
     assert warm["rule"] in ("steady", "budget", "max_runs") and tm["warmup_runs"] == warm["runs"] >= 1
     assert warm["rule"] != "steady" or (warm["runs"] >= 2 * timing.WARMUP_WINDOW
                                         and warm["seconds"] >= timing.WARMUP_MIN_SECONDS)
-    assert tm["drift"]["checked"] is (tm["timed_runs"] >= timing.DRIFT_MIN_RUNS)
+    assert tm["drift"]["checked"] is (tm["timed_runs"] >= stats.DRIFT_MIN_RUNS)
     for row in ("--bench_runs auto stopped by", "L2 between timed runs", "instrumentation overhead",
                 "marks the bare plan does not record",
                 "end to end, host arrays in and out", "drift over the timed runs", f"{warm['runs']} warm-up (",

@@ -6,6 +6,10 @@ comparison is reproducible). The verdict is ``noise`` when the interval includes
 zero, or when the change is smaller than either run's own robust spread
 (1.4826 x MAD / median) or the floor ``threshold`` -- two runs of identical code
 must not read as a regression.
+
+Beside the verdict, the host CPU's pace in each profile (the fixed loop event mode times before every
+timed run): where the host itself was slower or faster in NEW, the same way as the plan, the comparison
+says so (``caution``) and keeps its verdict -- it cannot tell how much of the change is the machine's.
 """
 from __future__ import annotations
 
@@ -64,7 +68,30 @@ def compare_traces(base: dict, new: dict, floor: float = DEFAULT_FLOOR) -> dict:
         if b:
             stages.append({"name": s["name"]} | verdict_of(b, samples_of(new, s["name"]), floor))
     total = verdict_of(samples_of(base), samples_of(new), floor)
-    return {"verdict": total["verdict"], "total": total, "stages": stages, "floor_pct": 100 * floor}
+    pace = pace_change(base, new)
+    caution = None
+    if pace and pace["resolved"] and total["verdict"] != "noise" and (pace["change_pct"] > 0) == (
+            total["change_pct"] > 0):
+        way = "slower" if pace["change_pct"] > 0 else "faster"
+        caution = (f"the host CPU itself ran {abs(pace['change_pct']):.1f}% {way} in the new profile (a fixed "
+                   "Python loop before each timed run), the same way as the plan: part or all of this change may be "
+                   "the machine's, not the code's; profile both again, back to back, before trusting it")
+    return {"verdict": total["verdict"], "total": total, "stages": stages, "floor_pct": 100 * floor,
+            "host_pace": pace, "caution": caution}
+
+
+def pace_change(base: dict, new: dict) -> dict | None:
+    """The host CPU's pace in each profile (timing.host_pace: the same fixed Python loop timed before every timed
+    run) and its change with a 95% bootstrap interval; None unless both profiles recorded it. Two profiles of the
+    same code on a shared host can differ by 10-40% from one process to the next; this says whether the host
+    itself was slower or faster, which no statistic of the plan's own runs can tell."""
+    pb, pn = ((t.get("timing") or {}).get("host_pace") or {} for t in (base, new))
+    if not pb.get("samples") or not pn.get("samples"):
+        return None
+    change, lo, hi = change_interval(pb["samples"], pn["samples"])
+    return {"base_median_us": float(np.median(pb["samples"])) * 1e6,
+            "new_median_us": float(np.median(pn["samples"])) * 1e6,
+            "change_pct": 100 * change, "ci_pct": [100 * lo, 100 * hi], "resolved": not lo <= 0.0 <= hi}
 
 
 def regression(result: dict, fail_pct: float | None) -> bool:

@@ -27,8 +27,20 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
     return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} "
                                         f"({baseline.get('mode')} mode) on {baseline.get('device', {}).get('name')}; "
                                         f"end to end: **{result['verdict']}**." + mismatch_warning(baseline) + note
-                                        + (f" Note: {card}." if card else ""),
+                                        + (f" Note: {card}." if card else "")
+                                        + (f" **Caution:** {result['caution']}." if result.get("caution") else ""),
                    columns=["Metric", "Previous", "Current", "Change", "95% interval", "Verdict"], rows=rows,
                    note="Medians of the timed runs. Noise = the bootstrap interval of the change includes 0, or the "
                         f"change is below the runs' own spread or {result['floor_pct']:g}%. "
+                        + _pace_note(result.get("host_pace")) +
                         "`python -m app.kernel compare BASE NEW` gives the same table.")
+
+
+def _pace_note(pace: dict | None) -> str:
+    """The host CPU's pace in both profiles (a fixed Python loop before each timed run), where both recorded it."""
+    if not pace:
+        return ""
+    lo, hi = pace["ci_pct"]
+    return (f"Host CPU pace (a fixed Python loop before each timed run): {fmt(pace['base_median_us'])} us before, "
+            f"{fmt(pace['new_median_us'])} us now, {pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
+            + ("" if pace["resolved"] else ", the same within its interval") + ". ")

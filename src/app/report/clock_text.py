@@ -105,7 +105,7 @@ def throttle_note(clocks: dict | None) -> str:
     if samples.get("throttled_samples"):
         names = [r for r in samples.get("reasons_seen") or () if r in THROTTLING]
         where.append(f"{', '.join(names)} in {samples['throttled_samples']} of {samples['n']} samples taken "
-                     "during the timed runs")
+                     "between the timed runs")
     if not where:
         return ""
     return ("The GPU throttled its clocks (" + "; ".join(where) + "): power, thermal or hardware limits held them "

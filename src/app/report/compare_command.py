@@ -39,6 +39,17 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
         lines.append(f"{name:<28} {r['base_median_us']:>12,.1f} {r['new_median_us']:>12,.1f} "
                      f"{r['change_pct']:>+8.1f}% {ci:>20}  {r['verdict']}")
     lines.append(f"noise: the interval includes 0, or |change| is below the runs' own spread or {result['floor_pct']:g}%")
+    pace = result.get("host_pace")
+    if pace:
+        lo, hi = pace["ci_pct"]
+        lines.append("host CPU pace (a fixed Python loop before each timed run): "
+                     f"base {pace['base_median_us']:,.1f} us, new {pace['new_median_us']:,.1f} us, "
+                     f"{pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
+                     + ("" if pace["resolved"] else ", the same within its interval"))
+    else:
+        lines.append("host CPU pace: not recorded in both profiles (profiles made before it was measured)")
+    if result.get("caution"):
+        lines.append(f"CAUTION: {result['caution']}")
     return "\n".join(lines)
 
 

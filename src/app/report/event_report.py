@@ -11,8 +11,8 @@ from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render, us
 from app.report.sections import device_section, transfers_section, verification_section
-from app.runtime.stats import robust_of
-from app.runtime.timing import drift
+from app.runtime.host_pace import moved_with_runs
+from app.runtime.stats import drift, robust_of
 
 
 def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None,
@@ -24,6 +24,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
     occ = {s["name"]: s["metadata"].get("theoretical_occupancy_pct") for s in trace["stages"]}
     timing = trace["timing"]
     drift_check = _drift_of(timing)
+    pace = timing.get("host_pace")
     sections = [
         Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "runtime", "clocks"],
                 rows=[[fmt(v) for v in trace["metadata"]["params"].values()]
@@ -64,7 +65,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["95% interval of the median (us)", " – ".join(us(v) for v in timing["total"]["median_ci95"])
              if "median_ci95" in timing["total"] else "n/a (not recorded in this trace)"],
             ["total robust spread (1.4826 x MAD / median)", fmt(100 * robust_of(timing["total"]), 2, "%")
-             + (" (stable)" if timing["total"]["stable"] else " (UNSTABLE: > 2%)")],
+             + (" (stable)" if timing["total"]["stable"] else
+                " (UNSTABLE: > 2%; the runs followed the host CPU's own pace, see its row below)"
+                if pace and pace.get("follows") else " (UNSTABLE: > 2%)")],
             ["outlier runs (outside 1.5 x IQR)", f"{timing['total']['outliers']} of {timing['total']['runs']}"
              if "outliers" in timing["total"] else "n/a (not recorded in this trace)"],
             ["total rel. stdev (for reference; outliers inflate it)", fmt(100 * timing["total"]["rel_stdev"], 2, "%")],
@@ -74,7 +77,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
             ["runs", f"{timing['warmup_runs']} warm-up{_warmup_text(timing.get('warmup'))}, "
                      f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
-            *([["drift over the timed runs", _drift_text(drift_check)]] if drift_check else []),
+            *([["drift over the timed runs", _drift_text(drift_check, pace)]] if drift_check else []),
+            *([["host CPU pace before each timed run (a fixed Python loop, us)", _pace_text(pace)]] if pace else []),
             *_hygiene_rows(timing),
         ]),
         _one_mark_section(trace),
@@ -91,7 +95,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
                                                    if unstable else "")
-                + (f" **The timed runs were still changing** ({_drift_text(drift_check)})."
+                + (f" **The timed runs were still changing** ({_drift_text(drift_check, pace)})."
                    if drift_check and drift_check.get("significant") else ""))
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
@@ -304,13 +308,42 @@ def _drift_of(timing: dict) -> dict | None:
     return drift(samples) if samples else None
 
 
-def _drift_text(d: dict) -> str:
+def _drift_text(d: dict, pace: dict | None = None) -> str:
+    """The runs' drift check in words. Where the host's own pace (``pace``: timing.host_pace) changed the same
+    way, the machine changed speed: more warm-up cannot steady that, so the text does not ask for it."""
     if not d.get("checked"):
         return f"not checked: {d['why']}"
     f, lst = d["first_third_median"], d["last_third_median"]
     level = (f"first third's median {us(f)} us, last third's {us(lst)} us ({100 * d['change']:+.1f}%; "
              f"{d['runs_per_third']} runs each)")
-    if d["significant"]:
-        return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels; more "
-                "--warmup gives a steady one")
-    return f"steady: {level}, their 95% intervals overlap"
+    if not d["significant"]:
+        return f"steady: {level}, their 95% intervals overlap"
+    if moved_with_runs(pace, d):
+        return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels. The host CPU's "
+                f"own pace changed the same way (a fixed Python loop before each run: "
+                f"{100 * pace['drift']['change']:+.1f}%): the machine changed speed, which more --warmup cannot "
+                "steady; rerun on a quiet host, and compare only figures measured side by side")
+    return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels; more "
+            "--warmup gives a steady one")
+
+
+def _pace_text(p: dict) -> str:
+    """timing.host_pace in words: the loop's time, whether it moved, and whether the runs followed it."""
+    text = (f"{us(p['median'])} median ({p['loop_iterations']:,} integer multiply-adds; range {us(p['min'])} to "
+            f"{us(p['max'])}, robust spread ±{100 * p['robust_rel_spread']:.1f}%)")
+    d = p.get("drift") or {}
+    if d.get("checked"):
+        text += (f"; first third {us(d['first_third_median'])}, last third {us(d['last_third_median'])} "
+                 f"({100 * d['change']:+.1f}%, " + ("a change their 95% intervals resolve)" if d["significant"]
+                                                     else "within their 95% intervals)"))
+    rho = p.get("rank_correlation")
+    if rho is not None:
+        text += (f"; rank correlation with the runs' totals {rho:+.2f} over {p['runs']} runs (independent series "
+                 f"stay under {p['chance_bound']:.2f} 39 times in 40)"
+                 + (": the plan ran slower where the host did, so part of its spread is the host's" if p["follows"]
+                    else ""))
+    elif p.get("why_no_correlation"):
+        text += f"; no correlation: {p['why_no_correlation']}"
+    elif "chance_bound" in p:
+        text += "; no rank correlation: the loop's times or the runs' did not vary"
+    return text

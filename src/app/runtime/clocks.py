@@ -81,6 +81,9 @@ class _NoSampler:
     def __exit__(self, *exc):
         return False
 
+    def poll(self) -> None:
+        pass
+
     def summary(self):
         return None
 

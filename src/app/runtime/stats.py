@@ -14,6 +14,10 @@ import statistics
 
 STABLE_REL_SPREAD = 0.02      # robust spread (1.4826 x MAD / median) at or under 2%: stable
 MAD_TO_SIGMA = 1.4826
+# The drift check compares thirds of the timed runs, five runs each at least. With three, each median's interval
+# is the third's whole range, and three runs all above three others happen by chance one time in ten (a
+# CPU profile of 10 runs on a busy 2-core host was flagged so); with five, one time in 126.
+DRIFT_MIN_RUNS = 15
 
 
 def quartiles(vals: list[float]) -> tuple[float, float]:
@@ -76,3 +80,20 @@ def spread(values: list[float]) -> dict:
         # The raw timed-run samples, so `compare` can judge a change against them.
         "samples": vals,
     }
+
+
+def drift(totals: list[float]) -> dict:
+    """Were the timed runs still changing? The medians of their first and last thirds with each median's 95%
+    interval: a change the intervals resolve (they do not overlap) is ``significant``, and the plan's median
+    then mixes two levels."""
+    n = len(totals)
+    if n < DRIFT_MIN_RUNS:
+        return {"checked": False, "why": f"{n} timed runs: the check compares thirds of at least "
+                                         f"{DRIFT_MIN_RUNS // 3} runs"}
+    k = n // 3
+    first, last = totals[:k], totals[-k:]
+    f, lst = statistics.median(first), statistics.median(last)
+    fi, li = median_interval(first), median_interval(last)
+    return {"checked": True, "runs_per_third": k, "first_third_median": f, "last_third_median": lst,
+            "first_ci95": list(fi), "last_ci95": list(li), "change": (lst - f) / f if f > 0 else 0.0,
+            "significant": fi[0] > li[1] or li[0] > fi[1]}

@@ -11,7 +11,9 @@
   faster and join v4's launch-bound plan at 100k x 10k stepped from ~0.6 to ~0.35 ms after the
   build, so a median of 30 timed runs mixed a warming start with the steady state.
 * Drift: whether the timed runs were still changing, from the medians of their first and last
-  thirds and those medians' 95% intervals (the report flags a change the intervals resolve).
+  thirds and those medians' 95% intervals (the report flags a change the intervals resolve);
+  app.runtime.stats holds the check. Beside it, the host CPU's own pace before every timed run
+  (app.runtime.host_pace): whether it was the machine that changed speed.
 * How many runs (``--bench_runs N|auto``): ``auto`` runs until the 95% interval of the
   median total is within 1% of it, or a time budget is spent, and says which stopped it.
 * Instrumentation overhead: pairs of runs with per-stage marks and bare (one pair of
@@ -48,10 +50,6 @@ WARMUP_WINDOW = 5         # ... and until the median of the last WARMUP_WINDOW r
 WARMUP_STEADY = 0.02      # this share of the median of the WARMUP_WINDOW before them,
 WARMUP_BUDGET_SECONDS = 5.0   # or this long has passed,
 WARMUP_MAX_RUNS = 500         # or this many runs
-# The drift check compares thirds of the timed runs, five runs each at least. With three, each median's interval
-# is the third's whole range, and three runs all above three others happen by chance one time in ten (a
-# CPU profile of 10 runs on a busy 2-core host was flagged so); with five, one time in 126.
-DRIFT_MIN_RUNS = 15
 
 
 class L2Flush:
@@ -143,25 +141,11 @@ def warm_up(run_once, how, flush, progress: Progress | None = None,
             return out | {"rule": "max_runs", "max_runs": WARMUP_MAX_RUNS}
 
 
-def drift(totals: list[float]) -> dict:
-    """Were the timed runs still changing? The medians of their first and last thirds with each median's 95%
-    interval: a change the intervals resolve (they do not overlap) is ``significant``, and the plan's median
-    then mixes two levels."""
-    n = len(totals)
-    if n < DRIFT_MIN_RUNS:
-        return {"checked": False, "why": f"{n} timed runs: the check compares thirds of at least "
-                                         f"{DRIFT_MIN_RUNS // 3} runs"}
-    k = n // 3
-    first, last = totals[:k], totals[-k:]
-    f, lst = statistics.median(first), statistics.median(last)
-    fi, li = median_interval(first), median_interval(last)
-    return {"checked": True, "runs_per_third": k, "first_third_median": f, "last_third_median": lst,
-            "first_ci95": list(fi), "last_ci95": list(li), "change": (lst - f) / f if f > 0 else 0.0,
-            "significant": fi[0] > li[1] or li[0] > fi[1]}
-
-
-def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tuple[list, dict, object]:
+def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress,
+               between=None) -> tuple[list, dict, object]:
     """(run records, how the count was decided, the last run's output). ``bench_runs``: an int, or "auto".
+    ``between``, when given, is called before every run's L2 step, outside its timed region: event mode reads
+    the GPU's clocks and the host CPU's pace there, where they cannot slow a run.
 
     Only the last output is kept, as in a caller's own loop: keeping every run's result would make each
     run allocate fresh device memory for it (CuPy's pool grows instead of reusing), and that cudaMalloc
@@ -171,6 +155,8 @@ def timed_runs(run_once, bench_runs, flush: L2Flush, progress: Progress) -> tupl
     target = AUTO_MAX_RUNS if auto else int(bench_runs)
     stopped = {"rule": "count", "requested": bench_runs}
     while len(records) < target:
+        if between is not None:
+            between()
         flush()
         output, record = run_once()
         records.append(record)

@@ -27,10 +27,11 @@ from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_m
 from app.runtime.provenance import params_json
 from app.runtime.one_mark import from_rounds
 from app.runtime.recorder import OneMarkRecorder, Recorder
-from app.runtime.stats import outlier_runs
+from app.runtime import host_pace
+from app.runtime.stats import drift, outlier_runs
 from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, OVERHEAD_TARGET_CI, L2Flush,
-                                Progress, drift, end_to_end, graph_capturability, instrumentation_overhead,
-                                timed_runs, warm_up)
+                                Progress, end_to_end, graph_capturability, instrumentation_overhead, timed_runs,
+                                warm_up)
 
 
 @register_mode
@@ -57,9 +58,15 @@ class EventMode(Mode):
                 _, cold = rec.run(plan, inputs, backend)
                 flush = L2Flush(selection.selected, options.l2, selection.info.get("l2_bytes"))
                 warmed = warm_up(lambda: rec.run(plan, inputs, backend), options.warmup, flush, progress)
-                with sampler_for(selection) as sampler:     # GPU clocks every ~20 ms of the timed runs
+                pace: list[float] = []      # the host CPU's pace before each timed run
+                with sampler_for(selection) as sampler:     # GPU clocks between timed runs, at most every 20 ms
+
+                    def between() -> None:      # before each timed run's L2 step: nothing here is timed
+                        sampler.poll()
+                        pace.append(host_pace.loop_seconds())
+
                     runs, stopped, output = timed_runs(lambda: rec.run(plan, inputs, backend), options.timed_runs(),
-                                                       flush, progress)
+                                                       flush, progress, between=between)
                 bare = Recorder(selection.selected, xp, Nvtx(False, plan.kernel), per_stage=False)
                 budget = max(1.0, OVERHEAD_SHARE * sum(r.wall_seconds for r in runs))
                 on_gpu = selection.selected == "gpu"
@@ -94,8 +101,10 @@ class EventMode(Mode):
         progress.done()
         trace = build_trace(plan, inputs, selection, cold, runs, mode=self.name, nvtx=nvtx.report(),
                             compile_info=compile_info, warmup=warmed["runs"], verification=verification)
-        trace["timing"] |= {"warmup": warmed, "drift": drift([r.total_seconds for r in runs]),
-                            "stopped_by": stopped, "l2": flush.describe(), "instrumentation": overhead,
+        totals = [r.total_seconds for r in runs]
+        trace["timing"] |= {"warmup": warmed, "drift": drift(totals),
+                            "host_pace": host_pace.summarise(pace, totals), "stopped_by": stopped,
+                            "l2": flush.describe(), "instrumentation": overhead,
                             "one_mark": stage_marks,
                             "end_to_end": e2e, "staging_dma": staging_dma,
                             "window_waited_seconds": window["waited_seconds"]}

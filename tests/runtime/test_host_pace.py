@@ -1,0 +1,157 @@
+"""The host CPU's pace beside the timed runs: the loop reads a slower interpreter as slower, the rank correlation
+and the drift of its times are right on series whose answer is known, and the report and compare say what the
+loop saw -- from a real H100 capture -- without calling a machine's change the plan's."""
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.analysis.compare import compare_traces, pace_change
+from app.analysis.roofline import plan_roofline
+from app.report.compare_command import table
+from app.report.event_report import build_report
+from app.runtime import host_pace
+from app.runtime.stats import drift
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "event"
+CAPTURE = DATA / "join_v4_100k_10k_h100_host_pace.trace.json"
+PARAMS = {"command_line": "python -m app.kernel join v4 --points 100k --polygons 10k --bench_runs 60",
+          "clocks": {"locked": False}}
+
+
+def test_a_slower_interpreter_reads_as_a_slower_loop():
+    """A line tracer makes every line of Python cost a call: the same loop must read several times slower."""
+    plain = statistics.median(host_pace.loop_seconds() for _ in range(15))
+
+    def tracer(frame, event, arg):
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        traced = statistics.median(host_pace.loop_seconds() for _ in range(15))
+    finally:
+        sys.settrace(None)
+    assert plain > 0 and traced > 2 * plain
+
+
+def test_rank_correlation_on_known_series():
+    assert host_pace.rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert host_pace.rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties take their average rank: ranks (0.5, 0.5, 2.5, 2.5) against (0, 1, 2, 3) give 2 / sqrt(5)
+    assert host_pace.rank_correlation([1, 1, 2, 2], [1, 2, 3, 4]) == pytest.approx(2 / 5 ** 0.5)
+    # monotone, not linear: ranks agree exactly
+    assert host_pace.rank_correlation([1, 2, 3, 4, 5], [1, 8, 27, 64, 1000]) == pytest.approx(1.0)
+    assert host_pace.rank_correlation([3, 3, 3], [1, 2, 3]) is None          # no spread: no correlation
+
+
+def _host_that_slows(n=60, seed=1):
+    """The loop and the runs both 50% slower from the middle on, each with its own few percent of jitter."""
+    rng = random.Random(seed)
+    pace = [50e-6 * (1.5 if i >= n // 2 else 1.0) * rng.uniform(0.97, 1.03) for i in range(n)]
+    totals = [8 * p * rng.uniform(0.95, 1.05) for p in pace]
+    return pace, totals
+
+
+def test_runs_that_follow_the_host_are_said_to_follow_it():
+    pace, totals = _host_that_slows()
+    s = host_pace.summarise(pace, totals)
+    assert s["runs"] == 60 and s["samples"] == pace and s["loop_iterations"] == host_pace.LOOP_ITERATIONS
+    assert s["chance_bound"] == pytest.approx(1.96 / 59 ** 0.5)
+    assert s["rank_correlation"] > 0.8 and s["follows"] is True
+    assert s["drift"]["significant"] and s["drift"]["change"] == pytest.approx(0.5, abs=0.05)
+    assert host_pace.moved_with_runs(s, drift(totals)) is True
+    # the runs slowed while the host sped up: not the machine's doing
+    assert host_pace.moved_with_runs(s, drift(totals[::-1])) is False
+
+
+def test_runs_independent_of_the_host_are_not():
+    rng = random.Random(7)
+    pace = [50e-6 * rng.uniform(0.9, 1.1) for _ in range(60)]
+    totals = [400e-6 * rng.uniform(0.9, 1.1) for _ in range(60)]
+    s = host_pace.summarise(pace, totals)
+    assert abs(s["rank_correlation"]) < s["chance_bound"] and s["follows"] is False
+    assert s["drift"]["significant"] is False
+    assert host_pace.moved_with_runs(s, drift(totals)) is False
+
+
+def test_too_few_runs_give_no_correlation_and_say_why():
+    s = host_pace.summarise([1e-5] * 9, [1e-4] * 9)
+    assert s["rank_correlation"] is None and "at least 10" in s["why_no_correlation"]
+    s = host_pace.summarise([1e-5] * 12, [1e-4] * 11)
+    assert s["rank_correlation"] is None and "12 loop timings for 11 runs" in s["why_no_correlation"]
+    assert host_pace.moved_with_runs(None, {"significant": True, "change": 0.3}) is False
+
+
+def test_the_report_states_what_the_capture_holds():
+    """A real event profile of the default join on an H100 (60 timed runs): every figure of the report's host
+    pace row is the capture's own, recomputed from its samples."""
+    t = json.loads(CAPTURE.read_text())
+    p = t["timing"]["host_pace"]
+    again = host_pace.summarise(p["samples"], t["timing"]["total"]["samples"])
+    assert again == p
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    md = build_report(t, PARAMS, roof, None)
+    row = next(line for line in md.splitlines() if line.startswith("| host CPU pace before each timed run"))
+    assert f"| {p['median'] * 1e6:,.1f} median (1,000 integer multiply-adds; " in row
+    assert f"range {p['min'] * 1e6:,.1f} to {p['max'] * 1e6:,.1f}" in row
+    assert f"rank correlation with the runs' totals {p['rank_correlation']:+.2f} over 60 runs" in row
+    assert ("the plan ran slower where the host did" in row) is p["follows"]
+
+
+def _with(t: dict, scale_pace: float, scale_totals: float) -> dict:
+    """The capture as if a second profile had run with the host and the plan scaled: for compare's logic."""
+    out = json.loads(json.dumps(t))
+    tm = out["timing"]
+    tm["host_pace"]["samples"] = [v * scale_pace for v in tm["host_pace"]["samples"]]
+    tm["total"]["samples"] = [v * scale_totals for v in tm["total"]["samples"]]
+    out["total_elapsed_seconds"] *= scale_totals
+    for s in out["stages"]:
+        s["spread"]["samples"] = [v * scale_totals for v in s["spread"]["samples"]]
+        s["elapsed_seconds"] *= scale_totals
+    return out
+
+
+def test_compare_says_when_the_host_itself_changed_the_same_way():
+    base = json.loads(CAPTURE.read_text())
+    slow_host = _with(base, 1.3, 1.3)
+    r = compare_traces(base, slow_host)
+    assert r["verdict"] == "slower"                         # the verdict stays: the share is unknown
+    assert r["host_pace"]["resolved"] and r["host_pace"]["change_pct"] == pytest.approx(30.0, abs=0.5)
+    assert "the host CPU itself ran 30.0% slower in the new profile" in r["caution"]
+    text = table(r, base, slow_host, "")
+    assert "host CPU pace (a fixed Python loop before each timed run): base " in text and "CAUTION: " in text
+    roof = plan_roofline(base["device"]["name"], base["selected_runtime"], base["stages"])
+    md = build_report(slow_host, PARAMS, roof, base)        # the report's vs Baseline section says it too
+    assert "**Caution:** the host CPU itself ran 30.0% slower in the new profile" in md
+    assert "Host CPU pace (a fixed Python loop before each timed run): " in md
+    # the plan got faster while the host slowed: nothing to caution about
+    r = compare_traces(base, _with(base, 1.3, 0.7))
+    assert r["verdict"] == "faster" and r["caution"] is None
+    # a trace made before the loop was timed: said, not guessed
+    old = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())
+    assert pace_change(old, base) is None
+    assert "host CPU pace: not recorded in both profiles" in table(compare_traces(old, base), old, base, "")
+
+
+def test_drift_the_host_shared_is_not_blamed_on_warm_up():
+    """Runs that slowed by a third, with a loop that slowed the same way: the report says the machine changed
+    speed and does not ask for more --warmup; with a steady loop it still does."""
+    t = json.loads(CAPTURE.read_text())
+    n = len(t["timing"]["total"]["samples"])
+    step = [1.0 if i < n // 2 else 1.35 for i in range(n)]
+    t["timing"]["total"]["samples"] = [v * s for v, s in zip(t["timing"]["total"]["samples"], step)]
+    t["timing"]["drift"] = drift(t["timing"]["total"]["samples"])
+    assert t["timing"]["drift"]["significant"]
+    steady_loop = dict(t["timing"]["host_pace"])
+    t["timing"]["host_pace"] = host_pace.summarise([50e-6 * s for s in step], t["timing"]["total"]["samples"])
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    md = build_report(t, PARAMS, roof, None)
+    headline = next(line for line in md.splitlines() if line.startswith("`python -m app.kernel"))
+    assert "**The timed runs were still changing**" in headline and "the machine changed speed" in headline
+    assert "more --warmup cannot steady" in headline and "more --warmup gives a steady one" not in md
+    t["timing"]["host_pace"] = steady_loop | {"drift": drift([50e-6] * n)}
+    md = build_report(t, PARAMS, roof, None)
+    assert "the machine changed speed" not in md and "more --warmup gives a steady one" in md
