@@ -82,6 +82,28 @@ def test_best_version_per_size_and_ties_on_overlapping_intervals():
     assert all(r["tie"] for r in best_per_size(table(close), ["points", "polygons"]))
 
 
+def test_a_runner_up_on_a_measurably_slower_host_is_said_to_be_so():
+    """Each point runs in its own process: where the runner-up's host loop ran slower beyond both intervals, the
+    row says by how much; overlapping loops, or points without a loop, say nothing."""
+    def paced(rows, us, half):
+        return [r | {"host_pace_us": us, "host_pace_ci95_lo_us": us - half, "host_pace_ci95_hi_us": us + half}
+                for r in rows]
+
+    v1 = paced(grid("v1", lambda p, q: 100.0, ci=0.01), 50.0, 1.0)
+    slow = paced(grid("v2", lambda p, q: 130.0, ci=0.01), 76.0, 2.0)
+    for r in best_per_size(table(v1 + slow), ["points", "polygons"]):
+        assert r["best"] == "v1" and r["host_slower_pct"] == pytest.approx(52.0)
+    near = paced(grid("v2", lambda p, q: 130.0, ci=0.01), 51.5, 1.0)          # intervals overlap: nothing said
+    assert all(r["host_slower_pct"] is None for r in best_per_size(table(v1 + near), ["points", "polygons"]))
+    bare = grid("v2", lambda p, q: 130.0, ci=0.01)                              # a point without a loop
+    assert all(r["host_slower_pct"] is None for r in best_per_size(table(v1 + bare), ["points", "polygons"]))
+    from app.sweep.report import _best
+
+    lines = _best(table(v1 + slow), ["points", "polygons"])
+    assert sum("30.0% (its host CPU ran 52.0% slower, by a fixed Python loop" in line for line in lines) == 8
+    assert not any("host CPU" in line for line in _best(table(v1 + near), ["points", "polygons"]))
+
+
 def test_crossover_found_between_the_sizes_where_the_order_flips():
     rows = grid("v1", lambda p, q: 100 + p / 1e3, ci=0.01) + grid("v2", lambda p, q: 300 + p / 2e3, ci=0.01)
     found = [c for c in crossovers(table(rows), ["points", "polygons"], ["v1", "v2"]) if c["axis"] == "points"]

@@ -48,6 +48,12 @@ def check_points_are_real_profiles(sweep_dir: Path, table: list[dict]):
         assert trace["metadata"]["params"]["points"] == int(r["points"])
         assert float(r["e2e_us"]) == pytest.approx(trace["timing"]["total"]["median"] * 1e6)
         assert float(r["e2e_host_out_us"]) == pytest.approx(trace["timing"]["end_to_end"]["median"] * 1e6)
+        pace = trace["timing"]["host_pace"]           # the point's own process's host pace, as its trace has it
+        assert float(r["host_pace_us"]) == pytest.approx(pace["median"] * 1e6)
+        assert [float(r["host_pace_ci95_lo_us"]), float(r["host_pace_ci95_hi_us"])] == pytest.approx(
+            [v * 1e6 for v in pace["median_ci95"]])
+        assert f"| {r['point']} | ok | " in (sweep_dir / "report.md").read_text().split("## Points")[1]
+        assert f" | {float(r['host_pace_us']):,.1f} us | " in (sweep_dir / "report.md").read_text()
 
 
 def test_local_cluster_of_two_workers_runs_every_point(tmp_path):

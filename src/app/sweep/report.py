@@ -108,6 +108,9 @@ def _best(frame, axes) -> list[str]:
         cells = [human(_int(r["grid"][a])) for a in axes]
         if "runner_up" in r:
             gap = f"{(r['ratio'] - 1) * 100:.1f}%" + (" (tie: the 95% intervals overlap)" if r["tie"] else "")
+            if r.get("host_slower_pct") is not None:
+                gap += (f" (its host CPU ran {r['host_slower_pct']:.1f}% slower, by a fixed Python loop: part of "
+                        "the gap may be the host's)")
             cells += [r["best"], _us(r["time_us"]), r["runner_up"], gap]
         else:
             cells += [r["best"], _us(r["time_us"]), "-", "-"]
@@ -163,15 +166,19 @@ def _exponents(frame, axes, versions, stages) -> list[str]:
 def _points(frame, axes) -> list[str]:
     out = ["## Points", "", f"Spread is the robust relative spread of a point's timed runs (1.4826 MAD / median); over "
            f"{UNSTABLE_PCT:g}% the point is marked unstable: its median is still the figure, and its 95% interval "
-           "(in results.csv) is what decides the ties above.", "",
-           "| point | status | end to end | spread | device | GPU | worker | profile |",
-           "|---|---|---|---|---|---|---|---|"]
+           "(in results.csv) is what decides the ties above. Host loop: the median time of a fixed Python loop "
+           "timed before each of the point's timed runs, the host CPU's pace in the point's own process (a "
+           "launch-bound plan runs at that pace, and it can differ by half from one process to the next).", "",
+           "| point | status | end to end | spread | host loop | device | GPU | worker | profile |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in frame.sort_values(["version", *axes]).to_dict("records"):
         pct = r.get("e2e_spread_pct")
         spread = (f"±{pct:.1f}%" + (" unstable" if pct > UNSTABLE_PCT else "")) if pd.notna(pct) else "missing"
         uuid = r.get("gpu_uuid") if isinstance(r.get("gpu_uuid"), str) else "-"
         link = f"[profile]({r['profile']}/report.md)" if isinstance(r.get("profile"), str) else "-"
         device = r.get("device") if isinstance(r.get("device"), str) else "-"
-        out.append(f"| {r['point']} | {r['status']} | {_us(r.get('e2e_us'))} | {spread} | {device} | {uuid} | "
-                   f"{r.get('worker')} | {link} |")
+        pace = r.get("host_pace_us")
+        loop = f"{pace:,.1f} us" if isinstance(pace, (int, float)) and pd.notna(pace) else "-"
+        out.append(f"| {r['point']} | {r['status']} | {_us(r.get('e2e_us'))} | {spread} | {loop} | {device} | "
+                   f"{uuid} | {r.get('worker')} | {link} |")
     return out + [""]

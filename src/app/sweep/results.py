@@ -9,6 +9,9 @@ with a roofline, ``<stage>_floor_us`` (those bytes at the peak memory bandwidth)
 a point did not measure is left empty, never zero. ``seconds`` is the point's own wall time,
 ``queued_seconds`` how long it waited for another point on the same device first, and
 ``window_waited_seconds`` how long its measured runs waited for another profile's on this host.
+``host_pace_us`` (with ``host_pace_ci95_lo_us`` and ``_hi_us``) is the median time of the fixed Python loop
+event mode times before every timed run: the host CPU's pace while the point ran. Points run in different
+processes, and on a shared host one process can run the same code 1.7x slower than the next.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ import pandas as pd
 RESULTS = "results.csv"
 DONE = ("ok", "wrong")            # statuses --resume does not run again
 _FIRST = ["point", "version", "status", "verified", "e2e_us", "e2e_spread_pct", "e2e_ci95_lo_us", "e2e_ci95_hi_us",
-          "e2e_host_out_us", "after_build_us", "floor_us", "device", "runtime", "gpu_uuid", "worker", "host",
+          "e2e_host_out_us", "after_build_us", "floor_us", "host_pace_us", "host_pace_ci95_lo_us",
+          "host_pace_ci95_hi_us", "device", "runtime", "gpu_uuid", "worker", "host",
           "attempts", "worker_lost", "error", "seconds", "queued_seconds", "window_waited_seconds", "profile_waited_for_lock", "profile"]
 
 
@@ -49,6 +53,11 @@ def row_for(point: dict, trace: dict | None, result: dict, status: str, attempts
         row["after_build_us"] = _us(timing["after_build"].get("median"))
     if timing.get("end_to_end"):
         row["e2e_host_out_us"] = _us(timing["end_to_end"].get("median"))
+    if timing.get("host_pace"):
+        pace = timing["host_pace"]
+        lo, hi = pace.get("median_ci95") or [None, None]
+        row |= {"host_pace_us": _us(pace.get("median")), "host_pace_ci95_lo_us": _us(lo),
+                "host_pace_ci95_hi_us": _us(hi)}
     roof = trace.get("roofline") or {}
     floors = []
     for s in trace.get("stages", []):

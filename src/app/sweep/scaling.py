@@ -99,7 +99,11 @@ def exponents(frame: pd.DataFrame, axes: list[str], versions: list[str], stages:
 
 
 def best_per_size(frame: pd.DataFrame, axes: list[str], column: str = "e2e_us") -> list[dict]:
-    """The fastest version at each grid combination; a tie where its 95% interval meets the runner-up's."""
+    """The fastest version at each grid combination; a tie where its 95% interval meets the runner-up's.
+
+    ``host_slower_pct``: where the runner-up's host CPU was measurably slower (its fixed loop's 95% interval lies
+    above the best's), by how much. Each point runs in its own process, and a process on a slow host can lose
+    by that much with the same code: the lead may be the host's, not the version's."""
     frame = usable(frame).dropna(subset=[column])
     rows = []
     for key, g in frame.groupby(axes, sort=True):
@@ -110,9 +114,19 @@ def best_per_size(frame: pd.DataFrame, axes: list[str], column: str = "e2e_us") 
         if len(g) > 1:
             second = g.iloc[1]
             row |= {"runner_up": second["version"], "ratio": second[column] / best[column],
-                    "tie": _overlap(best, second)}
+                    "tie": _overlap(best, second), "host_slower_pct": _host_slower(best, second)}
         rows.append(row)
     return rows
+
+
+def _host_slower(best, second) -> float | None:
+    """How much slower the runner-up's host loop ran, where its interval lies wholly above the best's; else None."""
+    cols = ("host_pace_us", "host_pace_ci95_lo_us", "host_pace_ci95_hi_us")
+    if any(pd.isna(r.get(c)) for r in (best, second) for c in cols):
+        return None
+    if second["host_pace_ci95_lo_us"] <= best["host_pace_ci95_hi_us"]:
+        return None
+    return 100 * (second["host_pace_us"] / best["host_pace_us"] - 1)
 
 
 def _overlap(a, b) -> bool:
