@@ -83,8 +83,8 @@ def compare_traces(base: dict, new: dict, floor: float = DEFAULT_FLOOR) -> dict:
 def pace_change(base: dict, new: dict) -> dict | None:
     """The host CPU's pace in each profile (timing.host_pace: the same fixed Python loop timed before every timed
     run) and its change with a 95% bootstrap interval; None unless both profiles recorded it. Two profiles of the
-    same code on a shared host can differ by 10-40% from one process to the next; this says whether the host
-    itself was slower or faster, which no statistic of the plan's own runs can tell."""
+    same code on a shared host can differ by tens of percent from one process to the next (69% on an H100 host);
+    this says whether the host itself was slower or faster, which no statistic of the plan's own runs can tell."""
     pb, pn = ((t.get("timing") or {}).get("host_pace") or {} for t in (base, new))
     if not pb.get("samples") or not pn.get("samples"):
         return None

@@ -268,11 +268,13 @@ class ClockSampler:
     are kept: when full, every other sample is dropped and the interval doubles, so a long run is still
     covered end to end. Use as a context manager around the timed runs; ``summary()`` afterwards.
 
-    Why not a thread sampling beside the runs, as this once did: on an H100 host a thread reading NVML
-    every 20 ms made event mode's default join 16.4 us slower (95% interval 11.5 to 22.4 us, 2.9%) and
-    the default overlay 28.7 us (2.6%), in blocks of 30 runs with and without it, interleaved. A plan
-    bound by its host's launches pays for every NVML call and every hand-over of Python's interpreter
-    lock made during it. Between runs the GPU has just finished a run, so its clocks and clock-event
+    Why not a thread sampling beside the runs, as this once did: a thread reading NVML every 20 ms made
+    event mode's default join 16.4 us slower (95% interval 11.5 to 22.4 us, 2.9%) on one H100 host and
+    18.8 us (11.9 to 24.9) on another, in interleaved blocks of 30 runs with and without it; the default
+    overlay 28.7 us (14.7 to 50.0) on the first, within the noise on the second. Reads between runs cost
+    the join 6.6 us (0.6 to 12.9) and 3.9 us (-6.2 to 11.2), the overlay nothing the blocks resolved. A
+    plan bound by its host's launches pays for every NVML call and every hand-over of Python's
+    interpreter lock made during it. Between runs the GPU has just finished a run, so its clocks and clock-event
     reasons still show the state the run saw."""
 
     def __init__(self, uuid: str | None, interval_s: float = 0.02, max_samples: int = 4096):

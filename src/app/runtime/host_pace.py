@@ -1,15 +1,19 @@
 """The host CPU's own pace during the timed runs: a fixed pure-Python loop, timed just before every timed run.
 
 Why: a plan that is bound by its host's launches (the default join and overlay on a GPU) runs at the pace of
-the CPU that launches it, and on the lent cloud hosts that pace moves by itself. On an H100 host a loop of
-3,000 integer multiply-adds took 147 us in some batches of 30 runs and up to 261 us in others, seconds apart,
-with no GPU work in it; the default join's time after the build moved from 148 to 320 us with it (rank
-correlation +0.83 over 20 batches). Such a change looks like drift, or like a regression between two profiles,
-and no warm-up steadies it. The loop does the same work every time, so when its time moves it is the machine
-that changed speed, and the report says so instead of blaming the plan or asking for more warm-up.
+the CPU that launches it, and on the lent cloud hosts that pace moves by itself. Four profiles of the same
+default join, run back to back in four processes on one H100 host, read 404, 684, 409 and 617 us; this loop
+read 50.5, 76.4, 48.2 and 64.3 us in them. Within one process it moves too: a loop of 3,000 iterations took
+147 us in some batches of 30 runs and up to 261 us in others, seconds apart, with no GPU work in it, and the
+join's time after the build moved from 148 to 320 us with it (rank correlation +0.83 over 20 batches). Such a
+change looks like drift, or like a regression between two profiles, and no warm-up steadies it. The loop does
+the same work every time, so when its time moves it is the machine that changed speed: the report and compare
+say so instead of blaming the plan or asking for more warm-up.
 
-What the loop cannot see: a slowdown of the GPU, the driver or the PCIe link alone. It times the interpreter
-on one core between runs; its own jitter (a timer tick, an interrupt) lands in its spread, not its median.
+What the loop cannot see: a slowdown of the GPU, the driver or the PCIe link alone; and within a profile it
+often finds nothing to explain (rank correlations of -0.16 to +0.49 in ten H100 profiles, above chance in
+one). It times the interpreter on one core between runs; its own jitter (a timer tick, an interrupt) lands in
+its spread, not its median.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from app.analysis.trace import build_trace
 from app.kernel.plan import stages_tile_run
 from app.report.event_report import build_report
 from app.runtime import device as devmod
+from app.runtime import host_pace
 from app.runtime.autotune import tiling_files
 from app.runtime.clocks import clock_report, clock_snapshot, gpu_uuid, sampler_for
 from app.runtime.execute import backend_for, xp_for
@@ -27,7 +28,6 @@ from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_m
 from app.runtime.provenance import params_json
 from app.runtime.one_mark import from_rounds
 from app.runtime.recorder import OneMarkRecorder, Recorder
-from app.runtime import host_pace
 from app.runtime.stats import drift, outlier_runs
 from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, OVERHEAD_TARGET_CI, L2Flush,
                                 Progress, end_to_end, graph_capturability, instrumentation_overhead, timed_runs,
