@@ -8,10 +8,16 @@ rest: host arrays in), and end to end on the host clock with the result copied b
 (host arrays in, host arrays out). Every output is checked against shapely before its ratio is
 printed; a mismatch makes the exit status 1. Holds the device lock for the whole run,
 so no profile shares the GPU with it.
+
+Each row also gives the host CPU's pace while that version ran: the median time of the fixed
+Python loop event mode times before its runs (app.runtime.host_pace), taken just before and just
+after the version's timings. The versions run one after another, and on a shared host the CPU can
+slow between them; where two rows' loops differ, so did the host.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -20,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import numpy as np  # noqa: E402
 
 from app.kernel.plan import get_plan_class, kernels  # noqa: E402
+from app.runtime.host_pace import loop_seconds  # noqa: E402
 from app.runtime.device import select  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
 from tests.benchmark import bench_join, bench_overlay  # noqa: E402
@@ -57,6 +64,9 @@ def _inputs_and_reference(kernel: str, version: str, a: int, b: int, vertices: i
     return params, inputs, t, ok
 
 
+PACE_LOOPS = 20     # loop timings before and after each version's runs: about 1-2 ms in all
+
+
 def measure(sizes: dict, runs: int, cpu_runs: int, shapely_runs: int, vertices: int, gpu: bool) -> list[dict]:
     rows = []
     for kernel, pairs in sizes.items():
@@ -65,6 +75,7 @@ def measure(sizes: dict, runs: int, cpu_runs: int, shapely_runs: int, vertices: 
             params, inputs, t_shp, ok = _inputs_and_reference(kernel, versions[-1], a, b, vertices, shapely_runs)
             for v in versions:
                 plan = get_plan_class(kernel, v)(params | {"vertices": vertices})
+                pace = [loop_seconds() for _ in range(PACE_LOOPS)]
                 cpu = bench_join.time_plan(plan, inputs, "cpu", cpu_runs)
                 row = {"kernel": kernel, "version": v, "size": f"{a:,} x {b:,}", "shapely": t_shp,
                        "cpu": cpu["total"], "cpu_ok": ok(cpu["out"])}
@@ -76,6 +87,8 @@ def measure(sizes: dict, runs: int, cpu_runs: int, shapely_runs: int, vertices: 
                             "gpu_e2e": g["e2e"], "gpu_e2e_pinned": g.get("e2e_pinned"),
                             "gpu_ok": ok(g["out"]) and ok(g.get("out_pinned", g["out"])), "card": g["device_name"],
                             "graph_after": g.get("graph_after"), "graph_new_inputs": g.get("graph_new_inputs")}
+                pace += [loop_seconds() for _ in range(PACE_LOOPS)]
+                row["host_loop"] = statistics.median(pace)
                 rows.append(row)
                 print(_line(row), file=sys.stderr, flush=True)
     return rows
@@ -90,6 +103,8 @@ def _line(r: dict) -> str:
               f"{r['gpu_total'] * 1e3:8.3f} ms  {bench_join.e2e_text(r)}  shapely/gpu "
               f"{r['shapely'] / r['gpu_after']:7.0f}x after build, {r['shapely'] / r['gpu_e2e']:6.0f}x end to end  "
               f"{bench_join.graph_text(r)}  ok={r['gpu_ok']}")
+    if "host_loop" in r:
+        s += f"  host loop {r['host_loop'] * 1e6:.1f} us"
     return s
 
 
@@ -115,7 +130,9 @@ def main(argv=None) -> int:
           "GPU after build: inputs already on the device; plan: host arrays in, result on the device "
           "(CUDA events); end to end: host arrays in, host arrays out (host clock), and again with the inputs in "
           "pinned host memory (no host copy before their DMA); graph replay: the stages after "
-          "the build as one CUDA graph, for any input that fits or for these sizes only.")
+          "the build as one CUDA graph, for any input that fits or for these sizes only; host loop: the "
+          "median time of a fixed Python loop just before and after the row's runs, the host CPU's pace then "
+          "(a row whose loop is slower ran on a slower host).")
     for r in rows:
         print(_line(r))
     return 0 if all(r["cpu_ok"] and r.get("gpu_ok", True) for r in rows) else 1
