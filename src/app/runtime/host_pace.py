@@ -37,25 +37,10 @@ def loop_seconds() -> float:
 
 def rank_correlation(a: list[float], b: list[float]) -> float | None:
     """Spearman's rank correlation (ties get their average rank); None where either side has no spread."""
-    ra, rb = _ranks(a), _ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return num / den if den > 0 else None
+    import pandas as pd     # here, not at import: event mode's start-up does not load pandas
 
-
-def _ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2
-        i = j + 1
-    return ranks
+    rho = pd.DataFrame({"a": a, "b": b}).corr(method="spearman").iloc[0, 1]
+    return None if math.isnan(rho) else float(rho)
 
 
 def summarise(pace: list[float], totals: list[float]) -> dict:
