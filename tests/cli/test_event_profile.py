@@ -69,6 +69,20 @@ def test_a_build_that_staged_nothing_says_its_dma_alone_was_not_measured(profile
 
 
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)
+def test_end_to_end_comes_from_the_bare_runs_of_the_overhead_pairs(profile):
+    device, d, trace, _ = profile
+    tm = trace["timing"]
+    e2e, pairs = tm["end_to_end"], tm["instrumentation"]
+    assert e2e["runs"] == pairs["pairs"]
+    if device == "gpu":     # the bare runs copied their result back: on the host clock, never less than their marks
+        assert e2e["bare_median_seconds"] == pairs["bare_median_seconds"] <= e2e["median"]
+        assert f"; the bare plan of the same runs {pairs['bare_median_seconds'] * 1e6:,.1f} (median of " \
+               f"{pairs['pairs']} runs" in (d / "report.md").read_text()
+    else:                   # the CPU plan's result is host arrays already
+        assert e2e["median"] == pairs["bare_median_seconds"]
+
+
+@pytest.mark.parametrize("profile", DEVICES, indirect=True)
 def test_stage_times_add_up_with_spread_and_cold_apart(profile):
     _, _, trace, _ = profile
     t = trace["timing"]

@@ -56,9 +56,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
              us(trace["total_elapsed_seconds"])],
             *([[f"after the host->device build ({', '.join(timing['build_stages'])} left out) (us)",
                 us(timing["after_build"]["median"])]] if timing.get("after_build") else []),
-            *([["end to end, host arrays in and out (us)",
-                f"{us(timing['end_to_end']['median'])} (median of {timing['end_to_end']['runs']} runs: "
-                f"{timing['end_to_end']['how']})"]] if timing.get("end_to_end") else []),
+            *([["end to end, host arrays in and out (us)", _end_to_end(timing["end_to_end"])]]
+              if timing.get("end_to_end") else []),
             *([["host->device DMA alone: the build's staged bytes again, from their pinned buffers (us)",
                 _staging_dma(timing["staging_dma"])]] if "staging_dma" in timing else []),
             ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
@@ -278,6 +277,16 @@ def _pairs_stop(ins: dict) -> str:
     if stop == "max_pairs":
         return f"; stopped at the most pairs allowed, short of the +-{100 * ins['target_ci']:.1f}% interval aimed at"
     return ""
+
+
+def _end_to_end(e2e: dict) -> str:
+    """The end-to-end row: the median, its interval, and -- from traces that have it -- the bare plan of the same
+    runs, so a reader sees what the copy back and the host's calls around the GPU's work add."""
+    ci = e2e.get("median_ci95")
+    text = us(e2e["median"]) + (f", 95% interval {us(ci[0])} – {us(ci[1])}" if ci else "")
+    if e2e.get("bare_median_seconds") is not None:
+        text += f"; the bare plan of the same runs {us(e2e['bare_median_seconds'])}"
+    return f"{text} (median of {e2e['runs']} runs: {e2e['how']})"
 
 
 def _staging_dma(dma: dict | None) -> str:

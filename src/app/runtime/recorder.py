@@ -259,6 +259,7 @@ class RunRecord:
     wall_seconds: float         # host monotonic clock, including the final synchronisation
     marks: int = 0              # clock marks the run recorded (CUDA events on the GPU)
     to_boundary: float | None = None    # OneMarkRecorder: from the run's first mark to its one stage mark
+    end_to_end_seconds: float | None = None   # app.runtime.timing.copied_back: host clock, run and copy back
 
     @property
     def stage_sum(self) -> float:

@@ -30,7 +30,7 @@ from app.runtime.one_mark import from_rounds
 from app.runtime.recorder import OneMarkRecorder, Recorder
 from app.runtime.stats import drift, outlier_runs
 from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, OVERHEAD_TARGET_CI, L2Flush,
-                                Progress, end_to_end, graph_capturability, instrumentation_overhead, timed_runs,
+                                Progress, copied_back, graph_capturability, instrumentation_overhead, timed_runs,
                                 warm_up)
 
 
@@ -72,19 +72,20 @@ class EventMode(Mode):
                 on_gpu = selection.selected == "gpu"
                 names = [s["name"] for s in runs[-1].stages]
                 one_marks, why_not = _one_mark_runs(plan, inputs, backend, selection, xp, len(names))
-                overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend),
-                                                    lambda: bare.run(plan, inputs, backend), flush, progress=progress,
-                                                    budget_s=budget,
+                # On a GPU each bare run also copies its result back: the end-to-end figure, from the same runs.
+                bare_side = (copied_back(lambda: bare.run(plan, inputs, backend), backend.outputs_to_host) if on_gpu
+                             else lambda: bare.run(plan, inputs, backend))
+                overhead = instrumentation_overhead(lambda: rec.run(plan, inputs, backend), bare_side, flush,
+                                                    progress=progress, budget_s=budget,
                                                     pairs=OVERHEAD_PAIRS if on_gpu else OVERHEAD_PAIRS_CPU,
                                                     target_ci=OVERHEAD_TARGET_CI
                                                     if on_gpu and options.overhead == "precise" else None,
                                                     others=one_marks)
                 stage_marks = (from_rounds(names, overhead.pop("rounds"), overhead["stopped"]) if one_marks
                                else {"why": why_not})
-                if selection.selected == "gpu":
-                    e2e = end_to_end(lambda: bare.run(plan, inputs, backend),
-                                     backend.outputs_to_host, flush, len(runs), budget)
-                    staging_dma = backend.staging_dma()   # after the e2e runs: their build staged the inputs
+                if on_gpu:
+                    e2e = overhead.pop("end_to_end")
+                    staging_dma = backend.staging_dma()   # after the pairs: every run's build staged the inputs
                 else:   # the CPU plan's result is already host arrays: end to end is the bare plan, measured above
                     e2e = {"median": overhead["bare_median_seconds"], "runs": overhead["pairs"],
                            "how": "CPU: the result is already in host arrays, so this is the bare plan of the "
