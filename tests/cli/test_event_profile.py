@@ -69,7 +69,7 @@ def test_a_build_that_staged_nothing_says_its_dma_alone_was_not_measured(profile
 
 
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)
-def test_end_to_end_comes_from_the_bare_runs_of_the_overhead_pairs(profile):
+def test_end_to_end_and_the_repeat_come_from_the_runs_of_the_overhead_pairs(profile):
     device, d, trace, _ = profile
     tm = trace["timing"]
     e2e, pairs = tm["end_to_end"], tm["instrumentation"]
@@ -80,6 +80,15 @@ def test_end_to_end_comes_from_the_bare_runs_of_the_overhead_pairs(profile):
                f"{pairs['pairs']} runs" in (d / "report.md").read_text()
     else:                   # the CPU plan's result is host arrays already
         assert e2e["median"] == pairs["bare_median_seconds"]
+    # The timed runs against the same runs later in the profile: the pairs' marked runs, each with its interval.
+    again = tm["repeated_later"]
+    assert again["timed_median"] == tm["total"]["median"] == trace["total_elapsed_seconds"]
+    assert again["later_median"] == pairs["instrumented_median_seconds"]
+    lo, hi = pairs["instrumented_ci95"]
+    assert lo <= again["later_median"] <= hi and again["apart"] is (hi < again["timed_ci95"][0]
+                                                                    or lo > again["timed_ci95"][1])
+    assert "| the timed runs repeated later (the overhead pairs' runs with every stage marked, us) |" \
+        in (d / "report.md").read_text()
 
 
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)

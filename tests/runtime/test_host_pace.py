@@ -14,7 +14,7 @@ from app.analysis.roofline import plan_roofline
 from app.report.compare_command import table
 from app.report.event_report import build_report
 from app.runtime import host_pace
-from app.runtime.stats import drift
+from app.runtime.stats import drift, median_interval, repeated_later
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "event"
 CAPTURE = DATA / "join_v4_100k_10k_h100_host_pace.trace.json"
@@ -165,3 +165,24 @@ def test_drift_the_host_shared_is_not_blamed_on_warm_up():
     t["timing"]["host_pace"] = steady_loop | {"drift": drift([50e-6] * n)}
     md = build_report(t, PARAMS, roof, None)
     assert "the machine changed speed" not in md and "more --warmup gives a steady one" in md
+
+
+def test_a_batch_of_runs_at_another_level_is_flagged_and_one_at_the_same_level_is_not():
+    """The timed runs against the same runs repeated later (the overhead pairs'): here two real H100 profiles of
+    the same code, back to back, stand for the two batches. The slow host's (684.4 against 404.2 us) is another
+    level: the headline says the machine's pace moved; the third profile's (408.6 us) is the same level."""
+    t = json.loads(CAPTURE.read_text())
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    for other, apart in (("_slow_host", True), ("_again", False)):
+        later = json.loads((DATA / f"join_v4_100k_10k_h100_host_pace{other}.trace.json").read_text())
+        samples = later["timing"]["total"]["samples"]
+        r = t["timing"]["repeated_later"] = repeated_later(t["timing"]["total"], statistics.median(samples),
+                                                           median_interval(samples))
+        assert r["apart"] is apart and r["timed_median"] == t["timing"]["total"]["median"]
+        md = build_report(t, PARAMS, roof, None)
+        headline = next(line for line in md.splitlines() if line.startswith("`python -m app.kernel"))
+        row = next(line for line in md.splitlines() if line.startswith("| the timed runs repeated later"))
+        assert f"{statistics.median(samples) * 1e6:,.1f} (95% interval" in row
+        assert ("**The machine's pace moved during the profile**" in headline) is apart
+        assert ("compare figures only within one batch" in row) is apart
+        assert ("both batches ran at one level" in row) is not apart

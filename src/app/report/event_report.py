@@ -78,6 +78,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                      f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
             *([["drift over the timed runs", _drift_text(drift_check, pace)]] if drift_check else []),
             *([["host CPU pace before each timed run (a fixed Python loop, us)", _pace_text(pace)]] if pace else []),
+            *([["the timed runs repeated later (the overhead pairs' runs with every stage marked, us)",
+                _repeated_text(timing["repeated_later"])]] if timing.get("repeated_later") else []),
             *_hygiene_rows(timing),
         ]),
         _one_mark_section(trace),
@@ -95,7 +97,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
                                                    if unstable else "")
                 + (f" **The timed runs were still changing** ({_drift_text(drift_check, pace)})."
-                   if drift_check and drift_check.get("significant") else ""))
+                   if drift_check and drift_check.get("significant") else "")
+                + (f" **The machine's pace moved during the profile** ({_repeated_text(timing['repeated_later'])})."
+                   if (timing.get("repeated_later") or {}).get("apart") else ""))
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     return render(trace["kernel"], trace["version"], headline, [s for s in sections if s])
@@ -334,6 +338,18 @@ def _drift_text(d: dict, pace: dict | None = None) -> str:
                 "steady; rerun on a quiet host, and compare only figures measured side by side")
     return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels; more "
             "--warmup gives a steady one")
+
+
+def _repeated_text(r: dict) -> str:
+    """timing.repeated_later in words: the same runs at two points of the profile, and what follows if they differ."""
+    (a, b), (c, d) = r["later_ci95"], r["timed_ci95"]
+    level = (f"{us(r['later_median'])} (95% interval {us(a)} – {us(b)}) against the timed runs' "
+             f"{us(r['timed_median'])} ({us(c)} – {us(d)}), {100 * r['change']:+.1f}%")
+    if not r["apart"]:
+        return f"{level}: their intervals overlap, so both batches ran at one level"
+    return (f"{level}: their intervals do not overlap, so the machine ran at another speed a few seconds later. "
+            "The overhead pairs' figures (the bare plan, end to end, the stage times without the other marks) and "
+            "the graph pairs' come from other batches than the timed runs: compare figures only within one batch")
 
 
 def _pace_text(p: dict) -> str:

@@ -236,6 +236,7 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
     # The same cost a mark, for plans of other lengths: the percentage shrinks as the plan grows, a mark's does not.
     extra = marks["marked"] - marks["bare"]
     return {"pairs": len(marked), "instrumented_median_seconds": statistics.median(marked), "bare_median_seconds": b,
+            "instrumented_ci95": list(median_interval(marked)),
             "extra_marks": extra, "per_mark_seconds": statistics.median(diffs) / extra if extra > 0 else None,
             "per_mark_ci95": [lo / extra, hi / extra] if extra > 0 else None,
             "overhead_fraction": statistics.median(diffs) / b if b > 0 else 0.0,

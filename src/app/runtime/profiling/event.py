@@ -28,7 +28,7 @@ from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_m
 from app.runtime.provenance import params_json
 from app.runtime.one_mark import from_rounds
 from app.runtime.recorder import OneMarkRecorder, Recorder
-from app.runtime.stats import drift, outlier_runs
+from app.runtime.stats import drift, outlier_runs, repeated_later
 from app.runtime.timing import (OVERHEAD_PAIRS, OVERHEAD_PAIRS_CPU, OVERHEAD_SHARE, OVERHEAD_TARGET_CI, L2Flush,
                                 Progress, copied_back, graph_capturability, instrumentation_overhead, timed_runs,
                                 warm_up)
@@ -105,6 +105,9 @@ class EventMode(Mode):
         totals = [r.total_seconds for r in runs]
         trace["timing"] |= {"warmup": warmed, "drift": drift(totals),
                             "host_pace": host_pace.summarise(pace, totals), "stopped_by": stopped,
+                            "repeated_later": repeated_later(trace["timing"]["total"],
+                                                             overhead["instrumented_median_seconds"],
+                                                             overhead["instrumented_ci95"]),
                             "l2": flush.describe(), "instrumentation": overhead,
                             "one_mark": stage_marks,
                             "end_to_end": e2e, "staging_dma": staging_dma,
