@@ -2,7 +2,8 @@
 
     python -m tests.benchmark.bench_all [--sizes join=100k:10k,1M:100k;overlay=10k:10k] [--runs 10]
 
-Per kernel, version and size: shapely (one thread), the CPU plan, and on a GPU the
+Per kernel, version and size: shapely (one thread) and the CPU plan in turns, each plan run paired with
+a shapely run (shapely/cpu is the median of the pairs' ratios, with its interval), and on a GPU the
 plan after the host->device build, the build itself, and end to end (build + the
 rest: host arrays in), and end to end on the host clock with the result copied back
 (host arrays in, host arrays out). Every output is checked against shapely before its ratio is
@@ -30,7 +31,12 @@ import numpy as np  # noqa: E402
 from app.kernel.plan import get_plan_class, kernels  # noqa: E402
 from app.runtime.host_pace import loop_seconds  # noqa: E402
 from app.runtime.device import select  # noqa: E402
+from app.runtime.execute import backend_for, xp_for  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
+from app.runtime.nvtx import Nvtx  # noqa: E402
+from app.runtime.recorder import Recorder  # noqa: E402
+from app.runtime.stats import median_interval  # noqa: E402
+from app.runtime.timing import warm_up  # noqa: E402
 from tests.benchmark import bench_join, bench_overlay  # noqa: E402
 
 DEFAULT_SIZES = "join=100k:10k,1M:100k;overlay=10k:10k,100k:100k"
@@ -69,18 +75,51 @@ def _inputs_and_reference(kernel: str, version: str, a: int, b: int, vertices: i
 PACE_LOOPS = 20     # loop timings before and after each version's runs: about 1-2 ms in all
 
 
-def measure(sizes: dict, runs: int, cpu_runs: int, shapely_runs: int, vertices: int, gpu: bool) -> list[dict]:
+def _shapely_once(kernel: str, inputs):
+    """One timed shapely run of the kernel's work (its own benchmark's timing), as a function of nothing."""
+    bench = bench_join if kernel == "join" else bench_overlay
+    return lambda: bench.time_shapely(inputs, 1)[0]
+
+
+def cpu_beside_shapely(plan, inputs, runs: int, shapely_once) -> dict:
+    """The CPU plan and shapely in turns: ``runs`` pairs (at least one), the order flipped every pair, after the
+    plan's cold run and warm-up (as bench_join.time_plan's). The ratio is the median of the pairs' shapely / plan,
+    with its ~95% interval: a host that slows down slows both sides of a pair alike, where one shapely time taken
+    before every version's runs would set each version against the host as it was then. On an H100 host the
+    overlay's v2 at 100k x 100k read 1.01x that way (shapely 8,233 ms, timed before any version ran; the plan
+    8,153 ms, timed after v1's CPU and GPU runs), where an earlier run on an H100 host had read 1.48x."""
+    sel = select("cpu")
+    backend, _ = backend_for(plan, sel)
+    rec = Recorder("cpu", xp_for("cpu"), Nvtx(False, plan.kernel))
+    out, _ = rec.run(plan, inputs, backend)      # cold run
+    warm_up(lambda: rec.run(plan, inputs, backend), "auto", lambda: None)
+    cpu, shp = [], []
+    for i in range(max(runs, 1)):
+        if i % 2 == 0:
+            shp.append(shapely_once())
+        out, r = rec.run(plan, inputs, backend)
+        cpu.append(r.total_seconds)
+        if i % 2 == 1:
+            shp.append(shapely_once())
+    ratios = [s / c for s, c in zip(shp, cpu)]
+    return {"cpu": statistics.median(cpu), "shapely": statistics.median(shp), "ratio": statistics.median(ratios),
+            "ratio_ci": median_interval(ratios), "out": out}
+
+
+def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> list[dict]:
     rows = []
     for kernel, pairs in sizes.items():
         versions = sorted(kernels()[kernel])
         for a, b in pairs:
-            params, inputs, t_shp, ok = _inputs_and_reference(kernel, versions[-1], a, b, vertices, shapely_runs)
+            params, inputs, _, ok = _inputs_and_reference(kernel, versions[-1], a, b, vertices, 1)   # the reference
+            shapely_once = _shapely_once(kernel, inputs)
             for v in versions:
                 plan = get_plan_class(kernel, v)(params | {"vertices": vertices})
                 pace = [loop_seconds() for _ in range(PACE_LOOPS)]
-                cpu = bench_join.time_plan(plan, inputs, "cpu", cpu_runs)
-                row = {"kernel": kernel, "version": v, "size": f"{a:,} x {b:,}", "shapely": t_shp,
-                       "cpu": cpu["total"], "cpu_ok": ok(cpu["out"])}
+                cpu = cpu_beside_shapely(plan, inputs, cpu_runs, shapely_once)
+                row = {"kernel": kernel, "version": v, "size": f"{a:,} x {b:,}", "shapely": cpu["shapely"],
+                       "cpu": cpu["cpu"], "cpu_ratio": cpu["ratio"], "cpu_ratio_ci": cpu["ratio_ci"],
+                       "cpu_ok": ok(cpu["out"])}
                 if gpu:
                     g = bench_join.time_plan(plan, inputs, "gpu", runs)
                     row |= {"gpu_after": g["after"], "gpu_build": g["build"], "gpu_total": g["total"],
@@ -98,7 +137,7 @@ def measure(sizes: dict, runs: int, cpu_runs: int, shapely_runs: int, vertices: 
 
 def _line(r: dict) -> str:
     s = (f"{r['kernel']:<8} {r['version']:<3} {r['size']:>20}  shapely {r['shapely'] * 1e3:10.2f} ms  cpu "
-         f"{r['cpu'] * 1e3:10.2f} ms  shapely/cpu {r['shapely'] / r['cpu']:6.2f}x  ok={r['cpu_ok']}")
+         f"{r['cpu'] * 1e3:10.2f} ms  shapely/cpu {_ratio(r)}  ok={r['cpu_ok']}")
     if "gpu_after" in r:
         s += (f"  |  gpu after build {bench_join.ms(r['gpu_after'], r.get('gpu_after_ci'))}  build "
               f"{r['gpu_build'] * 1e3:7.3f} ms  plan "
@@ -110,22 +149,31 @@ def _line(r: dict) -> str:
     return s
 
 
+def _ratio(r: dict) -> str:
+    """shapely / CPU plan: the median of the paired ratios with its interval (a row without pairs: of the medians)."""
+    if r.get("cpu_ratio") is None:
+        return f"{r['shapely'] / r['cpu']:6.2f}x"
+    lo, hi = r["cpu_ratio_ci"]
+    return f"{r['cpu_ratio']:6.2f}x [{lo:.2f}-{hi:.2f}]"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"KERNEL=A:B,...;KERNEL=... (default {DEFAULT_SIZES})")
     ap.add_argument("--runs", type=int, default=10, help="GPU timed runs per plan")
-    ap.add_argument("--cpu-runs", type=int, default=2)
-    ap.add_argument("--shapely-runs", type=int, default=2)
+    ap.add_argument("--cpu-runs", type=int, default=2, help="CPU plan runs per version, each paired with a shapely run")
     ap.add_argument("--vertices", type=int, default=16)
     ap.add_argument("--no-gpu", action="store_true")
     args = ap.parse_args(argv)
     sizes = parse_sizes(args.sizes)
     sel = select("cpu" if args.no_gpu else "auto")
     with device_lock(device_key(sel)):
-        rows = measure(sizes, args.runs, args.cpu_runs, args.shapely_runs, args.vertices, sel.selected == "gpu")
+        rows = measure(sizes, args.runs, args.cpu_runs, args.vertices, sel.selected == "gpu")
     card = rows[0].get("card", "no GPU") if rows else "no GPU"
     print(f"\nAll kernels and versions, one run, medians ({card}; shapely and the CPU plan on this host's CPU, "
-          "one thread). GPU after build and end to end come with the ~95% interval of their median in brackets "
+          "one thread, in turns: shapely/cpu is the median of the ratios of pairs of runs side by side, the "
+          "order flipped every pair, with its ~95% interval). GPU after build and end to end come with the ~95% "
+          "interval of their median in brackets "
           "(order statistics of the timed runs). The versions run one after another, so a slowdown of the host "
           "between them is in no interval: where two versions' intervals overlap or lie close, time them "
           "interleaved (python -m tests.benchmark.bench_ab KERNEL) before calling one faster. "

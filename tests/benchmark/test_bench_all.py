@@ -9,12 +9,16 @@ from tests.benchmark import bench_all
 
 
 def test_every_kernel_and_version_in_one_table(capsys):
-    assert bench_all.main(["--sizes", "join=2k:200;overlay=300:300", "--no-gpu", "--cpu-runs", "1",
-                           "--shapely-runs", "1"]) == 0
+    assert bench_all.main(["--sizes", "join=2k:200;overlay=300:300", "--no-gpu", "--cpu-runs", "3"]) == 0
     out = capsys.readouterr().out
-    table = [line for line in out.splitlines() if "shapely/cpu" in line]
+    table = [line for line in out.splitlines() if line.startswith(("join ", "overlay "))]
     assert len(table) == sum(len(kernels()[k]) for k in ("join", "overlay"))
     assert all("ok=True" in line for line in table)
+    # shapely and the CPU plan ran in pairs: the ratio is the pairs' median, inside its interval
+    for line in table:
+        ratio, lo, hi = (float(x) for x in re.search(r"shapely/cpu\s+(\d+\.\d\d)x \[(\d+\.\d\d)-(\d+\.\d\d)\]",
+                                                      line).groups())
+        assert 0 < lo <= ratio <= hi
     # each row says how fast the host's CPU ran while that version ran (the versions run one after another)
     loops = [float(re.search(r"host loop (\d+\.\d) us$", line).group(1)) for line in table]
     assert all(loop > 0 for loop in loops)
@@ -37,8 +41,8 @@ def test_bad_sizes_name_the_format():
 
 @pytest.mark.gpu
 def test_on_a_gpu_each_row_has_its_graph_replay_and_says_which_inputs_it_serves(capsys):
-    assert bench_all.main(["--sizes", "join=20k:2k", "--runs", "3", "--cpu-runs", "1", "--shapely-runs", "1"]) == 0
-    table = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if "shapely/cpu" in line}
+    assert bench_all.main(["--sizes", "join=20k:2k", "--runs", "3", "--cpu-runs", "1"]) == 0
+    table = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("join ")}
     assert "graph replay" in table["v3"] and "(any input that fits)" in table["v3"]
     assert "(these sizes only)" in table["v1"] and "(these sizes only)" in table["v2"]
     # Each GPU row also gives end to end with the inputs in pinned memory, its output checked too (ok=True).
@@ -51,3 +55,21 @@ def test_on_a_gpu_each_row_has_its_graph_replay_and_says_which_inputs_it_serves(
             assert m, f"{what}: no interval in {line}"
             median, lo, hi = (float(x) for x in m.groups())
             assert lo <= median <= hi
+
+
+def test_every_timed_cpu_plan_run_is_paired_with_a_shapely_run():
+    from app.kernel.plan import get_plan_class
+
+    plan = get_plan_class("join", "v1")({"points": 2000, "polygons": 200})
+    inputs = plan.make_inputs()
+    calls = []
+    shapely_once = bench_all._shapely_once("join", inputs)
+
+    def shapely_logged():
+        calls.append(len(calls))
+        return shapely_once()
+
+    out = bench_all.cpu_beside_shapely(plan, inputs, 4, shapely_logged)
+    assert len(calls) == 4 and out["cpu"] > 0 and out["shapely"] > 0
+    lo, hi = out["ratio_ci"]
+    assert lo <= out["ratio"] <= hi
