@@ -150,9 +150,7 @@ def _line(r: dict) -> str:
 
 
 def _ratio(r: dict) -> str:
-    """shapely / CPU plan: the median of the paired ratios with its interval (a row without pairs: of the medians)."""
-    if r.get("cpu_ratio") is None:
-        return f"{r['shapely'] / r['cpu']:6.2f}x"
+    """shapely / CPU plan: the median of the paired ratios, with its interval."""
     lo, hi = r["cpu_ratio_ci"]
     return f"{r['cpu_ratio']:6.2f}x [{lo:.2f}-{hi:.2f}]"
 

@@ -105,7 +105,7 @@ def repeated_later(timed: dict, later_median: float, later_ci95) -> dict:
     intervals do not overlap (``apart``), the machine's pace moved between the two batches: the figures of the
     pairs (the bare plan, end to end, the stage times without the other marks) were taken at another level than
     the timed runs', and compare only with each other. On the lent H200 a default join's timed runs read 861.2 us
-    and the same runs in the pairs, a second later, 686.6 us."""
+    and the same runs in the pairs, later in the same profile, 686.6 us."""
     med, (lo, hi) = timed["median"], timed["median_ci95"]
     return {"timed_median": med, "timed_ci95": [lo, hi], "later_median": later_median,
             "later_ci95": list(later_ci95), "change": (later_median - med) / med if med > 0 else 0.0,
