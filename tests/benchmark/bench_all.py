@@ -76,9 +76,12 @@ PACE_LOOPS = 20     # loop timings before and after each version's runs: about 1
 
 
 def _shapely_once(kernel: str, inputs):
-    """One timed shapely run of the kernel's work (its own benchmark's timing), as a function of nothing."""
-    bench = bench_join if kernel == "join" else bench_overlay
-    return lambda: bench.time_shapely(inputs, 1)[0]
+    """One timed shapely run of the kernel's work (its own benchmark's timing), as a function of nothing; the
+    join's shapely geometries are made once, not before every run."""
+    if kernel == "join":
+        run = bench_join.shapely_runner(inputs)
+        return lambda: run()[0]
+    return lambda: bench_overlay.time_shapely(inputs, 1)[0]
 
 
 def cpu_beside_shapely(plan, inputs, runs: int, shapely_once) -> dict:

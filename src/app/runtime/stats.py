@@ -82,6 +82,11 @@ def spread(values: list[float]) -> dict:
     }
 
 
+def intervals_apart(a, b) -> bool:
+    """Whether two (lo, hi) intervals do not overlap: the two medians they bracket are resolved apart."""
+    return a[1] < b[0] or a[0] > b[1]
+
+
 def drift(totals: list[float]) -> dict:
     """Were the timed runs still changing? The medians of their first and last thirds with each median's 95%
     interval: a change the intervals resolve (they do not overlap) is ``significant``, and the plan's median
@@ -96,7 +101,7 @@ def drift(totals: list[float]) -> dict:
     fi, li = median_interval(first), median_interval(last)
     return {"checked": True, "runs_per_third": k, "first_third_median": f, "last_third_median": lst,
             "first_ci95": list(fi), "last_ci95": list(li), "change": (lst - f) / f if f > 0 else 0.0,
-            "significant": fi[0] > li[1] or li[0] > fi[1]}
+            "significant": intervals_apart(fi, li)}
 
 
 def repeated_later(timed: dict, later_median: float, later_ci95) -> dict:
@@ -109,4 +114,4 @@ def repeated_later(timed: dict, later_median: float, later_ci95) -> dict:
     med, (lo, hi) = timed["median"], timed["median_ci95"]
     return {"timed_median": med, "timed_ci95": [lo, hi], "later_median": later_median,
             "later_ci95": list(later_ci95), "change": (later_median - med) / med if med > 0 else 0.0,
-            "apart": later_ci95[1] < lo or later_ci95[0] > hi}
+            "apart": intervals_apart(later_ci95, (lo, hi))}
