@@ -181,7 +181,8 @@ def main(argv=None) -> int:
           "GPU after build: inputs already on the device; plan: host arrays in, result on the device "
           "(CUDA events); end to end: host arrays in, host arrays out (host clock), and again with the inputs in "
           "pinned host memory (no host copy before their DMA); graph replay: the stages after "
-          "the build as one CUDA graph, for any input that fits or for these sizes only; host loop: the "
+          "the build as one CUDA graph, for new data of these counts (written into the buffers it was captured "
+          "with, while the counts the device finds fit its rooms) or for these sizes only; host loop: the "
           "median time of a fixed Python loop just before and after the row's runs, the host CPU's pace then "
           "(a row whose loop is slower ran on a slower host).")
     for r in rows:

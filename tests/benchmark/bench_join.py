@@ -5,8 +5,9 @@
 GPU: warm time of the stages after the owned-buffer build (inputs already on the
 device), the host->device build on its own line, end to end (host clock: host
 arrays in, result copied back to host arrays), and the stages after the build
-replayed as one CUDA graph (valid for any input that fits where the plan reads no
-size before the result's length, else for these inputs' sizes only). CPU: the numpy plan, all
+replayed as one CUDA graph (where the plan reads no size before the result's length it
+serves new data of the same counts, written into the buffers it was captured with,
+while the device's counts fit its rooms; else these inputs' sizes only). CPU: the numpy plan, all
 stages. shapely: STRtree build + query with the predicate (one thread).
 Every output is checked equal to shapely's before a ratio is printed.
 """
@@ -108,7 +109,7 @@ def graph_after_build(plan, inputs, backend, record, runs: int) -> dict:
 def graph_text(r) -> str:
     if r.get("graph_after") is None:
         return "graph replay -"
-    scope = "any input that fits" if r["graph_new_inputs"] else "these sizes only"
+    scope = "new data of these counts" if r["graph_new_inputs"] else "these sizes only"
     return f"graph replay {r['graph_after'] * 1e3:.3f} ms ({scope})"
 
 

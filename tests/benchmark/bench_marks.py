@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from app.kernel.plan import get_plan_class  # noqa: E402
 from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for  # noqa: E402
-from app.runtime.graph import AfterBuild, build_stages, replay_blockers, taped_run  # noqa: E402
+from app.runtime.graph import AfterBuild  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
 from app.runtime.nvtx import Nvtx  # noqa: E402
 from app.runtime.one_mark import from_rounds  # noqa: E402
@@ -223,11 +223,9 @@ def graph_nodes(plan, inputs, backend, ok, flush, rounds: int, warm: int, seed: 
 
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        _, ref, tape = taped_run(plan, inputs, backend)
-        first = build_stages(ref)
-        if replay_blockers(ref, first):
+        stages, blockers = AfterBuild.from_eager_run(plan, inputs, backend, stream)
+        if blockers:
             return None
-        stages = AfterBuild(plan, inputs, backend, stream, tape, first)
         nodes, record = len(stages.after) - 1, node_recorder()
         events = {"timed": [cp.cuda.Event() for _ in range(nodes)],
                   "untimed": [cp.cuda.Event(disable_timing=True) for _ in range(nodes)]}

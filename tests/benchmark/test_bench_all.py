@@ -43,7 +43,7 @@ def test_bad_sizes_name_the_format():
 def test_on_a_gpu_each_row_has_its_graph_replay_and_says_which_inputs_it_serves(capsys):
     assert bench_all.main(["--sizes", "join=20k:2k", "--runs", "3", "--cpu-runs", "1"]) == 0
     table = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("join ")}
-    assert "graph replay" in table["v3"] and "(any input that fits)" in table["v3"]
+    assert "graph replay" in table["v3"] and "(new data of these counts)" in table["v3"]
     assert "(these sizes only)" in table["v1"] and "(these sizes only)" in table["v2"]
     # Each GPU row also gives end to end with the inputs in pinned memory, its output checked too (ok=True).
     assert all("(inputs in pinned memory " in line and "ok=True" in line for line in table.values())

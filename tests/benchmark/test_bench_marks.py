@@ -131,15 +131,16 @@ def test_event_nodes_captured_in_the_graph_are_recorded_by_each_replay_between_i
 
     from app.kernel.plan import get_plan_class
     from app.runtime.execute import backend_for
-    from app.runtime.graph import AfterBuild, build_stages, taped_run
+    from app.runtime.graph import AfterBuild
 
     plan = get_plan_class("join", "v4")({"points": 20_000, "polygons": 2_000})
     inputs = plan.make_inputs()
     backend, _ = backend_for(plan, select("gpu"))
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        want, ref, tape = taped_run(plan, inputs, backend)
-        stages = AfterBuild(plan, inputs, backend, stream, tape, build_stages(ref))
+        stages, blockers = AfterBuild.from_eager_run(plan, inputs, backend, stream)
+        assert not blockers, blockers
+        want = stages.reference
         nodes, record = [cp.cuda.Event() for _ in stages.after[1:]], bench_marks.node_recorder()
         graph = stages.capture(lambda k: record(nodes[k], stream))
         start, end = cp.cuda.Event(), cp.cuda.Event()

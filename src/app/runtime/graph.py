@@ -6,8 +6,11 @@ sizes it read (``SizeTape``), the build runs eagerly, and the stages after it ar
 recorded sizes handed back instead of read. Replaying that graph does exactly the eager run's device
 work, with every kernel launch, memset and scan already queued: the difference between the two times
 is the host's share (launch calls, Python, the size round trips). Where the stages read sizes mid-run the
-graph is valid for these sizes only; a plan whose only read is the result's length, after its last launch
-(join v3), replays for any input whose data fits the buffers sized before capture.
+graph is valid for these sizes only. A plan whose only read is the result's length, after its last launch
+(join v3 and v4, overlay v3), replays for new data with the same counts (points, polygons, rings, vertices: the
+graph holds some as launch arguments, and its buffers were sized for them) written into the buffers it was
+captured with, as long as what the device finds fits the rooms sized before capture; those counts come back
+with the result's length, to check (tests/runtime/test_graph_new_data.py replays new data this way).
 
 The replay's output is checked equal to the eager run's before any time is reported. Eager and graph
 runs are interleaved on one stream, each timed the same way, as the profile's own runs time the stages
@@ -74,6 +77,21 @@ class AfterBuild:
         self.build, self.after = plan.stages[:first], plan.stages[first:]
         self.bare = Recorder("gpu", cp, Nvtx(False, plan.kernel), per_stage=False)   # no marks, real size reads
         self._start, self._end = cp.cuda.Event(), cp.cuda.Event()
+        self.record, self.reference = None, None     # set by from_eager_run: the taped run and its output
+
+    @classmethod
+    def from_eager_run(cls, plan, inputs, backend, stream) -> tuple["AfterBuild | None", list[str]]:
+        """One taped eager run (inside ``with stream``), then the stages after its build: (the AfterBuild, with
+        the run's RunRecord as ``record`` and its output on the host as ``reference``, and no blockers), or
+        (None, what keeps the stages after the build out of a graph)."""
+        reference, record, tape = taped_run(plan, inputs, backend)
+        first = build_stages(record)
+        blockers = replay_blockers(record, first)
+        if blockers:
+            return None, blockers
+        stages = cls(plan, inputs, backend, stream, tape, first)
+        stages.record, stages.reference = record, reference
+        return stages, []
 
     def capture(self, boundary=None) -> "Captured":
         """A fresh build, then the stages after it captured as one graph. ``boundary(k)``, where given, is called
@@ -138,12 +156,10 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None, warmup=
 
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        ref_host, ref, tape = taped_run(plan, inputs, backend)
-        first = build_stages(ref)
-        blockers = replay_blockers(ref, first)
+        stages, blockers = AfterBuild.from_eager_run(plan, inputs, backend, stream)
         if blockers:
             return {"replayed": False, "why": "no replay: " + "; ".join(blockers)}
-        stages = AfterBuild(plan, inputs, backend, stream, tape, first)
+        ref_host = stages.reference
         captured = stages.capture()
         captured.replay()
         if not _equal(backend.outputs_to_host(captured.state["output"]), ref_host):
@@ -165,9 +181,9 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None, warmup=
     return {"replayed": True, "runs": runs, "warmup": warmed, "stages": [s.name for s in stages.after],
             "eager_after_build_seconds": e, "graph_after_build_seconds": g,
             "graph_ci95": list(median_interval(replay)), "eager_ci95": list(median_interval(eager)),
-            "speedup": e / g if g > 0 else None, "size_reads_replayed": len(tape.reads),
+            "speedup": e / g if g > 0 else None, "size_reads_replayed": len(stages.tape.reads),
             "result_reads_in_replay": len(captured.result_arrays),
-            "why": f"the {after} stages after the build captured as one CUDA graph {_scope(ref, first, tape)}, "
+            "why": f"the {after} stages after the build captured as one CUDA graph {_scope(stages)}, "
                    f"output checked equal to the eager run's; after {warmed['runs']} warm-up pairs, eager and "
                    "replay runs interleaved, each timed from the end of its own build, as the profile's runs are"
                    + ("; each replay timed with its read of the result's length, as an eager run reads it"
@@ -178,9 +194,11 @@ def _equal(got, want) -> bool:
     return len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
 
 
-def _scope(record, first: int, tape) -> str:
-    """Which inputs the captured graph serves: any whose data fits, when nothing but the result's length was read."""
-    if not sum(mid_plan_reads(s["counters"]) for s in record.stages[first:]):
-        return ("with no size read before the result's length (it serves any input whose data fits the buffers "
-                "sized before capture)")
-    return f"with the {len(tape.reads)} allocation sizes an eager run read (valid for these inputs' sizes only)"
+def _scope(stages: AfterBuild) -> str:
+    """Which inputs the captured graph serves: new data of the same counts, when nothing but the result's length
+    was read; otherwise these inputs' sizes only."""
+    if not sum(mid_plan_reads(s["counters"]) for s in stages.record.stages[len(stages.build):]):
+        return ("with no size read before the result's length (it serves new data with the same counts, written "
+                "into the buffers it was captured with, while the counts the device finds fit the rooms sized "
+                "before capture: they come back with the result's length)")
+    return f"with the {len(stages.tape.reads)} allocation sizes an eager run read (valid for these inputs' sizes only)"

@@ -328,8 +328,10 @@ def graph_capturability(record, selected: str) -> dict:
     if after_build:
         return {"capturable": False, "after_build": True, "blockers": blockers,
                 "why": "the stages after the build can be captured as they are: no host read comes before the "
-                       "result's length, read after the last launch, so a replay needs no size from the host (the "
-                       "buffers sized before capture must still hold a new input's data). The build (" +
+                       "result's length, read after the last launch, so a replay needs no size from the host. It serves "
+                       "new data with the same counts (some are launch arguments in the graph), written into the "
+                       "buffers it was captured with, while the counts the device finds fit the rooms sized before "
+                       "capture (they come back with the result's length). The build (" +
                        "; ".join(blockers) + ") stays outside the graph"}
     return {"capturable": False, "after_build": False, "blockers": blockers,
             "why": "not capturable: " + "; ".join(blockers) + ". A graph holds device work only; upper-bound "

@@ -15,7 +15,8 @@ live in buffers with rooms the backend keeps from run to run, and its kernels re
 live counts from the ledger (common.cuh's live_count). The read at the end checks the
 rooms; where a count did not fit, the room grows and the filter, refine, sort and area
 stages run again within that same run (the area stage's metadata says so). The plan can
-therefore be captured as one CUDA graph that replays for any input whose counts fit.
+therefore be captured as one CUDA graph that replays new data with the same numbers of polygons, rings and
+vertices, written into the buffers it was captured with, while the counts the device finds fit the rooms.
 
 v3 changes two of v1's kernels too. The edge-pair filter gives each polygon pair a warp
 whose lanes hold a's edges, and broadcasts b's near edges to them by shuffles (v1's tests
