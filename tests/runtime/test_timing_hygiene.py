@@ -3,6 +3,7 @@ graph capturability and progress -- each checked against inputs whose right answ
 import io
 import json
 import random
+import time
 import weakref
 from pathlib import Path
 
@@ -120,6 +121,21 @@ def test_warmup_reads_each_runs_time_where_it_is_told_to(monkeypatch):
     assert warm["rule"] == "steady" and warm["runs"] == 2 * timing.WARMUP_WINDOW + 1
     with pytest.raises(TypeError):      # the default reads a recorder's run: a number is refused, not misread
         timing.warm_up(lambda: 1.0, "auto", _NoFlush())
+
+
+def test_warmup_auto_warms_a_sub_millisecond_plan_for_its_minimum_time():
+    """A plan of 0.1 ms, steady from its first run, still warms for WARMUP_MIN_SECONDS by the host clock: the run
+    cap must not stop it first (at 500 runs it did, and every committed capture of the default join stopped there
+    after 0.26-0.42 s)."""
+    def run_once():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 1e-4:
+            pass
+        return None, RunRecord([], 1e-4, 1e-4)
+
+    warm = timing.warm_up(run_once, "auto", _NoFlush())
+    assert warm["rule"] == "steady" and warm["seconds"] >= timing.WARMUP_MIN_SECONDS
+    assert 500 < warm["runs"] < timing.WARMUP_MAX_RUNS
 
 
 def test_warmup_auto_stops_at_its_budget_or_cap_and_says_so(monkeypatch):
