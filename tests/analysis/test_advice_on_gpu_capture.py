@@ -93,7 +93,8 @@ def test_a_plan_whose_only_read_cuts_the_result_is_not_told_to_remove_round_trip
     stages = [{"name": s["name"], "counters": s["metadata"], "meta": s["metadata"]} for s in v3["stages"]]
     judged = graph_capturability(RunRecord(stages, 1.0, 1.0), "gpu")
     # The capture's own judgment, but for its wording of the inputs a graph serves (narrowed since it was made).
-    assert {k: v for k, v in judged.items() if k != "why"} == {k: v for k, v in graph.items() if k not in ("replay", "why")}
+    assert {k: v for k, v in judged.items() if k != "why"} == {k: v for k, v in graph.items()
+                                                               if k not in ("replay", "why")}
     assert "It serves new data with the same counts" in judged["why"]
     roof = plan_roofline(v3["device"]["name"], v3["selected_runtime"], v3["stages"])
     findings = advice.stage_findings(v3, roof)

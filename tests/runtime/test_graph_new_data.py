@@ -1,11 +1,12 @@
 """What a captured graph of the stages after the build serves: new data of the same counts.
 
 A plan that reads no size before its result's length (join v3 and v4, overlay v3) is captured as it is, and the
-profile says which inputs its graph serves. These tests hold that claim to its words on a GPU: new inputs with the
-counts the graph was captured with (it holds some of them as launch arguments, and its buffers were sized for
-them) are written into the device buffers the graph reads, the graph is replayed, the counts the device found are read back with the
-result's length and checked against the rooms, and the result must equal shapely's for the new inputs -- and
-differ from the captured inputs' result, so a graph that ignored the new data could not pass.
+profile says which inputs its graph serves. These tests hold that claim to its words on a GPU: new inputs with
+the counts the graph was captured with (it holds some of them as launch arguments, and its buffers were sized
+for them) are written into the device buffers the graph reads, the graph is replayed, the counts the device
+found are read back with the result's length and checked against the rooms, and the result must equal
+shapely's for the new inputs -- and differ from the captured inputs' result, so a graph that ignored the new
+data could not pass.
 """
 import numpy as np
 import pytest

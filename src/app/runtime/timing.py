@@ -50,7 +50,7 @@ WARMUP_MIN_SECONDS = 0.5  # --warmup auto: warm for at least this long ...
 WARMUP_WINDOW = 5         # ... and until the median of the last WARMUP_WINDOW runs is within
 WARMUP_STEADY = 0.02      # this share of the median of the WARMUP_WINDOW before them,
 WARMUP_BUDGET_SECONDS = 5.0   # or this long has passed,
-# or this many runs: a cap past which the time budget governs for any plan of 0.25 ms or more. At 500 (until
+# or this many runs: high enough that the 5 s budget ends warm-up first for any plan of 0.25 ms or more. At 500 (until
 # 2026-11-28) the default join never warmed for the 0.5 s minimum: its four committed captures (tests/data/event,
 # H100 and H200) stopped at the cap after 0.26-0.42 s; on an unsteady H200 node one stopped after 0.36 s still
 # changing by -14%, and its timed runs read 752.7 us against the same plan's 463.8 us a few seconds later.
@@ -332,10 +332,10 @@ def graph_capturability(record, selected: str) -> dict:
     if after_build:
         return {"capturable": False, "after_build": True, "blockers": blockers,
                 "why": "the stages after the build can be captured as they are: no host read comes before the "
-                       "result's length, read after the last launch, so a replay needs no size from the host. It serves "
-                       "new data with the same counts (some are launch arguments in the graph), written into the "
-                       "buffers it was captured with, while the counts the device finds fit the rooms sized before "
-                       "capture (they come back with the result's length). The build (" +
+                       "result's length, read after the last launch, so a replay needs no size from the host. It "
+                       "serves new data with the same counts (some are launch arguments in the graph), written into "
+                       "the buffers it was captured with, while the counts the device finds fit the rooms sized "
+                       "before capture (they come back with the result's length). The build (" +
                        "; ".join(blockers) + ") stays outside the graph"}
     return {"capturable": False, "after_build": False, "blockers": blockers,
             "why": "not capturable: " + "; ".join(blockers) + ". A graph holds device work only; upper-bound "
