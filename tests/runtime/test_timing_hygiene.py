@@ -125,8 +125,8 @@ def test_warmup_reads_each_runs_time_where_it_is_told_to(monkeypatch):
 
 def test_warmup_auto_warms_a_sub_millisecond_plan_for_its_minimum_time():
     """A plan of 0.1 ms, steady from its first run, still warms for WARMUP_MIN_SECONDS by the host clock: the run
-    cap must not stop it first (at 500 runs it did, and every committed capture of the default join stopped there
-    after 0.26-0.42 s)."""
+    cap must not stop it first (at 500 runs it did: the four captures of the default join in tests/data/event stopped
+    there after 0.26-0.42 s)."""
     def run_once():
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 1e-4:

@@ -51,8 +51,8 @@ WARMUP_WINDOW = 5         # ... and until the median of the last WARMUP_WINDOW r
 WARMUP_STEADY = 0.02      # this share of the median of the WARMUP_WINDOW before them,
 WARMUP_BUDGET_SECONDS = 5.0   # or this long has passed,
 # or this many runs: high enough that the 5 s budget ends warm-up first for any plan of 0.25 ms or more. At 500 (until
-# 2026-11-28) the default join never warmed for the 0.5 s minimum: its four committed captures (tests/data/event,
-# H100 and H200) stopped at the cap after 0.26-0.42 s; on an unsteady H200 node one stopped after 0.36 s still
+# 2026-11-28) the default join often stopped short of the 0.5 s minimum: the four captures in tests/data/event
+# (H100 and H200) stopped at the cap after 0.26-0.42 s; on an unsteady H200 node one stopped after 0.36 s still
 # changing by -14%, and its timed runs read 752.7 us against the same plan's 463.8 us a few seconds later.
 WARMUP_MAX_RUNS = 20_000
 
