@@ -32,6 +32,12 @@ from app.runtime.recorder import Recorder, SizeTape, mid_plan_reads, read_to_hos
 from app.runtime.stats import median_interval
 
 RELAXED_CAPTURE = 2      # cudaStreamCaptureModeRelaxed: a pool allocation during capture is allowed
+# Which inputs a graph of stages that read no size before the result's length serves, said once for the profile's
+# capturability judgment (app.runtime.timing) and the replay's own text (tests/runtime/test_graph_new_data.py
+# holds it to its words).
+NEW_DATA_SCOPE = ("new data with the same counts (some are launch arguments in the graph), written into the buffers "
+                  "it was captured with, while the counts the device finds fit the rooms sized before capture (they "
+                  "come back with the result's length)")
 
 
 def build_stages(record) -> int:
@@ -198,7 +204,5 @@ def _scope(stages: AfterBuild) -> str:
     """Which inputs the captured graph serves: new data of the same counts, when nothing but the result's length
     was read; otherwise these inputs' sizes only."""
     if not sum(mid_plan_reads(s["counters"]) for s in stages.record.stages[len(stages.build):]):
-        return ("with no size read before the result's length (it serves new data with the same counts, written "
-                "into the buffers it was captured with, while the counts the device finds fit the rooms sized "
-                "before capture: they come back with the result's length)")
+        return f"with no size read before the result's length (it serves {NEW_DATA_SCOPE})"
     return f"with the {len(stages.tape.reads)} allocation sizes an eager run read (valid for these inputs' sizes only)"

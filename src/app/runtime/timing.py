@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-from app.runtime.graph import build_stages
+from app.runtime.graph import NEW_DATA_SCOPE, build_stages
 from app.runtime.stats import median_interval
 
 AUTO_CI = 0.01            # --bench_runs auto: stop when the median's 95% interval is within +-1%
@@ -332,10 +332,8 @@ def graph_capturability(record, selected: str) -> dict:
     if after_build:
         return {"capturable": False, "after_build": True, "blockers": blockers,
                 "why": "the stages after the build can be captured as they are: no host read comes before the "
-                       "result's length, read after the last launch, so a replay needs no size from the host. It "
-                       "serves new data with the same counts (some are launch arguments in the graph), written into "
-                       "the buffers it was captured with, while the counts the device finds fit the rooms sized "
-                       "before capture (they come back with the result's length). The build (" +
+                       f"result's length, read after the last launch, so a replay needs no size from the host. It "
+                       f"serves {NEW_DATA_SCOPE}. The build (" +
                        "; ".join(blockers) + ") stays outside the graph"}
     return {"capturable": False, "after_build": False, "blockers": blockers,
             "why": "not capturable: " + "; ".join(blockers) + ". A graph holds device work only; upper-bound "
