@@ -55,6 +55,19 @@ def test_the_verdict_is_drawn_from_the_interval_not_the_median(ci, said):
     assert said in bench_marks.verdict(ci)
 
 
+def test_the_closing_line_gives_both_verdicts_of_a_plan_and_says_where_no_one_mark_runs_were_made():
+    bare = [100e-6, 104e-6, 98e-6, 130e-6, 101e-6]
+    r = bench_marks.summarise({"bare": bare, "marked": [b + 5e-6 for b in bare],
+                               "untimed": [b + 1e-6 for b in bare]}, extra=5)
+    r |= {"kernel": "join", "version": "v4", "size": "100,000 x 10,000", "card": "NVIDIA H200",
+          "one": bench_marks.paired([b + 1e-6 for b in bare], bare, 1, r["bare"])}
+    line = bench_marks.summary_line(r)
+    assert line.startswith("  join v4 100,000 x 10,000 (NVIDIA H200), bare plan 101.0 us: every stage marked +4.95% [")
+    assert "(over the 2% target)" in line and "one stage mark a run +0.99% [" in line
+    assert line.endswith("(under the 2% target)")
+    assert bench_marks.summary_line(r | {"one": None}).endswith("; no runs with one stage mark")
+
+
 def test_too_few_rounds_and_a_host_without_a_gpu_each_get_one_line_and_exit_2(capsys, monkeypatch):
     assert bench_marks.main(["--rounds", "2"]) == 2
     assert "--rounds must be at least 3" in capsys.readouterr().err
@@ -118,6 +131,13 @@ def test_on_a_gpu_every_kind_of_run_is_checked_and_each_part_is_given_a_mark_and
     stages = re.findall(r"^    (\w+) +(\d+\.\d) -> +(-?\d+\.\d) us \[(-?\d+\.\d), (-?\d+\.\d)\]", out, re.M)
     assert len(stages) == 12 and stages[0][0] == "owned_buffer_build"
     assert all(float(lo) <= float(mid) <= float(hi) for _, _, mid, lo, hi in stages)
+    # the verdicts again at the end, a line a plan, after the chain's line
+    tail = out.splitlines()[-3:]
+    assert tail[0] == "against the 2% target:"
+    for line, plan in zip(tail[1:], ("join v4", "overlay v3")):
+        assert line.startswith(f"  {plan} ") and line.count("target") == 2, line
+        assert re.search(r"every stage marked [+-]\d+\.\d\d% \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\] \(", line)
+        assert re.search(r"one stage mark a run [+-]\d+\.\d\d% \[", line)
     assert re.search(r"a chain of 50 kernels of 20 us, the GPU the bound: a timed event after each adds "
                      r"-?\d+\.\d+ us of GPU time, an untimed one -?\d+\.\d+ us; the record call itself takes "
                      r"\d+\.\d+ us of host time \(timed\), \d+\.\d+ us \(untimed\)", out)
