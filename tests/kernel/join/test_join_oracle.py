@@ -42,9 +42,10 @@ def boundary_points(polys: np.ndarray, rng) -> np.ndarray:
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("device", DEVICES)
-def test_points_on_vertices_edges_and_near_edges(device, version):
+@pytest.mark.parametrize("vertices", [9, 45])     # 45: shells longer than the 32 edges the GPU's test takes at once
+def test_points_on_vertices_edges_and_near_edges(device, version, vertices):
     rng = np.random.default_rng(11)
-    plan = JoinV1({"points": 0, "polygons": 300, "vertices": 9, "seed": 2})
+    plan = JoinV1({"points": 0, "polygons": 300, "vertices": vertices, "seed": 2})
     polys = plan.make_inputs().polygons.to_shapely()
     pts = boundary_points(polys, rng)
     within = set(zip(*(a.tolist() for a in assert_same_as_shapely(pts, polys, "within", device, version))))
