@@ -42,7 +42,8 @@ side of a stage mark on its own, in the plan itself; every graph's output is che
 A chain of short kernels with a mark after each, queued far enough ahead that the GPU is the bound, gives the
 GPU's side of one mark on its own, and a loop of record calls on an idle stream the host's.
 
-Every output is checked: each kind of run's against shapely's. Holds the device lock for the whole run.
+Every output is checked: each kind of run's against shapely's. Holds the device lock for the whole run. The last
+lines give each plan's two verdicts against the 2% target, every stage marked and one mark a run, a line a plan.
 """
 from __future__ import annotations
 

@@ -369,8 +369,8 @@ __device__ __forceinline__ int run_item(int f, int first, int incl, int excl) {
 
 // Crossing-number classification of q against every ring of geometry g (as pip.py):
 // returns the crossing parity; boundary is set when q lies on an edge.
-// The loop is issue-bound (ncu found one instruction every 2.3 cycles a scheduler), and a warp's lanes test
-// different edges. Tested edge by edge, whenever one lane's edge straddled the point's height every lane
+// The edge loop was issue-bound (ncu found one instruction every 2.3 cycles a scheduler), and a warp's lanes
+// test different edges. Tested edge by edge, whenever one lane's edge straddled the point's height every lane
 // stepped through the orientation test, so a warp ran it for nearly every edge. So a ring is taken 32 edges
 // at a time in two passes: the first compares only the vertices' heights with the point's (each vertex
 // once) and marks the edges that straddle it or touch its height in a mask; the second tests just those,
