@@ -134,3 +134,41 @@ def test_an_entry_from_another_card_of_the_same_model_says_so(in_repo):
     assert main(["devlog", str(again), "--file", str(log)]) == 0
     last = log.read_text().split("**Performance** (")[-1]
     assert "compared with" in last and "different cards" not in last
+
+
+def test_an_entry_after_one_that_recorded_no_card_reads_the_card_from_its_profile_or_says_it_is_not_known(in_repo):
+    """A marker from before cards were recorded: the card comes from its profile's trace.json while that folder is
+    there (two real H200 profiles from two lent nodes: "different cards"); with the folder gone, the next GPU entry
+    says under its table that one machine cannot be told from two."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[2] / "docs" / "kernels" / "profiles"
+    folders = []
+    for name in ("overlay-v3-100k-100k-half-warp-pairs", "overlay-v3-100k-100k-bucket-sort",
+                 "overlay-v3-100k-100k-bucket-sort"):
+        dest = in_repo / "profiles" / "event" / "overlay" / f"{name}-{len(folders)}"
+        shutil.copytree(src / name, dest)
+        folders.append(dest)
+    uuids = [json.loads((d / "trace.json").read_text())["device"]["uuid"] for d in folders[:2]]
+    log = in_repo / "log.md"
+
+    def drop_cards():            # every marker as one written before markers recorded the card
+        text = log.read_text()
+        for m in MARKER.finditer(text):
+            entry = json.loads(m.group(1))
+            entry.pop("card", None)
+            text = text.replace(m.group(1), json.dumps(entry, sort_keys=True))
+        log.write_text(text)
+
+    assert main(["devlog", str(folders[0]), "--file", str(log)]) == 0
+    drop_cards()
+    assert main(["devlog", str(folders[1]), "--file", str(log)]) == 0
+    last = log.read_text().split("**Performance** (")[-1]
+    assert f"_Against the previous entry: the two profiles ran on different cards ({uuids[0]}, {uuids[1]})" in last
+    drop_cards()
+    shutil.rmtree(folders[1])
+    assert main(["devlog", str(folders[2]), "--file", str(log)]) == 0
+    last = log.read_text().split("**Performance** (")[-1]
+    assert "compared with" in last and "different cards" not in last
+    assert "_Against the previous entry: the previous entry recorded no card" in last
+    assert "whether the two profiles ran on one machine is not known" in last

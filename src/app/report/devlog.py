@@ -58,6 +58,20 @@ def _vs(new, old, lower_is_better: bool = False) -> str:
     return f"{change:+.1f}%"
 
 
+def _card_of(entry: dict) -> str | None:
+    """The card an entry's profile ran on: its marker's, or, for a marker written before markers recorded it, the
+    card in the trace.json of the profile its key names, where that folder is still there (the key of a profile
+    kept under docs/ is its path from the repository's root, where the command runs)."""
+    if entry.get("card"):
+        return entry["card"]
+    if not entry.get("key"):
+        return None
+    try:
+        return json.loads((Path(entry["key"]) / "trace.json").read_text(encoding="utf-8"))["device"]["uuid"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     """(devlog path, appended?) -- False when this profile's entry is already there."""
     trace = read_trace(profile, "devlog")
@@ -90,8 +104,15 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         # The same verdict as `compare`: a change inside the runs' own noise is called noise.
         duration_vs += f" ({verdict_of(prev['samples'], record['samples'])['verdict']})"
     # Entries of one card model may come from different machines: the marker records the card, and a comparison
-    # across cards says so under the table (older markers recorded none: nothing is said).
-    card = other_card({"device": {"uuid": prev.get("card")}}, trace) if prev else ""
+    # across cards says so under the table. Where the card is not to be had (an older marker, its profile gone),
+    # one machine cannot be told from two: that is said too, lest a machine's speed be credited to the code.
+    prev_card = _card_of(prev) if prev else None
+    card = other_card({"device": {"uuid": prev_card}}, trace) if prev else ""
+    if prev and not prev_card and record["card"]:
+        card = ("the previous entry recorded no card (it was written before entries did) and its profile is not "
+                "here to read one from, so whether the two profiles ran on one machine is not known: part of the "
+                "change may be the machines' (host speed, clocks), not the code's; time both on one machine before "
+                "crediting the code")
     rows = [
         ["Duration", _value(summary.get("duration_us"), " us"), duration_vs],
         ["Achieved TFLOP/s", _value(summary.get("achieved_tflops"), "", 4, miss.get("achieved_tflops")),
