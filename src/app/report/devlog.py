@@ -64,11 +64,11 @@ def _card_of(entry: dict) -> str | None:
     kept under docs/ is its path from the repository's root, where the command runs)."""
     if entry.get("card"):
         return entry["card"]
-    if not entry.get("key"):
+    if not entry.get("key") or not Path(entry["key"]).is_dir():
         return None
     try:
-        return json.loads((Path(entry["key"]) / "trace.json").read_text(encoding="utf-8"))["device"]["uuid"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return (read_trace(entry["key"], "devlog").get("device") or {}).get("uuid")
+    except BadParameter:            # not a readable profile trace: no card to be had
         return None
 
 
