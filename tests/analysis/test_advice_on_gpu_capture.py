@@ -325,6 +325,12 @@ def test_a_baseline_from_another_card_of_the_same_model_is_compared_with_a_note(
     assert (f"Note: the two profiles ran on different cards ({base['device']['uuid']}, {t['device']['uuid']}), so "
             "on different machines") in section
     assert "ran on different cards" not in build_report(t, params, roof, t).split("## vs Baseline")[1]
+    # The same baseline as an older trace, one that records no card: one machine cannot be told from two.
+    older = json.loads(json.dumps(base))
+    del older["device"]["uuid"]
+    section = build_report(t, params, roof, older).split("## vs Baseline")[1].split("\n## ")[0]
+    assert ("Note: the baseline profile does not record the card it ran on, so whether the two ran on one machine "
+            "is not known") in section
 
 
 def test_the_stage_times_without_the_other_marks_are_the_captures_own():

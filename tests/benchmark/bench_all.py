@@ -6,7 +6,7 @@ Per kernel, version and size: shapely (one thread) and the CPU plan in turns, ea
 a shapely run (shapely/cpu is the median of the pairs' ratios, with its interval), and on a GPU the
 plan after the host->device build, the build itself, and end to end (build + the
 rest: host arrays in), and end to end on the host clock with the result copied back
-(host arrays in, host arrays out). Every output is checked against shapely before its ratio is
+(host arrays in, host arrays out; bare runs, no stage marks, in turns with the marked ones). Every output is checked against shapely before its ratio is
 printed; a mismatch makes the exit status 1. Holds the device lock for the whole run,
 so no profile shares the GPU with it.
 
@@ -179,7 +179,8 @@ def main(argv=None) -> int:
           "between them is in no interval: where two versions' intervals overlap or lie close, time them "
           "interleaved (python -m tests.benchmark.bench_ab KERNEL) before calling one faster. "
           "GPU after build: inputs already on the device; plan: host arrays in, result on the device "
-          "(CUDA events); end to end: host arrays in, host arrays out (host clock), and again with the inputs in "
+          "(CUDA events, every stage marked); end to end: host arrays in, host arrays out (host clock, the bare plan: "
+          "no stage marks), and again with the inputs in "
           "pinned host memory (no host copy before their DMA); graph replay: the stages after "
           "the build as one CUDA graph, for new data of these counts (written into the buffers it was captured "
           "with, while the counts the device finds fit its rooms) or for these sizes only; host loop: the "

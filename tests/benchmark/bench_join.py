@@ -4,7 +4,7 @@
 
 GPU: warm time of the stages after the owned-buffer build (inputs already on the
 device), the host->device build on its own line, end to end (host clock: host
-arrays in, result copied back to host arrays), and the stages after the build
+arrays in, result copied back to host arrays; bare runs, with no stage marks), and the stages after the build
 replayed as one CUDA graph (where the plan reads no size before the result's length it
 serves new data of the same counts, written into the buffers it was captured with,
 while the device's counts fit its rooms; else these inputs' sizes only). CPU: the numpy plan, all
@@ -29,7 +29,7 @@ from app.runtime.execute import backend_for, xp_for  # noqa: E402
 from app.runtime.nvtx import Nvtx  # noqa: E402
 from app.runtime.recorder import Recorder  # noqa: E402
 from app.runtime.stats import median_interval  # noqa: E402
-from app.runtime.timing import warm_up  # noqa: E402
+from app.runtime.timing import copied_back, warm_up  # noqa: E402
 
 
 def parse_size(s: str) -> int:
@@ -39,27 +39,36 @@ def parse_size(s: str) -> int:
 
 
 def time_plan(plan, inputs, device: str, runs: int):
+    """The plan's warm times: the build and the stages after it from runs with every stage marked, and end to
+    end (host arrays in, the result back in host arrays, on the host clock) from bare runs (one pair of marks
+    around the run, as event mode's end-to-end figure), the two kinds in turns. Timed around a marked run, the
+    end to end held the marks' cost too: on an H100 node join v4 at 1M x 100k read 2.032 ms that way in
+    bench_all, where bench_ab's bare runs on the same node read 1.792 ms."""
     sel = select(device)
     backend, _ = backend_for(plan, sel)
-    rec = Recorder(device, xp_for(device), Nvtx(False, plan.kernel))
+    xp = xp_for(device)
+    rec = Recorder(device, xp, Nvtx(False, plan.kernel))
+    bare_rec = Recorder(device, xp, Nvtx(False, plan.kernel), per_stage=False)
+    bare = copied_back(lambda: bare_rec.run(plan, inputs, backend), backend.outputs_to_host)
     out, _ = rec.run(plan, inputs, backend)          # cold run: JIT, pools
     # Warm-up as event mode's default: until the plan's time stops changing (on the lent hosts the staging of
     # the inputs got 20-40% faster over the first 10-20 runs after one warm-up run).
     warm_up(lambda: rec.run(plan, inputs, backend), "auto", lambda: None)
-    build, after, total, e2e = [], [], [], []
+    bare()                                           # the bare recorder's own events made before any timed run
+    build, after, total, e2e, e2e_marks = [], [], [], [], set()
     for _ in range(runs):
-        t0 = time.perf_counter()
-        out, r = rec.run(plan, inputs, backend)
-        host = backend.outputs_to_host(out)     # end to end: host arrays in, host result out
-        e2e.append(time.perf_counter() - t0)
+        _, r = rec.run(plan, inputs, backend)
         build.append(r.stages[0]["seconds"])
         after.append(r.total_seconds - r.stages[0]["seconds"])
         total.append(r.total_seconds)
-    if not runs:
-        host = backend.outputs_to_host(out)
+        out, b = bare()
+        e2e.append(b.end_to_end_seconds)
+        e2e_marks.add(b.marks)
+    # The last bare run's result, checked by the caller against shapely's.
+    host = backend.outputs_to_host(out)
     res = {"build": statistics.median(build), "after": statistics.median(after),
            "total": statistics.median(total), "after_min": min(after), "e2e": statistics.median(e2e),
-           "out": host, "device_name": sel.device_name}
+           "out": host, "device_name": sel.device_name, "e2e_marks": sorted(e2e_marks)}
     if runs:     # the medians' ~95% intervals: where two versions' intervals overlap, the runs cannot tell them apart
         res |= {"after_ci": median_interval(after), "e2e_ci": median_interval(e2e)}
     if device == "gpu" and runs:
@@ -70,17 +79,19 @@ def time_plan(plan, inputs, device: str, runs: int):
 
 def pinned_end_to_end(plan, inputs, backend, rec, runs: int) -> dict:
     """End to end again with the inputs in pinned host memory, as a loader that reads into pinned buffers hands
-    them over: their DMA needs no host copy, which bounds the figure above on the host's memory bandwidth."""
+    them over: their DMA needs no host copy, which bounds the figure above on the host's memory bandwidth.
+    Bare runs, as the figure above."""
     from app.kernel.staging import pin_inputs
 
     pinned = pin_inputs(inputs)
-    warm_up(lambda: rec.run(plan, pinned, backend), "auto", lambda: None)     # the direct path's warm-up
+    bare = Recorder(rec.device, rec.xp, Nvtx(False, plan.kernel), per_stage=False)
+    warm_up(lambda: bare.run(plan, pinned, backend), "auto", lambda: None)     # the direct path's warm-up
+    run = copied_back(lambda: bare.run(plan, pinned, backend), backend.outputs_to_host)
     times = []
     for _ in range(runs):
-        t0 = time.perf_counter()
-        out, _ = rec.run(plan, pinned, backend)
-        host = backend.outputs_to_host(out)
-        times.append(time.perf_counter() - t0)
+        out, b = run()
+        times.append(b.end_to_end_seconds)
+    host = backend.outputs_to_host(out)
     return {"e2e_pinned": statistics.median(times), "e2e_pinned_ci": median_interval(times), "out_pinned": host}
 
 

@@ -143,18 +143,24 @@ def test_timing_samples_must_be_finite_numbers(tmp_path, good, samples):
     assert read_trace(str(write(tmp_path, good, "ok.json")))["kernel"] == "join"
 
 
-def test_other_card_is_named_only_when_both_profiles_record_different_cards():
+def test_other_card_is_named_when_the_profiles_ran_on_different_cards_or_may_have():
     """Profiles of one model from two cards are two machines: the note names both cards and says what to do.
-    The same card, a card not recorded (CPU runs, older traces) or no device at all: nothing is said."""
+    Two GPU runs where one or both record no card (an older trace) may be two machines: the note says that is not
+    known. The same card, or a CPU run: nothing is said."""
     from app.analysis.baseline import other_card
 
-    def on(uuid):
-        return {"device": {"name": "NVIDIA H200", **({"uuid": uuid} if uuid else {})}}
+    def on(uuid, runtime="gpu"):
+        return {"selected_runtime": runtime, "device": {"name": "NVIDIA H200", **({"uuid": uuid} if uuid else {})}}
 
-    note = other_card(on("GPU-a"), on("GPU-b"))
-    assert note == ("the two profiles ran on different cards (GPU-a, GPU-b), so on different machines: part of the "
-                    "change may be the machines' (host speed, clocks), not the code's; time both on one machine "
-                    "before crediting the code")
-    for base, new in ((on("GPU-a"), on("GPU-a")), (on(None), on("GPU-b")), (on("GPU-a"), on(None)), ({}, {}),
-                      ({"device": None}, on("GPU-b"))):
+    after = ("part of the change may be the machines' (host speed, clocks), not the code's; time both on one machine "
+             "before crediting the code")
+    assert other_card(on("GPU-a"), on("GPU-b")) == \
+        f"the two profiles ran on different cards (GPU-a, GPU-b), so on different machines: {after}"
+    assert other_card(on(None), on("GPU-b")) == \
+        ("the baseline profile does not record the card it ran on, so whether the two ran on one machine is not "
+         f"known: {after}")
+    assert other_card(on("GPU-a"), on(None)).startswith("the new profile does not record the card it ran on")
+    assert other_card(on(None), on(None)).startswith("neither profile records the card it ran on")
+    for base, new in ((on("GPU-a"), on("GPU-a")), (on(None, "cpu"), on(None, "cpu")), ({}, {}),
+                      ({"device": None}, on("GPU-b")), (on(None, "cpu"), on("GPU-b"))):
         assert other_card(base, new) == ""

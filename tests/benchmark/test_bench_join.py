@@ -1,0 +1,23 @@
+"""bench_join.time_plan: the build and the stages after it from marked runs, end to end from bare ones."""
+import numpy as np
+import pytest
+
+from app.kernel.plan import get_plan_class
+from tests.benchmark import bench_join
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_end_to_end_is_timed_on_bare_runs_and_their_result_is_checked(device):
+    plan = get_plan_class("join", "v4")({"points": 3000, "polygons": 300, "vertices": 16})
+    inputs = plan.make_inputs()
+    _, ref = bench_join.time_shapely(inputs, 1)
+    r = bench_join.time_plan(plan, inputs, device, 3)
+    # A bare run records two marks, the run's first and last: a marked run of this plan records one a stage more.
+    assert r["e2e_marks"] == [2]
+    assert r["build"] > 0 and r["after"] > 0 and r["e2e"] > 0
+    lo, hi = r["e2e_ci"]
+    assert lo <= r["e2e"] <= hi
+    # The result returned is the last bare run's, equal to shapely's.
+    assert all(np.array_equal(a, b) for a, b in zip(r["out"], ref))
+    if device == "gpu":
+        assert all(np.array_equal(a, b) for a, b in zip(r["out_pinned"], ref))
