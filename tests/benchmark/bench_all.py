@@ -6,8 +6,9 @@ Per kernel, version and size: shapely (one thread) and the CPU plan in turns, ea
 a shapely run (shapely/cpu is the median of the pairs' ratios, with its interval), and on a GPU the
 plan after the host->device build, the build itself, and end to end (build + the
 rest: host arrays in), and end to end on the host clock with the result copied back
-(host arrays in, host arrays out; bare runs, no stage marks, in turns with the marked ones). Every output is checked against shapely before its ratio is
-printed; a mismatch makes the exit status 1. Holds the device lock for the whole run,
+(host arrays in, host arrays out; bare runs, no stage marks, in turns with the marked ones).
+Every output is checked against shapely before its ratio is printed; a mismatch makes the
+exit status 1. Holds the device lock for the whole run,
 so no profile shares the GPU with it.
 
 Each row also gives the host CPU's pace while that version ran: the median time of the fixed

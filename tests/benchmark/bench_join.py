@@ -4,8 +4,8 @@
 
 GPU: warm time of the stages after the owned-buffer build (inputs already on the
 device), the host->device build on its own line, end to end (host clock: host
-arrays in, result copied back to host arrays; bare runs, with no stage marks), and the stages after the build
-replayed as one CUDA graph (where the plan reads no size before the result's length it
+arrays in, result copied back to host arrays; bare runs, with no stage marks), and
+the stages after the build replayed as one CUDA graph (where the plan reads no size before the result's length it
 serves new data of the same counts, written into the buffers it was captured with,
 while the device's counts fit its rooms; else these inputs' sizes only). CPU: the numpy plan, all
 stages. shapely: STRtree build + query with the predicate (one thread).
