@@ -41,58 +41,60 @@ def parse_size(s: str) -> int:
 def time_plan(plan, inputs, device: str, runs: int):
     """The plan's warm times: the build and the stages after it from runs with every stage marked, and end to
     end (host arrays in, the result back in host arrays, on the host clock) from bare runs (one pair of marks
-    around the run, as event mode's end-to-end figure), the two kinds in turns. Timed around a marked run, the
+    around the run, as event mode's end-to-end figure), the kinds in turns. Timed around a marked run, the
     end to end held the marks' cost too: on an H100 node join v4 at 1M x 100k read 2.032 ms that way in
-    bench_all, where bench_ab's bare runs on the same node read 1.792 ms."""
+    bench_all, where bench_ab's bare runs on the same node read 1.792 ms.
+
+    On a GPU, end to end is timed a second way in the same rounds: with the inputs in pinned host memory, as a
+    loader that reads into pinned buffers hands them over (their DMA needs no host copy, which bounds the first
+    figure on the host's memory bandwidth). The two bare runs swap places every round. Timed after the other
+    runs instead, the pinned figure of overlay v3 at 10k x 10k read 1.21 against 0.70 ms on an H100 node, where
+    interleaved probes on another found it faster or level."""
     sel = select(device)
     backend, _ = backend_for(plan, sel)
     xp = xp_for(device)
     rec = Recorder(device, xp, Nvtx(False, plan.kernel))
     bare_rec = Recorder(device, xp, Nvtx(False, plan.kernel), per_stage=False)
-    bare = copied_back(lambda: bare_rec.run(plan, inputs, backend), backend.outputs_to_host)
     out, _ = rec.run(plan, inputs, backend)          # cold run: JIT, pools
     # Warm-up as event mode's default: until the plan's time stops changing (on the lent hosts the staging of
     # the inputs got 20-40% faster over the first 10-20 runs after one warm-up run).
     warm_up(lambda: rec.run(plan, inputs, backend), "auto", lambda: None)
-    bare()                                           # the bare recorder's own events made before any timed run
-    build, after, total, e2e, e2e_marks = [], [], [], [], set()
-    for _ in range(runs):
+    arms = {"e2e": inputs}
+    if device == "gpu" and runs:
+        from app.kernel.staging import pin_inputs
+
+        arms["e2e_pinned"] = pinned = pin_inputs(inputs)
+        warm_up(lambda: bare_rec.run(plan, pinned, backend), "auto", lambda: None)     # the direct path's warm-up
+    # Each arm's result is kept from its last run: the next run reuses the result's buffers on the device. The
+    # copy back is part of end to end, so keeping it costs nothing more.
+    results: dict = {}
+    timed = {name: copied_back(lambda x=x: bare_rec.run(plan, x, backend),
+                               lambda out, name=name: results.__setitem__(name, backend.outputs_to_host(out)))
+             for name, x in arms.items()}
+    for arm in timed.values():
+        arm()                                        # the bare recorder's own events made before any timed run
+    build, after, total, e2e_marks = [], [], [], set()
+    times = {name: [] for name in timed}
+    for i in range(runs):
         _, r = rec.run(plan, inputs, backend)
         build.append(r.stages[0]["seconds"])
         after.append(r.total_seconds - r.stages[0]["seconds"])
         total.append(r.total_seconds)
-        out, b = bare()
-        e2e.append(b.end_to_end_seconds)
-        e2e_marks.add(b.marks)
-    # The last bare run's result, checked by the caller against shapely's.
-    host = backend.outputs_to_host(out)
+        for name in (list(timed) if i % 2 == 0 else list(timed)[::-1]):
+            _, b = timed[name]()
+            times[name].append(b.end_to_end_seconds)
+            e2e_marks.add(b.marks)
     res = {"build": statistics.median(build), "after": statistics.median(after),
-           "total": statistics.median(total), "after_min": min(after), "e2e": statistics.median(e2e),
-           "out": host, "device_name": sel.device_name, "e2e_marks": sorted(e2e_marks)}
+           "total": statistics.median(total), "after_min": min(after), "e2e": statistics.median(times["e2e"]),
+           "out": results["e2e"], "device_name": sel.device_name, "e2e_marks": sorted(e2e_marks)}
     if runs:     # the medians' ~95% intervals: where two versions' intervals overlap, the runs cannot tell them apart
-        res |= {"after_ci": median_interval(after), "e2e_ci": median_interval(e2e)}
+        res |= {"after_ci": median_interval(after), "e2e_ci": median_interval(times["e2e"])}
+    if "e2e_pinned" in times:
+        res |= {"e2e_pinned": statistics.median(times["e2e_pinned"]),
+                "e2e_pinned_ci": median_interval(times["e2e_pinned"]), "out_pinned": results["e2e_pinned"]}
     if device == "gpu" and runs:
         res |= graph_after_build(plan, inputs, backend, r, runs)
-        res |= pinned_end_to_end(plan, inputs, backend, rec, runs)
     return res
-
-
-def pinned_end_to_end(plan, inputs, backend, rec, runs: int) -> dict:
-    """End to end again with the inputs in pinned host memory, as a loader that reads into pinned buffers hands
-    them over: their DMA needs no host copy, which bounds the figure above on the host's memory bandwidth.
-    Bare runs, as the figure above."""
-    from app.kernel.staging import pin_inputs
-
-    pinned = pin_inputs(inputs)
-    bare = Recorder(rec.device, rec.xp, Nvtx(False, plan.kernel), per_stage=False)
-    warm_up(lambda: bare.run(plan, pinned, backend), "auto", lambda: None)     # the direct path's warm-up
-    run = copied_back(lambda: bare.run(plan, pinned, backend), backend.outputs_to_host)
-    times = []
-    for _ in range(runs):
-        out, b = run()
-        times.append(b.end_to_end_seconds)
-    host = backend.outputs_to_host(out)
-    return {"e2e_pinned": statistics.median(times), "e2e_pinned_ci": median_interval(times), "out_pinned": host}
 
 
 def ms(value: float, ci=None) -> str:
