@@ -102,6 +102,11 @@ def _check_shape(path, trace, what: str = "--baseline") -> None:
             _fail(path, "its timing samples are not a list of finite non-negative numbers", what)
 
 
+# What every note on two profiles that may come from two machines ends with (here and in a devlog entry).
+MACHINES_CAVEAT = ("part of the change may be the machines' (host speed, clocks), not the code's; time both on one "
+                   "machine before crediting the code")
+
+
 def other_card(base: dict, new: dict) -> str:
     """Why two profiles of one card model are not a like-for-like timing when they ran on different cards (their
     UUIDs differ), or may have (both GPU runs, and one or both record no card: an older trace), or '' (the same
@@ -109,15 +114,13 @@ def other_card(base: dict, new: dict) -> str:
     fresh starts of a lent H200 machine read 398 to 703 us for the same code after the build at overlay 10k x 10k,
     and one built the 100k inputs in 3,452 us where another took 2,638."""
     a, b = ((t.get("device") or {}).get("uuid") for t in (base, new))
-    after = ("part of the change may be the machines' (host speed, clocks), not the code's; time both on one "
-             "machine before crediting the code")
     if a and b:
         return "" if a == b else (f"the two profiles ran on different cards ({a}, {b}), so on different machines: "
-                                  f"{after}")
+                                  f"{MACHINES_CAVEAT}")
     if all(t.get("selected_runtime") == "gpu" for t in (base, new)):
         which = ("neither profile records" if not (a or b)
                  else f"the {'baseline' if not a else 'new'} profile does not record")
-        return f"{which} the card it ran on, so whether the two ran on one machine is not known: {after}"
+        return f"{which} the card it ran on, so whether the two ran on one machine is not known: {MACHINES_CAVEAT}"
     return ""
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jinja2
 
-from app.analysis.baseline import other_card, read_trace
+from app.analysis.baseline import MACHINES_CAVEAT, other_card, read_trace
 from app.analysis.compare import samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
 
@@ -109,10 +109,8 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     prev_card = _card_of(prev) if prev else None
     card = other_card({"device": {"uuid": prev_card}}, trace) if prev else ""
     if prev and not prev_card and record["card"]:
-        card = ("the previous entry recorded no card (it was written before entries did) and its profile is not "
-                "here to read one from, so whether the two profiles ran on one machine is not known: part of the "
-                "change may be the machines' (host speed, clocks), not the code's; time both on one machine before "
-                "crediting the code")
+        card = ("the previous entry recorded no card (it was written before entries did) and its profile is not here "
+                "to read one from, so whether the two profiles ran on one machine is not known: " + MACHINES_CAVEAT)
     rows = [
         ["Duration", _value(summary.get("duration_us"), " us"), duration_vs],
         ["Achieved TFLOP/s", _value(summary.get("achieved_tflops"), "", 4, miss.get("achieved_tflops")),
