@@ -198,10 +198,11 @@ class CudaModule:
     def artifacts(self, blocks: dict) -> dict:
         out = {}
         for stage, names in self.stage_kernels.items():
-            res = {n: self.resources(self.kernels[n]) | {"block": blocks.get(stage, 256),
-                                                    "dynamic_shared_bytes": self.shared_bytes(n, blocks.get(stage, 256)),
-                                                    "theoretical_occupancy_pct": self.occupancy(self.kernels[n],
-                                                                                                blocks.get(stage, 256), n)}
+            block = blocks.get(stage, 256)
+            res = {n: self.resources(self.kernels[n]) | {"block": block,
+                                                         "dynamic_shared_bytes": self.shared_bytes(n, block),
+                                                         "theoretical_occupancy_pct": self.occupancy(self.kernels[n],
+                                                                                                     block, n)}
                    for n in names}
             out[stage] = {
                 **{path.name: path.read_text() for path in self.source_paths},
