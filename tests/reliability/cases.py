@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.signals import sigint_default
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--points", "300", "--polygons", "30", "--device", "cpu"]
 
@@ -190,10 +192,6 @@ CASES = [
 ]
 
 
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def run_case(case: Case) -> tuple[bool, str]:
     """(handled, what happened) for one case."""
     if case.api is not None:
@@ -221,12 +219,10 @@ def run_case(case: Case) -> tuple[bool, str]:
             argv += ["--out", str(out)]
         watched = Path(argv[argv.index("--out") + 1]) if "--out" in argv else out
         try:
-            # The run starts with SIGINT at its default, as a terminal's foreground job has it: a test suite
-            # started in the background by a non-interactive shell (`pytest ... &`) inherits SIGINT ignored,
-            # Python then leaves it ignored, and the Ctrl-C case would time a run that never sees its signal.
+            # The run starts with SIGINT at its default (tests.signals says why).
             p = subprocess.Popen([sys.executable, "-m", "app.kernel", *argv], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=env, cwd=tmp,
-                                 preexec_fn=_sigint_default if case.signal_after else None)
+                                 preexec_fn=sigint_default if case.signal_after else None)
             if case.signal_after:
                 # Signal once the run holds the device lock (its handlers are in place by then), plus a
                 # little, so the signal lands mid-run on a slow machine too.

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.signals import sigint_default
+
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ["--grid", "points=1500,3k", "--polygons", "150", "--device", "cpu", "--bench_runs", "2", "--warmup", "0"]
 
@@ -163,7 +165,7 @@ def test_ctrl_c_keeps_finished_points_stops_the_cluster_and_resume_runs_the_rest
     grid = ["--grid", "points=1k,2k,3k,4k", "--polygons", "100", "--device", "cpu", "--bench_runs", "2"]
     proc = subprocess.Popen([sys.executable, "-m", "app.kernel", "sweep", "join", "v1", *grid, "--workers", "2",
                              "--out", str(tmp_path)], env=env(SWEEP_TEST_MARK=mark), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         found = list((tmp_path / "sweeps").glob("join/*/*/results.csv"))
