@@ -53,17 +53,85 @@ def test_the_device_picks_the_hosts_grid(world, mean, bias):
     level = grid.grid_level(world, mean * g / g, mean * g / g, bias=bias)
     assert words[:4].view(np.float64).tolist() == list(grid.world_scale(world))
     assert words[4:].tolist() == [level, grid.BITS - level, 1 << 2 * level, (1 << 2 * level) + 1]
-    # v3 and v4 choose the grid in grid_zero, which also zeroes the cell table's first `table` entries (no
-    # more) and output_sort's per-point counts: the same words, every thread working them out for itself.
+    # v3 and v4 choose the grid in point_cells_grid, as they count the points into its cells: the same words, and
+    # output_sort's per-point counts zeroed (all N + 1 of them), the cell table counted from where it stood.
     zeroed = cp.zeros(LEDGER_WORDS, cp.uint64)
     table = (1 << 2 * level) + 1
-    counts = cp.full(table + 5, 7, cp.int32)
-    point_counts = cp.full(1000, 7, cp.int32)
-    backend.mod.fn["grid_zero"]((4,), (256,), (summary, np.int64(g), np.int32(bias), np.int32(grid.MAX_LEVEL), zeroed,
-                                               counts, point_counts, np.int64(999)))
+    counts = cp.zeros(table + 5, cp.int32)
+    n = 999
+    point_counts = cp.full(n + 2, 7, cp.int32)
+    pts = cp.asarray(np.column_stack([np.linspace(world[0], world[2], n), np.linspace(world[1], world[3], n)]))
+    pcell = cp.zeros(n, cp.uint32)
+    slot = cp.zeros(n, cp.int32)
+    backend.mod.fn["point_cells_grid"]((4,), (256,), (pts, np.int64(n), summary, np.int64(g), np.int32(bias),
+                                                      np.int32(grid.MAX_LEVEL), zeroed, pcell, slot, counts,
+                                                      point_counts))
     assert cp.asnumpy(zeroed[GRID]).tolist() == words.tolist()
-    assert not cp.asnumpy(counts[:table]).any() and (cp.asnumpy(counts[table:]) == 7).all()
-    assert not cp.asnumpy(point_counts[:999]).any() and int(point_counts[999]) == 7
+    assert not cp.asnumpy(point_counts[:n + 1]).any() and int(point_counts[n + 1]) == 7
+    cells = cp.asnumpy(pcell)
+    assert (cells < 1 << 2 * level).all()
+    assert np.array_equal(cp.asnumpy(counts[1:table]), np.bincount(cells, minlength=table - 1))
+    # With no points, one block still stores the grid.
+    again = cp.zeros(LEDGER_WORDS, cp.uint64)
+    backend.mod.fn["point_cells_grid"]((1,), (256,), (pts, np.int64(0), summary, np.int64(g), np.int32(bias),
+                                                      np.int32(grid.MAX_LEVEL), again, pcell, slot, counts,
+                                                      point_counts))
+    assert cp.asnumpy(again[GRID]).tolist() == words.tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v3", "v4"])
+def test_a_run_leaves_the_cell_table_zeroed_and_the_summary_ready_for_the_next(version):
+    """v3 and v4 launch no init_run or memset on a warm run: the scatter of the run before zeroed the cell table
+    and set the summary back to its identities. After every run both must be so."""
+    import cupy as cp
+
+    from app.kernel.join.gpu import JoinGPU
+    from app.kernel.join.oracle import shapely_join
+
+    plan = get_plan_class("join", version)({"points": 20_000, "polygons": 2_000})
+    inputs = plan.make_inputs()
+    backend = JoinGPU(plan.tiling, version)
+    backend.compile()
+    expected = shapely_join(inputs.points, inputs.polygons, "within")
+    for _ in range(3):
+        (pt, poly), _stages = _run(plan, inputs, backend)
+        np.testing.assert_array_equal(pt, expected[0])
+        np.testing.assert_array_equal(poly, expected[1])
+        summary, counts = backend._ready
+        assert not cp.asnumpy(counts).any()
+        assert cp.asnumpy(summary).tolist() == [math.inf, math.inf, -math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v3", "v4"])
+def test_a_run_stopped_after_counting_leaves_the_next_run_exact(version):
+    """A run that stops between counting the points into the cell table and the scatter that zeroes it (here the
+    scan's launch is interrupted, as by Ctrl-C) leaves the table dirty: the next run must zero it again, not
+    count on top of it. The next run's points differ, so a stale count would misplace them."""
+    from app.kernel.join.gpu import JoinGPU
+    from app.kernel.join.oracle import shapely_join
+
+    plans = [get_plan_class("join", version)({"points": 20_000, "polygons": 2_000, "seed": s}) for s in (0, 1)]
+    backend = JoinGPU(plans[0].tiling, version)
+    backend.compile()
+    first = plans[0].make_inputs()
+    _run(plans[0], first, backend)             # warm: the next run's bounds trusts what this one left
+    scan = backend.mod.inclusive_scan
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    backend.mod.inclusive_scan = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        _run(plans[0], first, backend)
+    backend.mod.inclusive_scan = scan
+    assert backend._ready is None
+    inputs = plans[1].make_inputs()
+    expected = shapely_join(inputs.points, inputs.polygons, "within")
+    (pt, poly), _stages = _run(plans[1], inputs, backend)
+    np.testing.assert_array_equal(pt, expected[0])
+    np.testing.assert_array_equal(poly, expected[1])
 
 
 @pytest.mark.gpu

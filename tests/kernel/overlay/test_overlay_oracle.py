@@ -164,6 +164,73 @@ def test_v3_counts_past_a_room_grow_it_and_run_again_exactly(layout, small):
         assert backend.rooms == fitted
 
 
+def _v3_backend_and_run():
+    import cupy as cp
+
+    from app.kernel.overlay.gpu import OverlayGPU
+    from app.kernel.plan import get_plan_class
+    from app.runtime.nvtx import Nvtx
+    from app.runtime.recorder import Recorder
+
+    backend = OverlayGPU(get_plan_class("overlay", "v3")({}).tiling, "v3")
+    backend.compile()
+
+    def run(plan, inp):
+        out, rec = Recorder("gpu", cp, Nvtx(False, "overlay")).run(plan, inp, backend)
+        assert plan.verify(inp, tuple(cp.asnumpy(a) for a in out))["matches"]
+        return {s["name"]: s for s in rec.stages}
+
+    return backend, run
+
+
+@pytest.mark.gpu
+def test_v3_runs_leave_the_cell_table_zeroed_and_the_summary_ready_for_the_next():
+    """A warm v3 run launches no init_summary or memset: the run before set the summary back to its identities
+    (sort_pairs) and zeroed the filter's cell table (corner_scatter). After every run both must be so, also after
+    a run whose room grew, which sums the summary again before it runs the filter again."""
+    import math
+
+    import cupy as cp
+
+    from app.kernel.plan import get_plan_class
+
+    backend, run = _v3_backend_and_run()
+    plan = get_plan_class("overlay", "v3")({"left": 800, "right": 700, "seed": 5})
+    inp = plan.make_inputs()
+    for grow in (False, False, True, False):
+        if grow:
+            backend.rooms = dict(backend.rooms) | {"pairs": 50}
+        stages = run(plan, inp)
+        assert ("room_grown" in stages["area_reconstruction"]["meta"]) is grow
+        summary, counts = backend._ready
+        assert not cp.asnumpy(counts).any()
+        assert cp.asnumpy(summary).tolist() == [math.inf, math.inf, -math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.gpu
+def test_v3_a_run_stopped_after_counting_leaves_the_next_run_exact():
+    """A run stopped between counting B into the filter's cell table and the scatter that zeroes it (the scan's
+    launch interrupted, as by Ctrl-C) leaves the table dirty and the summary summed: the next run, on other
+    layers, must set both up again rather than add to them."""
+    from app.kernel.plan import get_plan_class
+
+    backend, run = _v3_backend_and_run()
+    plans = [get_plan_class("overlay", "v3")({"left": 800, "right": 700, "seed": s}) for s in (5, 6)]
+    first = plans[0].make_inputs()
+    run(plans[0], first)                        # warm: the next run trusts what this one left
+    scan = backend.mod.inclusive_scan
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    backend.mod.inclusive_scan = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        run(plans[0], first)
+    backend.mod.inclusive_scan = scan
+    assert backend._ready is None
+    run(plans[1], plans[1].make_inputs())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_polygon_with_more_pairs_than_its_stash_is_placed_by_the_second_pass_exactly(version):

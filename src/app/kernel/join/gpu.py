@@ -6,10 +6,13 @@ morton_sort, the candidate total in the filter (v2 also its cell-list length), a
 hit total at the end of output_sort. Each read stops the host until the GPU has caught
 up, and then the GPU waits for the host's next launches.
 
-v3 is v1 with no read before the end: the grid is chosen on the device (grid_zero)
-and its cell table allocated for the largest level, and the candidate buffers have a
-room the backend keeps from run to run. The kernels read the real lengths from device
-memory. One read at the end sizes the result and checks the room; if the candidates
+v3 is v1 with no read before the end: the grid is chosen on the device (in the
+launch that counts the points into its cells) and its cell table allocated for the
+largest level, and the candidate buffers have a room the backend keeps from run to
+run. The kernels read the real lengths from device memory. The scatter leaves the cell
+table zeroed and the world box's summary at its identities for the next run, so a run
+launches no init_run or memset for them (a first run, or one after a run that stopped
+midway, does). One read at the end sizes the result and checks the room; if the candidates
 did not fit, the room grows and the filter, refine and sort run again within that same
 run, which the output stage's metadata says (``candidate_room_grown``). The plan can
 therefore be captured as one CUDA graph (see app.runtime.graph).
@@ -42,7 +45,7 @@ SOURCE = Path(__file__).with_name("join.cu")
 CANDIDATE_FILLS = tuple(f"candidate_fill_{k}" for k in (1, 2, 4, 8, 16))   # v4's filter: 1-16 polygons a warp
 STAGE_KERNELS = {
     "bounds": ("init_run", "join_extent"),
-    "morton_sort": ("grid_params", "grid_zero", "point_cells", "point_scatter", "point_scatter_xy",
+    "morton_sort": ("grid_params", "point_cells", "point_cells_grid", "point_scatter", "point_scatter_xy",
                     "point_gather_xy"),
     "candidate_filter": ("candidate_count", "candidate_emit", "poly_cell_count", "poly_cell_fill",
                          "point_candidates", *CANDIDATE_FILLS),
@@ -52,9 +55,9 @@ STAGE_KERNELS = {
 # CuPy library calls each stage also makes (kernels with no source of ours to show).
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
-    "morton_sort": "cudaMemsetAsync (bucket counts; v3 and v4 zero them in grid_zero)",
-    "predicate_refine": "cudaMemsetAsync (per-point hit counts; v3 and v4 zero them in grid_zero, unless the room "
-                        "grew)",
+    "morton_sort": "cudaMemsetAsync (bucket counts; v3 and v4 leave them zeroed for the next run, in the scatter)",
+    "predicate_refine": "cudaMemsetAsync (per-point hit counts; v3 and v4 zero them in point_cells_grid, unless the "
+                        "room grew)",
 }
 # The run's ledger, one device array of 64-bit words: every kernel reads the grid from it, every counter
 # lands in it, and v3 reads it once, at the end.
@@ -65,6 +68,7 @@ FILTER = slice(8, 10)     # pairs examined, candidates
 CANDIDATES = slice(9, 10)
 REFINE = slice(10, 14)    # hits, exact orientations, edge tests, boundary pairs
 MIN_ROOM = 4096
+CELL_TABLE_MAX = (1 << 2 * grid.MAX_LEVEL) + 1    # v3, v4: the cell table, sized for the largest grid level
 # v4 from this many points: the indices scattered, then the coordinates gathered in bucketed order (two launches),
 # instead of scattered with them (one). On an H200 the kernels took 46 against 69 us at 1M points and 27 against
 # 17 us at 100k; the whole plan after the build, interleaved in one process: 451 against 472 us at 1M x 100k,
@@ -90,6 +94,9 @@ class JoinGPU(GpuBackend):
         self.no_reads = version in ("v3", "v4")   # grid on the device, candidate room: one read, at the end
         self._room: int | None = None     # v3, v4: candidate pairs the buffers hold, kept from run to run
         self._views: dict | None = None
+        # v3, v4: (summary, cell table) as the last run's scatter left them, the summary at its identities and the
+        # table zeroed, ready for the next run; None until a run has done so (see bounds).
+        self._ready: tuple | None = None
 
     def _ledger(self) -> dict:
         """The run's ledger (init_run zeroes it) and its parts by name: views made once, since slicing a CuPy
@@ -120,7 +127,19 @@ class JoinGPU(GpuBackend):
         bbox = ws.empty("bbox", (g, 4), cp.float64)
         summary = ws.empty("summary", 8, cp.float64)
         state["ledger"] = led = self._ledger()
-        self.mod.fn["init_run"]((1,), (32,), (led["all"], np.int32(LEDGER_WORDS), summary))
+        ledger = np.intp(0)         # v1, v2: init_run zeroes the ledger
+        if self.no_reads:
+            # The previous run's scatter left the summary at its identities and the cell table zeroed, so this run
+            # needs neither init_run nor a memset: join_extent zeroes the ledger. Not so on a first run, or when a
+            # run stopped between here and its scatter (an error, Ctrl-C): then both are queued here.
+            counts = ws.empty("cell_counts_max", CELL_TABLE_MAX, cp.int32)
+            ready, self._ready = self._ready, None
+            if ready is None or ready[0] is not summary or ready[1] is not counts:
+                self.mod.fn["init_run"]((1,), (32,), (led["all"], np.int32(LEDGER_WORDS), summary))
+                counts = ws.zeros("cell_counts_max", CELL_TABLE_MAX, cp.int32)
+            state["cell_counts"], ledger = counts, led["all"]
+        else:
+            self.mod.fn["init_run"]((1,), (32,), (led["all"], np.int32(LEDGER_WORDS), summary))
         # One launch: a block per `block` polygons, then a fixed grid striding over the points (few atomics).
         block = tiling["block"]
         poly_blocks = (g + block - 1) // block
@@ -128,7 +147,8 @@ class JoinGPU(GpuBackend):
         if poly_blocks + point_blocks:
             self.mod.fn["join_extent"]((poly_blocks + point_blocks,), (block,),
                                        (state["coords"], state["ring_offsets"], state["geom_ring_offsets"],
-                                        np.int64(g), bbox, pts, np.int64(len(pts)), np.int32(poly_blocks), summary))
+                                        np.int64(g), bbox, pts, np.int64(len(pts)), np.int32(poly_blocks), summary,
+                                        ledger, np.int32(LEDGER_WORDS)))
         state["bbox"], state["summary"] = bbox, summary
         st.rows_in, st.rows_out = g + len(pts), g
 
@@ -141,30 +161,36 @@ class JoinGPU(GpuBackend):
                      np.int32(grid.MAX_LEVEL), ledger)
         pcell = ws.empty("pcell", n, cp.uint32)
         slot = ws.empty("point_slot", n, cp.int32)
-        if self.no_reads:            # a table for the largest level; the kernels read the real length
-            counts = ws.empty("cell_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
-            # refine's per-point hit counts are zeroed in the same launch (see _refine)
+        if self.no_reads:
+            # A table for the largest level, zero as bounds found it; the kernels read the real length. The grid is
+            # chosen in the counting launch, and refine's per-point hit counts zeroed there (see _refine).
+            counts, table = state["cell_counts"], led["table"]
             point_counts = state["point_counts"] = ws.empty("point_counts", n + 1, cp.int32)
-            self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), grid_args + (counts, point_counts, np.int64(n + 1)))
-            table = led["table"]
+            self.mod.fn["point_cells_grid"](((max(n, 1) + block - 1) // block,), (block,),
+                                            (pts, np.int64(n)) + grid_args + (pcell, slot, counts, point_counts))
+            restore = (counts, state["summary"])      # the scatter leaves them ready for the next run
         else:
             self.mod.fn["grid_params"]((1,), (32,), grid_args)
             level = int(st.read_size(led["grid"], "grid level -> cell table size")[4])
             counts, table = ws.zeros("cell_counts", (1 << 2 * level) + 1, cp.int32), None
             state["level"] = level
             st.meta.update(grid_level=level, grid_cells=1 << 2 * level)
-        self._launch("point_cells", n, block, (pts, np.int64(n), ledger, pcell, slot, counts))
+            self._launch("point_cells", n, block, (pts, np.int64(n), ledger, pcell, slot, counts))
+            restore = (np.intp(0), np.intp(0))
         cell_start = self.mod.inclusive_scan(counts, cp.int32, "cell_start", n_dev=table)
         sorted_pt = ws.empty("sorted_pt", n, cp.int32)
         if self.version == "v4":     # the coordinates too, in bucketed order: the filter reads them in runs
             xy = state["sorted_xy"] = ws.empty("sorted_xy", (n, 2), cp.float64)
             if n >= GATHER_XY_FROM:
-                self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
+                self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt, *restore))
                 self._launch("point_gather_xy", n, block, (pts, sorted_pt, np.int64(n), xy))
             else:
-                self._launch("point_scatter_xy", n, block, (pts, pcell, slot, np.int64(n), cell_start, sorted_pt, xy))
+                self._launch("point_scatter_xy", n, block,
+                             (pts, pcell, slot, np.int64(n), cell_start, sorted_pt, xy, *restore))
         else:
-            self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt))
+            self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt, *restore))
+        if self.no_reads and n:      # with no points no scatter ran: the next run's bounds restores them itself
+            self._ready = (state["summary"], counts)
         state.update(cell_start=cell_start, sorted_pt=sorted_pt, morton_st=st)
         st.rows_in = st.rows_out = n
 
@@ -268,7 +294,7 @@ class JoinGPU(GpuBackend):
         c = len(state["cand_pt"])                   # v3: the room; the kernel reads the real count
         hits = ws.empty("hits", c, cp.uint64)      # hits <= candidates: no size read needed up front
         slot = ws.empty("hit_slot", c, cp.int32)   # each hit's rank among its point's hits
-        counts = state.pop("point_counts", None)   # v3, v4: zeroed by grid_zero (once: a rerun zeroes its own)
+        counts = state.pop("point_counts", None)   # v3, v4: zeroed by point_cells_grid (once: a rerun zeroes its own)
         if counts is None:
             counts = ws.zeros("point_counts", len(state["points"]) + 1, cp.int32)
         within = np.int32(state["inputs"].predicate == "within")

@@ -1,7 +1,8 @@
 // Join kernels (points x polygons); common.cuh and scan.cu are compiled in front.
 // ---- bounds -------------------------------------------------------------------
 // The run's ledger zeroed and the summary's identities set (common.cuh's init_summary) in one launch, where a
-// memset and a launch cost the host two calls: at the default sizes the plan is launch-bound.
+// memset and a launch cost the host two calls: at the default sizes the plan is launch-bound. v3 and v4 launch
+// it only when the previous run did not leave the summary at its identities (see point_scatter).
 extern "C" __global__ void init_run(unsigned long long* ledger, int words, double* summary) {
     for (int i = threadIdx.x; i < words; i += blockDim.x) ledger[i] = 0;
     summary_identity(summary, threadIdx.x);
@@ -10,9 +11,13 @@ extern "C" __global__ void init_run(unsigned long long* ledger, int words, doubl
 // The polygons' bboxes (common.cuh's polygon_bounds) and the points' extent in one launch: the first
 // poly_blocks blocks take a polygon a thread, the rest stride over the points -- a fixed grid, so only a few
 // hundred blocks do atomics. Each block takes one branch whole (both end in block_extent's __syncthreads).
+// ``ledger`` (v3, v4; null for v1, v2, whose init_run zeroes it): the run's ledger, zeroed here by the first block;
+// nothing in this launch reads it.
 extern "C" __global__ void join_extent(const double* coords, const int* ring_off, const int* geom_ring_off,
                                        long long G, double* bbox, const double* pts, long long N, int poly_blocks,
-                                       double* summary) {
+                                       double* summary, unsigned long long* ledger, int words) {
+    if (ledger != nullptr && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < words; i += blockDim.x) ledger[i] = 0;
     if ((int)blockIdx.x < poly_blocks) {
         polygon_bounds_at(coords, ring_off, geom_ring_off, G, bbox, summary,
                           blockIdx.x * (long long)blockDim.x + threadIdx.x);
@@ -39,8 +44,6 @@ extern "C" __global__ void grid_params(const double* summary, long long G, int b
     *gp = p;
 }
 
-// v3, v4: common.cuh's grid_zero chooses the grid and zeroes its cell table in one launch, and refine's per-point
-// hit counts with it, one launch instead of a memset later.
 __device__ __forceinline__ unsigned int point_cell(double x, double y, const GridParams* gp) {
     int shift = (int)gp->shift;
     return morton(quantise(x, gp->ox, gp->sx) >> shift, quantise(y, gp->oy, gp->sy) >> shift);
@@ -58,11 +61,53 @@ extern "C" __global__ void point_cells(const double* pts, long long N, const Gri
     slot[i] = atomicAdd(counts + cell + 1, 1);
 }
 
+// v3, v4: the grid chosen and the points counted into its cells in one launch. The first thread of each block
+// works the grid out from the summary (grid_from_summary: a few fp64 operations on 8 words) for its block, and
+// the first block's stores it in the ledger for the kernels after. Refine's per-point hit counts (N + 1) are
+// zeroed here too. The cell table is not zeroed: it is zero already, as the scatter of the run before left it
+// (restore_for_next_run), or as gpu.py zeroed it when no run had. Launched with at least one block, so the grid
+// is stored with no points. On an H200 at 1M points, every thread working the grid out for itself ran the plan
+// after the build 0.7% slower than this (interleaved, 80 rounds).
+extern "C" __global__ void point_cells_grid(const double* pts, long long N, const double* summary, long long G,
+                                            int bias, int max_level, GridParams* gp_out, unsigned int* pcell,
+                                            int* slot, int* counts, int* point_counts) {
+    __shared__ GridParams gp;
+    if (threadIdx.x == 0) grid_from_summary(summary, G, bias, max_level, gp);
+    __syncthreads();
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i == 0) {
+        *gp_out = gp;
+        point_counts[N] = 0;
+    }
+    if (i >= N) return;
+    point_counts[i] = 0;
+    unsigned int cell = point_cell(pts[2 * i], pts[2 * i + 1], &gp);
+    pcell[i] = cell;
+    slot[i] = atomicAdd(counts + cell + 1, 1);
+}
+
+// ``clear`` and ``summary`` (v3, v4; null for v1, v2): what the next run needs at its start, restored here, after
+// the last read of each. Every nonzero entry of the cell table counts some point, and exactly one of its points
+// has slot 0, so that point zeroing its cell's entry zeroes the table (the scan read it into cell_start before
+// this launch): one store a busy cell, where a store a point made the sort 15 us slower at 1M points on an H200.
+// The first thread sets the summary back to its identities (a run with no points launches no scatter: gpu.py
+// then restores both itself). That saves the next run a launch and a memset of the table, and grid_zero's
+// launch: at the default sizes the plan is bound by the host's launches.
+__device__ __forceinline__ void restore_for_next_run(long long i, unsigned int cell, int slot, int* clear,
+                                                     double* summary) {
+    if (clear != nullptr && slot == 0) clear[cell + 1] = 0;
+    if (summary != nullptr && i == 0)
+        for (int k = 0; k < 8; ++k) summary_identity(summary, k);
+}
+
 extern "C" __global__ void point_scatter(const unsigned int* pcell, const int* slot, long long N,
-                                         const int* cell_start, int* sorted_pt) {
+                                         const int* cell_start, int* sorted_pt, int* clear, double* summary) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= N) return;
-    sorted_pt[cell_start[pcell[i]] + slot[i]] = (int)i;
+    unsigned int cell = pcell[i];
+    int s = slot[i];
+    sorted_pt[cell_start[cell] + s] = (int)i;
+    restore_for_next_run(i, cell, s, clear, summary);
 }
 
 // ---- candidate filter: each polygon scans the point buckets its bbox covers -------
@@ -254,12 +299,16 @@ extern "C" __global__ void point_candidates(const double2* pts, const int* sorte
 // then reads each cell's points as one contiguous run (coalesced) instead of gathering
 // them through sorted_pt.
 extern "C" __global__ void point_scatter_xy(const double2* pts, const unsigned int* pcell, const int* slot,
-                                            long long N, const int* cell_start, int* sorted_pt, double2* sorted_xy) {
+                                            long long N, const int* cell_start, int* sorted_pt, double2* sorted_xy,
+                                            int* clear, double* summary) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= N) return;
-    int j = cell_start[pcell[i]] + slot[i];
+    unsigned int cell = pcell[i];
+    int s = slot[i];
+    int j = cell_start[cell] + s;
     sorted_pt[j] = (int)i;
     sorted_xy[j] = pts[i];
+    restore_for_next_run(i, cell, s, clear, summary);
 }
 
 // From GATHER_XY_FROM points (gpu.py) v4 scatters the indices alone (point_scatter) and then gathers the

@@ -2,9 +2,9 @@
 
 Every counter of a run lands in one device array, the run's ledger (the grid the filter
 buckets by, chosen on the device, then the filter's, refine's and area's counters), which
-grid_zero zeroes at the start of the filter; the host reads it once, after the last
-launch, with the output's length (the output is written into columns as long as the
-polygon pairs and cut to length after).
+the filter's first launch zeroes (grid_zero; in v3, corner_cells_grid); the host reads it
+once, after the last launch, with the output's length (the output is written into
+columns as long as the polygon pairs and cut to length after).
 
 v1 and v2 also read two allocation sizes mid-run, both in the filter: the polygon-pair
 total, then the candidate-pair total. Each read stops the host until the GPU has caught
@@ -17,6 +17,9 @@ rooms; where a count did not fit, the room grows and the filter, refine, sort an
 stages run again within that same run (the area stage's metadata says so). The plan can
 therefore be captured as one CUDA graph that replays new data with the same numbers of polygons, rings and
 vertices, written into the buffers it was captured with, while the counts the device finds fit the rooms.
+A v3 run also leaves the filter's cell table zeroed and the bounds' summary at its
+identities for the next run, which therefore launches neither init_summary nor a memset
+of the table (a first run, or one after a run that stopped midway, does).
 
 v3 changes two of v1's kernels too. The edge-pair filter gives each polygon pair a warp
 whose lanes hold a's edges, and broadcasts b's near edges to them by shuffles (v1's tests
@@ -45,10 +48,11 @@ SOURCE = tuple(Path(__file__).with_name(f) for f in ("overlay.cu", "overlay_area
 # overlay.cu's PAIR_STASH: b's each a keeps from polygon_pairs' count pass (an a with more is tested again).
 PAIR_STASH = 16
 # The run's ledger, 64-bit words: common.cuh's GridParams (ox, oy, sx, sy as fp64 bits, level, shift, cells, table
-# length), then the counters grid_zero zeroes: polygon_pairs' (bbox tests, pairs, a's tested twice), the edge-pair
-# filter's (MBR tests, candidates), v3's edge slots, refine_pairs' (proper, touch, collinear overlap, ambiguous
-# pairs, split events, v3's end marks), the area stage's (point-in-polygon tests, pieces, kept pieces, cut
-# rings, kept pairs: the output's length), and the split and overlap records refine appends (the sort's lengths).
+# length), then the counters the filter's first launch zeroes: polygon_pairs' (bbox tests, pairs, a's tested
+# twice), the edge-pair filter's (MBR tests, candidates), v3's edge slots, refine_pairs' (proper, touch, collinear
+# overlap, ambiguous pairs, split events, v3's end marks), the area stage's (point-in-polygon tests, pieces, kept
+# pieces, cut rings, kept pairs: the output's length), and the split and overlap records refine appends (the
+# sort's lengths).
 GRID = slice(0, 8)
 TABLE = slice(7, 8)
 COUNTERS = slice(8, 27)
@@ -80,9 +84,11 @@ SORT_BLOCKS_PER_SM = 4
 # At 100k x 100k a table of every slot (11.6M in the room, for 773k split records) took about 120 of the sort's
 # 165 us on an H200, zeroing and scanning it; bucket_sort then orders each bucket's few records.
 SLOT_BUCKET_SHIFT = 5
+CELL_TABLE_MAX = (1 << 2 * grid.MAX_LEVEL) + 1    # the filter's cell table, sized for the largest grid level
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_tables"),
-    "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_scatter", "polygon_pairs", "sort_pairs",
+    "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_cells_grid", "corner_scatter", "polygon_pairs",
+                           "sort_pairs",
                            "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort", "bucket_sort"),
@@ -103,6 +109,9 @@ class OverlayGPU(GpuBackend):
         self.rooms: dict | None = None    # v3: polygon pairs, candidates and edge slots its buffers hold
         self._views: dict | None = None
         self._sort_scratch: tuple | None = None
+        # v3: (summary, cell table) as the last run left them, the summary at its identities (sort_pairs) and the
+        # table zeroed (corner_scatter), ready for the next run; None until a run has done so.
+        self._ready: tuple | None = None
 
     def _ledger(self) -> dict:
         """The run's ledger and its parts by name: views made once, since slicing a CuPy array costs
@@ -137,7 +146,17 @@ class OverlayGPU(GpuBackend):
     def segment_extraction(self, state, st, tiling):
         cp, ws, block = self.cp, self.mod.ws, tiling["block"]
         summary = ws.empty("summary", 8, cp.float64)
-        self.mod.fn["init_summary"]((1,), (32,), (summary,))
+        if self.version == "v3":
+            # The run before left the summary at its identities and the cell table zeroed: no init_summary, no
+            # memset. Not so on a first run, or when a run stopped before its sort_pairs: then both are queued here.
+            counts = ws.empty("corner_counts_max", CELL_TABLE_MAX, cp.int32)
+            ready, self._ready = self._ready, None
+            if ready is None or ready[0] is not summary or ready[1] is not counts:
+                self.mod.fn["init_summary"]((1,), (32,), (summary,))
+                counts = ws.zeros("corner_counts_max", CELL_TABLE_MAX, cp.int32)
+            state["corner_counts"] = counts
+        else:
+            self.mod.fn["init_summary"]((1,), (32,), (summary,))
         tables = []
         for side in ("a", "b"):
             L = state[side]
@@ -148,7 +167,8 @@ class OverlayGPU(GpuBackend):
             tables += [L["coords"], L["ring_offsets"], L["geom_ring_offsets"], np.int64(g), L["bbox"],
                        L["ring_area2"], L["ring_box"]]
         # Both layers' rings and boxes in one launch, a thread a polygon.
-        self._launch("polygon_tables", state["a"]["n_geoms"] + state["b"]["n_geoms"], block, (*tables, summary))
+        state["tables"] = (state["a"]["n_geoms"] + state["b"]["n_geoms"], block, (*tables, summary))
+        self._launch("polygon_tables", *state["tables"])
         state["summary"] = summary      # the filter chooses its grid from it on the device
         g_all = state["a"]["n_geoms"] + state["b"]["n_geoms"]
         n_edges = sum(int(state[s]["coords"].shape[0] - state[s]["n_rings"]) for s in ("a", "b"))
@@ -177,7 +197,7 @@ class OverlayGPU(GpuBackend):
         null = np.intp(0)
         self._launch("sort_pairs", A["n_geoms"], block, (poffsets, np.int32(A["n_geoms"]), np.int64(npairs),
                                                          common[-2], pair_a, pair_b, null, null, null, null, null,
-                                                         null))
+                                                         null, null))
         geo = self._pair_geometry(state, pair_a, pair_b)
         tests, c, n_slots, slot_incl, cand = self._edge_pairs_counted(st, led, geo, npairs, block)
         state.update(pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=n_slots, cand=cand)
@@ -196,17 +216,24 @@ class OverlayGPU(GpuBackend):
         # device, its cell table zeroed and the run's counters with it, in one launch: a table for the largest
         # level, of which the kernels use the real length. Reading the world box to choose it on the host
         # stopped the GPU for about 145 us at 100k x 100k on an H200 (the read, then the launches after it).
-        counts = ws.empty("corner_counts_max", (1 << 2 * grid.MAX_LEVEL) + 1, cp.int32)
-        self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), (
-            state["summary"], np.int64(ga + gb), np.int32(state["level_bias"]), np.int32(grid.MAX_LEVEL),
-            led["grid"], counts, led["counters"], np.int64(2 * led["counters"].size)))
+        grid_args = (state["summary"], np.int64(ga + gb), np.int32(state["level_bias"]), np.int32(grid.MAX_LEVEL),
+                     led["grid"])
         # B bucketed by the cell of its bbox's lower-left corner.
         cell = ws.empty("corner_cell", gb, cp.uint32)
         slot = ws.empty("corner_slot", gb, cp.int32)
-        self._launch("corner_cells", gb, block, (B["bbox"], np.int32(gb), led["grid"], cell, slot, counts))
+        if self.version == "v3":    # the grid chosen as B is counted, in a table already zero (segment_extraction)
+            counts = clear = state["corner_counts"]
+            self.mod.fn["corner_cells_grid"](((max(gb, 1) + block - 1) // block,), (block,), (
+                B["bbox"], np.int32(gb)) + grid_args + (cell, slot, counts, led["counters"],
+                                                        np.int32(led["counters"].size)))
+        else:
+            counts, clear = ws.empty("corner_counts_max", CELL_TABLE_MAX, cp.int32), np.intp(0)
+            self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), grid_args + (
+                counts, led["counters"], np.int64(2 * led["counters"].size)))
+            self._launch("corner_cells", gb, block, (B["bbox"], np.int32(gb), led["grid"], cell, slot, counts))
         cell_start = self.mod.inclusive_scan(counts, cp.int32, "corner_start", n_dev=led["table"])
         sorted_b = ws.empty("sorted_b", gb, cp.int32)
-        self._launch("corner_scatter", gb, block, (cell, slot, np.int32(gb), cell_start, sorted_b))
+        self._launch("corner_scatter", gb, block, (cell, slot, np.int32(gb), cell_start, sorted_b, clear))
         # Polygon pairs counted, each a's first PAIR_STASH b's kept; then (in the callers) placed in a-major
         # order and each a's b's ordered. Only a's with more pairs than that are tested again, in an emit pass.
         pcounts = ws.empty("pair_counts", ga, cp.int64)
@@ -247,7 +274,9 @@ class OverlayGPU(GpuBackend):
         slots = ws.empty("pair_slots", room["pairs"], cp.int64)       # sort_pairs writes each pair's edge slots
         self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), P, common[-2], pair_a, pair_b, A["ring_offsets"],
                                                A["geom_ring_offsets"], B["ring_offsets"], B["geom_ring_offsets"], slots,
-                                               led["slots"]))
+                                               led["slots"], state["summary"]))
+        if ga:      # sort_pairs set the summary back to its identities; corner_scatter zeroed the table
+            self._ready = (state["summary"], state["corner_counts"])
         slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl", n_dev=led["n_pairs"])
         cand = [ws.empty(f"cand_{k}", room["candidates"], cp.int32) for k in ("p", "ka", "kb")]
         self._launch("edge_pairs_warp", EDGE_GROUP * room["pairs"], block,
@@ -368,6 +397,10 @@ class OverlayGPU(GpuBackend):
         while self.version == "v3" and not self._fit_rooms(words, st):
             # A count past its room: the buffers were too small for these inputs. The rooms fit the counts now
             # (those of the pairs that fitted, where the pairs did not: a third pass may still grow the others).
+            # sort_pairs set the summary back to its identities for the next run: it is summed again first.
+            self._ready = None
+            self.mod.fn["init_summary"]((1,), (32,), (state["summary"],))
+            self._launch("polygon_tables", *state["tables"])
             self._filter_in_rooms(state)
             self._refine(state)
             self._sort_events(state)

@@ -51,7 +51,8 @@ extern "C" __global__ void polygon_tables(const double2* ca, const int* ro_a, co
 // B is bucketed by the grid cell of its bbox's lower-left corner (one entry per b, a
 // counting sort); a's bbox meets b's only if b's corner lies in a's bbox grown down
 // and left by B's largest width/height, so each a scans those cells: no duplicates.
-// The grid comes from the device (common.cuh's grid_zero), so the host reads nothing to choose it.
+// The grid comes from the device (common.cuh's grid_zero; in v3, corner_cells_grid), so the host reads nothing to
+// choose it.
 extern "C" __global__ void corner_cells(const double* bbox, int G, const GridParams* gp, unsigned int* cell, int* slot,
                                         int* counts) {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
@@ -63,11 +64,40 @@ extern "C" __global__ void corner_cells(const double* bbox, int G, const GridPar
     slot[g] = atomicAdd(counts + c + 1, 1);
 }
 
-extern "C" __global__ void corner_scatter(const unsigned int* cell, const int* slot, int G, const int* cell_start,
-                                          int* sorted) {
+// v3: the grid chosen and B counted into its cells in one launch, where v1 and v2 launch grid_zero first. The first
+// thread of each block works the grid out from the summary for its block; the first block stores it in the ledger
+// and zeroes the run's ``counters`` (the ledger's words after the grid: nothing before polygon_pairs uses them).
+// The cell table is not zeroed: it is zero already, as corner_scatter left it in the run before, or as gpu.py
+// zeroed it when no run had. Launched with at least one block, so the grid is stored with no b.
+extern "C" __global__ void corner_cells_grid(const double* bbox, int G, const double* summary, long long G_all,
+                                             int bias, int max_level, GridParams* gp_out, unsigned int* cell,
+                                             int* slot, int* counts, unsigned long long* counters, int n_counters) {
+    __shared__ GridParams gp;
+    if (threadIdx.x == 0) grid_from_summary(summary, G_all, bias, max_level, gp);
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        if (threadIdx.x == 0) *gp_out = gp;
+        for (int k = threadIdx.x; k < n_counters; k += blockDim.x) counters[k] = 0;
+    }
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= G) return;
-    sorted[cell_start[cell[g]] + slot[g]] = g;
+    int shift = (int)gp.shift;
+    unsigned int c = morton(quantise(bbox[4 * g], gp.ox, gp.sx) >> shift,
+                            quantise(bbox[4 * g + 1], gp.oy, gp.sy) >> shift);
+    cell[g] = c;
+    slot[g] = atomicAdd(counts + c + 1, 1);
+}
+
+// ``clear`` (v3; null for v1, v2): the cell table, zeroed for the next run once the scan has read it. Each busy
+// cell has exactly one b with slot 0, and that b zeroes the cell's entry (as join.cu's restore_for_next_run).
+extern "C" __global__ void corner_scatter(const unsigned int* cell, const int* slot, int G, const int* cell_start,
+                                          int* sorted, int* clear) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    unsigned int c = cell[g];
+    int s = slot[g];
+    sorted[cell_start[c] + s] = g;
+    if (clear != nullptr && s == 0) clear[c + 1] = 0;
 }
 
 // A warp per polygon a. stats[0] += bbox tests, stats[1] += pairs, stats[2] += polygons a with more than
@@ -135,11 +165,17 @@ polygon_pairs(const double* box_a, int GA, const double* box_b, const double* su
 // Pairs past ``room`` are not written (v3: the run found more pairs than its buffers hold, and runs again).
 // With ``slots`` (v3), each pair's edge slots too, coords(a) + coords(b), and their total into slot_total[0]
 // (the host checks it against the slot tables' room when the run is done); v1 and v2 count them in edge_pairs.
+// With ``summary`` (v3), the first thread sets it back to its identities for the next run: polygon_pairs, the
+// last to read it, is done. That saves the next run init_summary's launch (gpu.py launches it when no run left
+// the summary so, and relaunches the bounds when a run goes again after a room grew).
 extern "C" __global__ void sort_pairs(const long long* incl_offsets, int GA, long long room, const int* stash,
                                       int* pair_a, int* pair_b, const int* ro_a, const int* gro_a, const int* ro_b,
-                                      const int* gro_b, long long* slots, unsigned long long* slot_total) {
+                                      const int* gro_b, long long* slots, unsigned long long* slot_total,
+                                      double* summary) {
     int a = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned long long total = 0;
+    if (summary != nullptr && a == 0)
+        for (int k = 0; k < 8; ++k) summary_identity(summary, k);
     if (a < GA) {
         long long s = a == 0 ? 0 : incl_offsets[a - 1], found = incl_offsets[a] - s, e = min(incl_offsets[a], room);
         if (found <= PAIR_STASH)
