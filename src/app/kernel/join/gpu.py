@@ -9,13 +9,13 @@ up, and then the GPU waits for the host's next launches.
 v3 is v1 with no read before the end: the grid is chosen on the device (in the
 launch that counts the points into its cells) and its cell table allocated for the
 largest level, and the candidate buffers have a room the backend keeps from run to
-run. The kernels read the real lengths from device memory. The scatter leaves the cell
-table zeroed and the world box's summary at its identities for the next run, so a run
-launches no init_run or memset for them (a first run, or one after a run that stopped
-midway, does). One read at the end sizes the result and checks the room; if the candidates
-did not fit, the room grows and the filter, refine and sort run again within that same
-run, which the output stage's metadata says (``candidate_room_grown``). The plan can
-therefore be captured as one CUDA graph (see app.runtime.graph).
+run. The kernels read the real lengths from device memory. One read at the end sizes
+the result and checks the room; if the candidates did not fit, the room grows and the
+filter, refine and sort run again within that same run, which the output stage's
+metadata says (``candidate_room_grown``). The plan can therefore be captured as one
+CUDA graph (see app.runtime.graph). The scatter leaves the cell table zeroed and the
+world box's summary at its identities for the next run, so a run launches no init_run
+or memset for them (a first run, or one after a run that stopped midway, does).
 
 v4 is v3 with the points' coordinates copied into their bucketed order by the Morton
 sort, so the filter reads each cell's points as one contiguous run instead of

@@ -2,7 +2,7 @@
 // ---- bounds -------------------------------------------------------------------
 // The run's ledger zeroed and the summary's identities set (common.cuh's init_summary) in one launch, where a
 // memset and a launch cost the host two calls: at the default sizes the plan is launch-bound. v3 and v4 launch
-// it only when the previous run did not leave the summary at its identities (see point_scatter).
+// it only when the previous run did not leave the summary at its identities (see restore_for_next_run).
 extern "C" __global__ void init_run(unsigned long long* ledger, int words, double* summary) {
     for (int i = threadIdx.x; i < words; i += blockDim.x) ledger[i] = 0;
     summary_identity(summary, threadIdx.x);
@@ -63,7 +63,7 @@ extern "C" __global__ void point_cells(const double* pts, long long N, const Gri
 
 // v3, v4: the grid chosen and the points counted into its cells in one launch. The first thread of each block
 // works the grid out from the summary (grid_from_summary: a few fp64 operations on 8 words) for its block, and
-// the first block's stores it in the ledger for the kernels after. Refine's per-point hit counts (N + 1) are
+// the first block stores it in the ledger for the kernels after. Refine's per-point hit counts (N + 1) are
 // zeroed here too. The cell table is not zeroed: it is zero already, as the scatter of the run before left it
 // (restore_for_next_run), or as gpu.py zeroed it when no run had. Launched with at least one block, so the grid
 // is stored with no points. On an H200 at 1M points, every thread working the grid out for itself ran the plan

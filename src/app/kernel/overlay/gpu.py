@@ -88,8 +88,7 @@ CELL_TABLE_MAX = (1 << 2 * grid.MAX_LEVEL) + 1    # the filter's cell table, siz
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_tables"),
     "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_cells_grid", "corner_scatter", "polygon_pairs",
-                           "sort_pairs",
-                           "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp"),
+                           "sort_pairs", "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort", "bucket_sort"),
     "area_reconstruction": ("area_rings", "area_rings_flip", "area_cut_rings", "pair_area", "emit_areas"),
@@ -213,9 +212,10 @@ class OverlayGPU(GpuBackend):
         A, B, led = state["a"], state["b"], state["ledger"]
         ga, gb = A["n_geoms"], B["n_geoms"]
         # The grid (as grid.grid_level and grid.world_scale would choose it from the world box) is chosen on the
-        # device, its cell table zeroed and the run's counters with it, in one launch: a table for the largest
-        # level, of which the kernels use the real length. Reading the world box to choose it on the host
-        # stopped the GPU for about 145 us at 100k x 100k on an H200 (the read, then the launches after it).
+        # device, and the run's counters zeroed: by grid_zero, with the cell table (v1, v2), or as B is counted
+        # into the table (v3). The table is sized for the largest level; the kernels use the real length. Reading
+        # the world box to choose the grid on the host stopped the GPU for about 145 us at 100k x 100k on an H200
+        # (the read, then the launches after it).
         grid_args = (state["summary"], np.int64(ga + gb), np.int32(state["level_bias"]), np.int32(grid.MAX_LEVEL),
                      led["grid"])
         # B bucketed by the cell of its bbox's lower-left corner.
