@@ -186,8 +186,9 @@ def _v3_backend_and_run():
 @pytest.mark.gpu
 def test_v3_runs_leave_the_cell_table_zeroed_and_the_summary_ready_for_the_next():
     """A warm v3 run launches no init_summary or memset: the run before set the summary back to its identities
-    (sort_pairs) and zeroed the filter's cell table (corner_scatter). After every run both must be so, also after
-    a run whose room grew, which sums the summary again before it runs the filter again."""
+    (sort_pairs) and zeroed the filter's cell table (corner_scatter) and the event sort's count tables
+    (slot_scatter). After every run all must be so, also after a run whose room grew, which sums the summary
+    again before it runs the filter again."""
     import math
 
     import cupy as cp
@@ -203,15 +204,16 @@ def test_v3_runs_leave_the_cell_table_zeroed_and_the_summary_ready_for_the_next(
         stages = run(plan, inp)
         assert ("room_grown" in stages["area_reconstruction"]["meta"]) is grow
         summary, counts = backend._ready
-        assert not cp.asnumpy(counts).any()
+        assert not cp.asnumpy(counts).any() and not cp.asnumpy(backend._sort_ready).any()
         assert cp.asnumpy(summary).tolist() == [math.inf, math.inf, -math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0]
 
 
 @pytest.mark.gpu
-def test_v3_a_run_stopped_after_counting_leaves_the_next_run_exact():
-    """A run stopped between counting B into the filter's cell table and the scatter that zeroes it (the scan's
-    launch interrupted, as by Ctrl-C) leaves the table dirty and the summary summed: the next run, on other
-    layers, must set both up again rather than add to them."""
+@pytest.mark.parametrize("stop_at", ["corner_start", "ev_start"])
+def test_v3_a_run_stopped_after_counting_leaves_the_next_run_exact(stop_at):
+    """A run stopped between a count and the scatter that zeroes its table again (the scan's launch between them
+    interrupted, as by Ctrl-C) leaves that table dirty: the filter's cell table, with the summary summed, or the
+    event sort's count tables. The next run, on other layers, must set them up again rather than add to them."""
     from app.kernel.plan import get_plan_class
 
     backend, run = _v3_backend_and_run()
@@ -220,14 +222,16 @@ def test_v3_a_run_stopped_after_counting_leaves_the_next_run_exact():
     run(plans[0], first)                        # warm: the next run trusts what this one left
     scan = backend.mod.inclusive_scan
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+    def interrupted(x, out_dtype, tag, n_dev=None):
+        if tag == stop_at:
+            raise KeyboardInterrupt
+        return scan(x, out_dtype, tag, n_dev=n_dev)
 
     backend.mod.inclusive_scan = interrupted
     with pytest.raises(KeyboardInterrupt):
         run(plans[0], first)
     backend.mod.inclusive_scan = scan
-    assert backend._ready is None
+    assert (backend._ready if stop_at == "corner_start" else backend._sort_ready) is None
     run(plans[1], plans[1].make_inputs())
 
 

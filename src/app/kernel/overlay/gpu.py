@@ -95,7 +95,7 @@ STAGE_KERNELS = {
 }
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
-    "reconstruction_event_sort": "cudaMemsetAsync (slot counts)",
+    "reconstruction_event_sort": "cudaMemsetAsync (slot counts; v3 only when no run has left them zeroed)",
 }
 
 
@@ -111,6 +111,7 @@ class OverlayGPU(GpuBackend):
         # v3: (summary, cell table) as the last run left them, the summary at its identities (sort_pairs) and the
         # table zeroed (corner_scatter), ready for the next run; None until a run has done so.
         self._ready: tuple | None = None
+        self._sort_ready = None   # v3: the event sort's count tables, when the last run's slot_scatter zeroed them
 
     def _ledger(self) -> dict:
         """The run's ledger and its parts by name: views made once, since slicing a CuPy array costs
@@ -344,8 +345,12 @@ class OverlayGPU(GpuBackend):
         n_keys = (state["n_slots"] >> shift) + 1 if v3 else state["n_slots"]   # v3: a bucket past the last slot
         (ev_slot, ev_t), (ov_slot, ov_lo) = state["ev"], state["ov"][:2]
         buf = self._sort_buffers(n_keys, len(ev_slot), len(ov_slot), v3)
-        counts = buf["counts"]                                              # both tables, one memset
-        cp.cuda.runtime.memsetAsync(counts.data.ptr, 0, counts.nbytes, cp.cuda.get_current_stream().ptr)
+        counts = buf["counts"]
+        # Both tables, one memset. v3 only when the last run did not leave these zeroed (a first run, new sizes, or
+        # a run stopped between counting and scattering): its slot_scatter zeroes them for the next run.
+        ready, self._sort_ready = self._sort_ready, None
+        if not v3 or ready is not counts:
+            cp.cuda.runtime.memsetAsync(counts.data.ptr, 0, counts.nbytes, cp.cuda.get_current_stream().ptr)
         grid = (SORT_BLOCKS_PER_SM * self.sm_count,)
         self.mod.fn["slot_count"](grid, (block,), (ev_slot, buf["ev_rank"], buf["ev_counts"], ov_slot, buf["ov_rank"],
                                                    buf["ov_counts"], led["records"], np.int64(n_keys), np.int32(shift),
@@ -354,9 +359,12 @@ class OverlayGPU(GpuBackend):
         ov_start = self.mod.inclusive_scan(buf["ov_counts"], cp.int32, "ov_start", n_dev=buf["scan_len"])
         # v3 scatters into the buckets (ev_grouped), and bucket_sort orders them into ev_order.
         ev_placed, ov_placed = (buf["ev_grouped"], buf["ov_grouped"]) if v3 else (buf["ev_order"], buf["ov_order"])
+        clear = (buf["ev_counts"], buf["ov_counts"]) if v3 else (np.intp(0), np.intp(0))
         self.mod.fn["slot_scatter"](grid, (block,), (ev_slot, buf["ev_rank"], ev_start, ev_placed, ov_slot,
                                                      buf["ov_rank"], ov_start, ov_placed, led["records"],
-                                                     np.int32(shift)))
+                                                     np.int32(shift), *clear))
+        if v3:
+            self._sort_ready = counts
         state.update(ev_start=ev_start, ov_start=ov_start, ev_order=buf["ev_order"], ov_order=buf["ov_order"])
         if not v3:
             self.mod.fn["slot_sort"](grid, (block,), (ev_slot, buf["ev_rank"], ev_start, ev_t, ev_placed, ov_slot,

@@ -160,16 +160,22 @@ extern "C" __global__ void slot_count(const int* ev_slot, int* ev_rank, int* ev_
         for (long long i = i0; i <= n_keys; i += stride) ov_start[i] = 0;
 }
 
+// ``ev_clear`` and ``ov_clear`` (v3; null for v1, v2): slot_count's two tables, zeroed for the next run once the
+// scans have read them. The record ranked first in each busy entry zeroes it (as the filter's corner_scatter
+// does), so the next run queues no memset of the tables.
 extern "C" __global__ void slot_scatter(const int* ev_slot, const int* ev_rank, const int* ev_start, int* ev_order,
                                         const int* ov_slot, const int* ov_rank, const int* ov_start, int* ov_order,
-                                        const unsigned long long* n_records, int shift) {
+                                        const unsigned long long* n_records, int shift, int* ev_clear, int* ov_clear) {
     long long n_ev = (long long)n_records[0], n_ov = (long long)n_records[1];
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_ev + n_ov; i += stride) {
         bool ov = i >= n_ev;
         long long r = ov ? i - n_ev : i;
         int s = (ov ? ov_slot : ev_slot)[r] >> shift;
-        (ov ? ov_order : ev_order)[(ov ? ov_start : ev_start)[s] + (ov ? ov_rank : ev_rank)[r]] = (int)r;
+        int rank = (ov ? ov_rank : ev_rank)[r];
+        (ov ? ov_order : ev_order)[(ov ? ov_start : ev_start)[s] + rank] = (int)r;
+        int* clear = ov ? ov_clear : ev_clear;
+        if (clear != nullptr && rank == 0) clear[s + 1] = 0;
     }
 }
 
