@@ -13,6 +13,9 @@ from app.kernel.sorting import lex_order
 
 BITS = 16                  # per axis: 32-bit Morton codes
 MAX_LEVEL = 11             # 4^11 = 4.2M cells at most: the bucket table stays <= 16 MB
+# Entries of a bucket table sized for the largest level: a count per cell, kept at cell + 1 so that the table's
+# inclusive scan gives each cell's start (the GPU plans that choose the grid on the device allocate this many).
+MAX_TABLE = (1 << 2 * MAX_LEVEL) + 1
 
 
 def world_scale(world) -> tuple[float, float, float, float]:

@@ -68,7 +68,6 @@ FILTER = slice(8, 10)     # pairs examined, candidates
 CANDIDATES = slice(9, 10)
 REFINE = slice(10, 14)    # hits, exact orientations, edge tests, boundary pairs
 MIN_ROOM = 4096
-CELL_TABLE_MAX = (1 << 2 * grid.MAX_LEVEL) + 1    # v3, v4: the cell table, sized for the largest grid level
 # v4 from this many points: the indices scattered, then the coordinates gathered in bucketed order (two launches),
 # instead of scattered with them (one). On an H200 the kernels took 46 against 69 us at 1M points and 27 against
 # 17 us at 100k; the whole plan after the build, interleaved in one process: 451 against 472 us at 1M x 100k,
@@ -132,11 +131,11 @@ class JoinGPU(GpuBackend):
             # The previous run's scatter left the summary at its identities and the cell table zeroed, so this run
             # needs neither init_run nor a memset: join_extent zeroes the ledger. Not so on a first run, or when a
             # run stopped between here and its scatter (an error, Ctrl-C): then both are queued here.
-            counts = ws.empty("cell_counts_max", CELL_TABLE_MAX, cp.int32)
+            counts = ws.empty("cell_counts_max", grid.MAX_TABLE, cp.int32)
             ready, self._ready = self._ready, None
             if ready is None or ready[0] is not summary or ready[1] is not counts:
                 self.mod.fn["init_run"]((1,), (32,), (led["all"], np.int32(LEDGER_WORDS), summary))
-                counts = ws.zeros("cell_counts_max", CELL_TABLE_MAX, cp.int32)
+                counts = ws.zeros("cell_counts_max", grid.MAX_TABLE, cp.int32)
             state["cell_counts"], ledger = counts, led["all"]
         else:
             self.mod.fn["init_run"]((1,), (32,), (led["all"], np.int32(LEDGER_WORDS), summary))

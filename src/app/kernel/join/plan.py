@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from app.kernel import datagen
+from app.kernel import datagen, grid
 from app.kernel.geometry import PolygonBuffers
 from app.kernel.plan import Cost, Footprint, KernelPlan, Param, StageSpec, register, set_default
 
@@ -137,10 +137,10 @@ class JoinV3(JoinV1):
                "stages after the build replay as one CUDA graph (on the CPU it runs v1's stages)")
 
     def footprint(self) -> Footprint:
-        # On top of v1: the cell table for the largest grid level (4^11 + 1 int32), and candidate room for
+        # On top of v1: the cell table for the largest grid level (grid.MAX_TABLE int32), and candidate room for
         # 2 pairs a point at first (36 B a pair: the pair, its hit key, slot and the two output columns).
         base = super().footprint()
-        return replace(base, device_bytes=base.device_bytes + 4 * (4**11 + 1) + 72 * self.params["points"])
+        return replace(base, device_bytes=base.device_bytes + 4 * grid.MAX_TABLE + 72 * self.params["points"])
 
 
 @register

@@ -84,7 +84,6 @@ SORT_BLOCKS_PER_SM = 4
 # At 100k x 100k a table of every slot (11.6M in the room, for 773k split records) took about 120 of the sort's
 # 165 us on an H200, zeroing and scanning it; bucket_sort then orders each bucket's few records.
 SLOT_BUCKET_SHIFT = 5
-CELL_TABLE_MAX = (1 << 2 * grid.MAX_LEVEL) + 1    # the filter's cell table, sized for the largest grid level
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_tables"),
     "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_cells_grid", "corner_scatter", "polygon_pairs",
@@ -149,11 +148,11 @@ class OverlayGPU(GpuBackend):
         if self.version == "v3":
             # The run before left the summary at its identities and the cell table zeroed: no init_summary, no
             # memset. Not so on a first run, or when a run stopped before its sort_pairs: then both are queued here.
-            counts = ws.empty("corner_counts_max", CELL_TABLE_MAX, cp.int32)
+            counts = ws.empty("corner_counts_max", grid.MAX_TABLE, cp.int32)
             ready, self._ready = self._ready, None
             if ready is None or ready[0] is not summary or ready[1] is not counts:
                 self.mod.fn["init_summary"]((1,), (32,), (summary,))
-                counts = ws.zeros("corner_counts_max", CELL_TABLE_MAX, cp.int32)
+                counts = ws.zeros("corner_counts_max", grid.MAX_TABLE, cp.int32)
             state["corner_counts"] = counts
         else:
             self.mod.fn["init_summary"]((1,), (32,), (summary,))
@@ -228,7 +227,7 @@ class OverlayGPU(GpuBackend):
                 B["bbox"], np.int32(gb)) + grid_args + (cell, slot, counts, led["counters"],
                                                         np.int32(led["counters"].size)))
         else:
-            counts, clear = ws.empty("corner_counts_max", CELL_TABLE_MAX, cp.int32), np.intp(0)
+            counts, clear = ws.empty("corner_counts_max", grid.MAX_TABLE, cp.int32), np.intp(0)
             self.mod.fn["grid_zero"]((4 * self.sm_count,), (256,), grid_args + (
                 counts, led["counters"], np.int64(2 * led["counters"].size)))
             self._launch("corner_cells", gb, block, (B["bbox"], np.int32(gb), led["grid"], cell, slot, counts))
