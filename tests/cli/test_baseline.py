@@ -7,7 +7,7 @@ import pytest
 from app.analysis.compare import compare_traces
 from app.kernel.cli import main
 
-ARGS = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2"]
+ARGS = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2", "--warmup", "0"]
 
 
 @pytest.fixture(scope="module")

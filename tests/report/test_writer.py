@@ -20,7 +20,8 @@ from pathlib import Path
 from app.report import writer
 writer.time.strftime = lambda fmt, t=None: "20261126-120000"      # every writer lands in the same second
 start = float(sys.argv[2])
-while time.time() < start:
+time.sleep(max(0.0, start - time.time() - 0.01))   # asleep, not spinning: four processes share few cores
+while time.time() < start:                          # then the last 10 ms spun, so all four leave at once
     pass
 print(writer.write_profile(Path(sys.argv[1]), {"trace.json": {"pid": __import__("os").getpid()},
                                                "big.bin": bytes(4 << 20)}))
@@ -31,7 +32,7 @@ def test_writers_finishing_in_the_same_second_keep_both_profiles(tmp_path):
     """Real second (and third, fourth) processes racing for one folder name."""
     import time
 
-    start = time.time() + 1.0
+    start = time.time() + 0.5      # a process starts and imports the writer in about 0.1 s
     procs = [subprocess.Popen([sys.executable, "-c", SAME_SECOND, str(tmp_path), str(start), str(ROOT / "src")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     results = [p.communicate(timeout=60) for p in procs]
@@ -74,7 +75,7 @@ def test_a_signal_after_the_rename_does_not_claim_the_profile_was_lost(tmp_path,
     monkeypatch.setattr(writer.os, "rename", then_terminated)
     out = tmp_path / "out"
     assert main(["join", "--points", "200", "--polygons", "20", "--device", "cpu", "--bench_runs", "1",
-                 "--out", str(out)]) == 143
+                 "--warmup", "0", "--out", str(out)]) == 143
     err = capsys.readouterr().err
     (d,) = list(out.glob("profiles/event/join/*/*"))
     assert f"terminated: the profile was complete and is kept at {d}" in err
