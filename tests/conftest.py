@@ -33,6 +33,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_lock_dir(tmp_path_factory):
+    # Module- and session-scoped fixtures are set up before any test's own (below), and several run a real
+    # profile: without this they took this machine's real device lock, so two test runs at once (or two
+    # mutants tested side by side) refused each other's profile, exit 4, and a fixture failed for nothing.
+    patch = pytest.MonkeyPatch()
+    patch.setenv("APP_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_lock_dir(tmp_path, monkeypatch):
     # Tests must not collide with a real profile's lock on this machine.
