@@ -1,4 +1,4 @@
-"""Mutation run over the modules behind the README's promises (CI calls it after the tests).
+"""Mutation run over the modules behind the README's promises (CI calls it before the tests).
 
     python tests/mutation/run.py [--min-score PCT] [--all]
 
