@@ -5,7 +5,7 @@ import math
 
 from app.analysis.baseline import other_card
 from app.analysis.compare import compare_traces
-from app.report.markdown import Section, fmt
+from app.report.markdown import Section, fmt, host_pace_change
 
 
 def mismatch_warning(baseline: dict) -> str:
@@ -40,7 +40,4 @@ def _pace_note(pace: dict | None) -> str:
     """The host CPU's pace in both profiles (a fixed Python loop before each timed run), where both recorded it."""
     if not pace:
         return ""
-    lo, hi = pace["ci_pct"]
-    return (f"Host CPU pace (a fixed Python loop before each timed run): {fmt(pace['base_median_us'])} us before, "
-            f"{fmt(pace['new_median_us'])} us now, {pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
-            + ("" if pace["resolved"] else ", the same within its interval") + ". ")
+    return f"Host CPU pace (a fixed Python loop before each timed run): {host_pace_change(pace)}. "

@@ -7,6 +7,7 @@ import math
 from app.analysis.baseline import mismatch_of, other_card, read_trace
 from app.analysis.compare import DEFAULT_FLOOR, compare_traces, regression
 from app.errors import BadParameter, OneLineParser
+from app.report.markdown import host_pace_change
 
 
 def parser() -> OneLineParser:
@@ -41,11 +42,7 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
     lines.append(f"noise: the interval includes 0, or |change| is below the runs' own spread or {result['floor_pct']:g}%")
     pace = result.get("host_pace")
     if pace:
-        lo, hi = pace["ci_pct"]
-        lines.append("host CPU pace (a fixed Python loop before each timed run): "
-                     f"base {pace['base_median_us']:,.1f} us, new {pace['new_median_us']:,.1f} us, "
-                     f"{pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
-                     + ("" if pace["resolved"] else ", the same within its interval"))
+        lines.append(f"host CPU pace (a fixed Python loop before each timed run): {host_pace_change(pace)}")
     else:
         lines.append("host CPU pace: not recorded in both profiles (profiles made before it was measured)")
     if result.get("caution"):

@@ -37,3 +37,12 @@ def fmt(v, digits: int = 1, suffix: str = "") -> str:
 
 def us(seconds) -> str:
     return fmt(seconds * 1e6 if seconds is not None else None, 1)
+
+
+def host_pace_change(pace: dict) -> str:
+    """Two profiles' host CPU pace (analysis.compare's ``host_pace``), for the report's vs Baseline section and the
+    compare command alike: "base 80.1 us, new 84.0 us, +4.9% [+1.2%, +8.8%]"."""
+    lo, hi = pace["ci_pct"]
+    return (f"base {fmt(pace['base_median_us'])} us, new {fmt(pace['new_median_us'])} us, "
+            f"{pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
+            + ("" if pace["resolved"] else ", the same within its interval"))

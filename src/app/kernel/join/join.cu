@@ -44,10 +44,6 @@ extern "C" __global__ void grid_params(const double* summary, long long G, int b
     *gp = p;
 }
 
-__device__ __forceinline__ unsigned int point_cell(double x, double y, const GridParams* gp) {
-    int shift = (int)gp->shift;
-    return morton(quantise(x, gp->ox, gp->sx) >> shift, quantise(y, gp->oy, gp->sy) >> shift);
-}
 
 // ---- Morton bucket sort: points grouped by their level-k Morton cell -------------
 // counts has cells + 1 entries: counting into cell + 1 makes its inclusive scan the
@@ -56,32 +52,26 @@ extern "C" __global__ void point_cells(const double* pts, long long N, const Gri
                                        int* slot, int* counts) {
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= N) return;
-    unsigned int cell = point_cell(pts[2 * i], pts[2 * i + 1], gp);
+    unsigned int cell = grid_cell(pts[2 * i], pts[2 * i + 1], *gp);
     pcell[i] = cell;
     slot[i] = atomicAdd(counts + cell + 1, 1);
 }
 
-// v3, v4: the grid chosen and the points counted into its cells in one launch. The first thread of each block
-// works the grid out from the summary (grid_from_summary: a few fp64 operations on 8 words) for its block, and
-// the first block stores it in the ledger for the kernels after. Refine's per-point hit counts (N + 1) are
-// zeroed here too. The cell table is not zeroed: it is zero already, as the scatter of the run before left it
-// (restore_for_next_run), or as gpu.py zeroed it when no run had. Launched with at least one block, so the grid
-// is stored with no points. On an H200 at 1M points, every thread working the grid out for itself ran the plan
-// after the build 0.7% slower than this (interleaved, 80 rounds).
+// v3, v4: the grid chosen and the points counted into its cells in one launch (common.cuh's
+// block_grid_from_summary: the first thread of each block works it out, the first block stores it in the ledger
+// for the kernels after). Refine's per-point hit counts (N + 1) are zeroed here too. The cell table is not zeroed:
+// it is zero already, as the scatter of the run before left it (restore_for_next_run), or as gpu.py zeroed it when
+// no run had. Launched with at least one block, so the grid is stored with no points.
 extern "C" __global__ void point_cells_grid(const double* pts, long long N, const double* summary, long long G,
                                             int bias, int max_level, GridParams* gp_out, unsigned int* pcell,
                                             int* slot, int* counts, int* point_counts) {
     __shared__ GridParams gp;
-    if (threadIdx.x == 0) grid_from_summary(summary, G, bias, max_level, gp);
-    __syncthreads();
+    block_grid_from_summary(summary, G, bias, max_level, gp, gp_out);
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i == 0) {
-        *gp_out = gp;
-        point_counts[N] = 0;
-    }
+    if (i == 0) point_counts[N] = 0;
     if (i >= N) return;
     point_counts[i] = 0;
-    unsigned int cell = point_cell(pts[2 * i], pts[2 * i + 1], &gp);
+    unsigned int cell = grid_cell(pts[2 * i], pts[2 * i + 1], gp);
     pcell[i] = cell;
     slot[i] = atomicAdd(counts + cell + 1, 1);
 }
@@ -277,7 +267,7 @@ extern "C" __global__ void point_candidates(const double2* pts, const int* sorte
     if (i < N) {
         int p = sorted_pt[i];
         double2 q = pts[p];
-        unsigned int c = point_cell(q.x, q.y, gp);
+        unsigned int c = grid_cell(q.x, q.y, *gp);
         long long out = incl_offsets ? (i == 0 ? 0 : incl_offsets[i - 1]) : 0;
         for (int j = cell_start[c], j1 = cell_start[c + 1]; j < j1; ++j) {
             int g = entries[j];

@@ -57,33 +57,27 @@ extern "C" __global__ void corner_cells(const double* bbox, int G, const GridPar
                                         int* counts) {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= G) return;
-    int shift = (int)gp->shift;
-    unsigned int c = morton(quantise(bbox[4 * g], gp->ox, gp->sx) >> shift,
-                            quantise(bbox[4 * g + 1], gp->oy, gp->sy) >> shift);
+    unsigned int c = grid_cell(bbox[4 * g], bbox[4 * g + 1], *gp);
     cell[g] = c;
     slot[g] = atomicAdd(counts + c + 1, 1);
 }
 
-// v3: the grid chosen and B counted into its cells in one launch, where v1 and v2 launch grid_zero first. The first
-// thread of each block works the grid out from the summary for its block; the first block stores it in the ledger
-// and zeroes the run's ``counters`` (the ledger's words after the grid: nothing before polygon_pairs uses them).
+// v3: the grid chosen and B counted into its cells in one launch, where v1 and v2 launch grid_zero first (common.cuh's
+// block_grid_from_summary: the first thread of each block works it out, the first block stores it in the ledger).
+// The first block also zeroes the run's ``counters`` (the ledger's words after the grid: nothing before
+// polygon_pairs uses them).
 // The cell table is not zeroed: it is zero already, as corner_scatter left it in the run before, or as gpu.py
 // zeroed it when no run had. Launched with at least one block, so the grid is stored with no b.
 extern "C" __global__ void corner_cells_grid(const double* bbox, int G, const double* summary, long long G_all,
                                              int bias, int max_level, GridParams* gp_out, unsigned int* cell,
                                              int* slot, int* counts, unsigned long long* counters, int n_counters) {
     __shared__ GridParams gp;
-    if (threadIdx.x == 0) grid_from_summary(summary, G_all, bias, max_level, gp);
-    __syncthreads();
-    if (blockIdx.x == 0) {
-        if (threadIdx.x == 0) *gp_out = gp;
+    block_grid_from_summary(summary, G_all, bias, max_level, gp, gp_out);
+    if (blockIdx.x == 0)
         for (int k = threadIdx.x; k < n_counters; k += blockDim.x) counters[k] = 0;
-    }
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= G) return;
-    int shift = (int)gp.shift;
-    unsigned int c = morton(quantise(bbox[4 * g], gp.ox, gp.sx) >> shift,
-                            quantise(bbox[4 * g + 1], gp.oy, gp.sy) >> shift);
+    unsigned int c = grid_cell(bbox[4 * g], bbox[4 * g + 1], gp);
     cell[g] = c;
     slot[g] = atomicAdd(counts + c + 1, 1);
 }
