@@ -172,7 +172,7 @@ def test_stage_times_without_the_other_marks(profile):
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)
 def test_host_pace_is_timed_before_every_timed_run(profile):
     """The fixed loop ran once before each timed run, its figures are its samples', and the report shows them; on
-    a GPU the clocks were read between the runs, never during one."""
+    a GPU the clocks were read between the runs, never during one, and so were an empty kernel's launches."""
     from app.runtime.host_pace import summarise
 
     device, d, trace, params = profile
@@ -180,11 +180,22 @@ def test_host_pace_is_timed_before_every_timed_run(profile):
     runs = trace["timing"]["timed_runs"]
     assert p["runs"] == len(p["samples"]) == runs and all(v > 0 for v in p["samples"])
     assert summarise(p["samples"], trace["timing"]["total"]["samples"]) == p
-    assert p["rank_correlation"] is None and f"{runs} loop timings for {runs} runs" in p["why_no_correlation"]
+    assert p["rank_correlation"] is None and f"{runs} timings for {runs} runs" in p["why_no_correlation"]
     row = next(line for line in (d / "report.md").read_text().splitlines() if "| host CPU pace before" in line)
     assert f"{p['median'] * 1e6:,.1f} median" in row and "no correlation: " in row
     if device == "gpu" and (params["clocks"].get("samples") or {}).get("n"):
         assert "never during one" in params["clocks"]["samples"]["when"]
+    # on a GPU an empty kernel's launches were timed after the loop, once a run; on the CPU there is nothing to launch
+    lp = trace["timing"]["launch_pace"]
+    row = next(line for line in (d / "report.md").read_text().splitlines() if "| host launch pace before" in line)
+    if device == "cpu":
+        assert lp == {"why": "CPU run: the plan launches no kernels"} and "not measured: CPU run" in row
+    else:
+        from app.runtime.launch_pace import summarise as launches
+
+        assert lp["runs"] == len(lp["samples"]) == runs and all(1e-7 < v < 1e-3 for v in lp["samples"])
+        assert launches(lp["samples"], trace["timing"]["total"]["samples"]) == lp
+        assert f"{lp['median'] * 1e6:,.1f} median (the mean of 16 launches" in row
 
 
 def test_nvtx_off_and_disabled(tmp_path, monkeypatch):

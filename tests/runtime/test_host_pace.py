@@ -81,7 +81,7 @@ def test_too_few_runs_give_no_correlation_and_say_why():
     s = host_pace.summarise([1e-5] * 9, [1e-4] * 9)
     assert s["rank_correlation"] is None and "at least 10" in s["why_no_correlation"]
     s = host_pace.summarise([1e-5] * 12, [1e-4] * 11)
-    assert s["rank_correlation"] is None and "12 loop timings for 11 runs" in s["why_no_correlation"]
+    assert s["rank_correlation"] is None and "12 timings for 11 runs" in s["why_no_correlation"]
     assert host_pace.moved_with_runs(None, {"significant": True, "change": 0.3}) is False
 
 

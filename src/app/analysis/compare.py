@@ -7,9 +7,10 @@ zero, or when the change is smaller than either run's own robust spread
 (1.4826 x MAD / median) or the floor ``threshold`` -- two runs of identical code
 must not read as a regression.
 
-Beside the verdict, the host CPU's pace in each profile (the fixed loop event mode times before every
-timed run): where the host itself was slower or faster in NEW, the same way as the plan, the comparison
-says so (``caution``) and keeps its verdict -- it cannot tell how much of the change is the machine's.
+Beside the verdict, the host's pace in each profile (event mode times a fixed Python loop, and on a GPU a few
+launches of an empty kernel, before every timed run): where the host itself was slower or faster in NEW, the same
+way as the plan, the comparison says so (``caution``) and keeps its verdict -- it cannot tell how much of the
+change is the machine's.
 """
 from __future__ import annotations
 
@@ -68,24 +69,29 @@ def compare_traces(base: dict, new: dict, floor: float = DEFAULT_FLOOR) -> dict:
         if b:
             stages.append({"name": s["name"]} | verdict_of(b, samples_of(new, s["name"]), floor))
     total = verdict_of(samples_of(base), samples_of(new), floor)
-    pace = pace_change(base, new)
-    caution = None
-    if pace and pace["resolved"] and total["verdict"] != "noise" and (pace["change_pct"] > 0) == (
-            total["change_pct"] > 0):
-        way = "slower" if pace["change_pct"] > 0 else "faster"
-        caution = (f"the host CPU itself ran {abs(pace['change_pct']):.1f}% {way} in the new profile (a fixed "
-                   "Python loop before each timed run), the same way as the plan: part or all of this change may be "
-                   "the machine's, not the code's; profile both again, back to back, before trusting it")
+    pace, launch = pace_change(base, new), pace_change(base, new, "launch_pace")
+    moved = []
+    for p, what in ((pace, "the host CPU itself ran {pct:.1f}% {way} in the new profile (a fixed Python loop before "
+                           "each timed run)"),
+                    (launch, "the host's kernel launches took {pct:.1f}% {longer} in the new profile (an empty "
+                             "kernel launched before each timed run)")):
+        if p and p["resolved"] and total["verdict"] != "noise" and (p["change_pct"] > 0) == (total["change_pct"] > 0):
+            slower = p["change_pct"] > 0
+            moved.append(what.format(pct=abs(p["change_pct"]), way="slower" if slower else "faster",
+                                     longer="longer" if slower else "less time"))
+    caution = (" and ".join(moved) + ", the same way as the plan: part or all of this change may be the machine's, "
+               "not the code's; profile both again, back to back, before trusting it") if moved else None
     return {"verdict": total["verdict"], "total": total, "stages": stages, "floor_pct": 100 * floor,
-            "host_pace": pace, "caution": caution}
+            "host_pace": pace, "launch_pace": launch, "caution": caution}
 
 
-def pace_change(base: dict, new: dict) -> dict | None:
-    """The host CPU's pace in each profile (timing.host_pace: the same fixed Python loop timed before every timed
-    run) and its change with a 95% bootstrap interval; None unless both profiles recorded it. Two profiles of the
-    same code on a shared host can differ by tens of percent from one process to the next (69% on an H100 host);
-    this says whether the host itself was slower or faster, which no statistic of the plan's own runs can tell."""
-    pb, pn = ((t.get("timing") or {}).get("host_pace") or {} for t in (base, new))
+def pace_change(base: dict, new: dict, key: str = "host_pace") -> dict | None:
+    """The host's pace in each profile and its change with a 95% bootstrap interval; None unless both profiles
+    recorded it. ``key`` is timing.host_pace (the same fixed Python loop timed before every timed run) or
+    timing.launch_pace (an empty kernel's launches, GPU only). Two profiles of the same code on a shared host can
+    differ by tens of percent from one process to the next (69% on an H100 host); this says whether the host
+    itself was slower or faster, which no statistic of the plan's own runs can tell."""
+    pb, pn = ((t.get("timing") or {}).get(key) or {} for t in (base, new))
     if not pb.get("samples") or not pn.get("samples"):
         return None
     change, lo, hi = change_interval(pb["samples"], pn["samples"])

@@ -32,12 +32,13 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
                    columns=["Metric", "Previous", "Current", "Change", "95% interval", "Verdict"], rows=rows,
                    note="Medians of the timed runs. Noise = the bootstrap interval of the change includes 0, or the "
                         f"change is below the runs' own spread or {result['floor_pct']:g}%. "
-                        + _pace_note(result.get("host_pace")) +
+                        + _pace_note(result.get("host_pace"), result.get("launch_pace")) +
                         "`python -m app.kernel compare BASE NEW` gives the same table.")
 
 
-def _pace_note(pace: dict | None) -> str:
-    """The host CPU's pace in both profiles (a fixed Python loop before each timed run), where both recorded it."""
-    if not pace:
-        return ""
-    return f"Host CPU pace (a fixed Python loop before each timed run): {host_pace_change(pace)}. "
+def _pace_note(pace: dict | None, launch: dict | None) -> str:
+    """The host's pace in both profiles (a fixed Python loop, and an empty kernel's launches, before each timed
+    run), where both recorded it."""
+    return ((f"Host CPU pace (a fixed Python loop before each timed run): {host_pace_change(pace)}. " if pace else "")
+            + (f"Host launch pace (an empty kernel launched before each timed run, us a launch): "
+               f"{host_pace_change(launch)}. " if launch else ""))

@@ -45,6 +45,13 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
         lines.append(f"host CPU pace (a fixed Python loop before each timed run): {host_pace_change(pace)}")
     else:
         lines.append("host CPU pace: not recorded in both profiles (profiles made before it was measured)")
+    launch = result.get("launch_pace")
+    if launch:
+        lines.append(f"host launch pace (an empty kernel launched before each timed run, us a launch): "
+                     f"{host_pace_change(launch)}")
+    else:
+        lines.append("host launch pace: not recorded in both profiles (GPU profiles only, and only since it was "
+                     "measured)")
     if result.get("caution"):
         lines.append(f"CAUTION: {result['caution']}")
     return "\n".join(lines)

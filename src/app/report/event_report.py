@@ -25,6 +25,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
     timing = trace["timing"]
     drift_check = _drift_of(timing)
     pace = timing.get("host_pace")
+    launch = timing.get("launch_pace")
+    followed = [what for what, p in (("the host CPU's own pace", pace), ("the host's launch pace", launch))
+                if p and p.get("follows")]
     sections = [
         Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "runtime", "clocks"],
                 rows=[[fmt(v) for v in trace["metadata"]["params"].values()]
@@ -65,8 +68,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
              if "median_ci95" in timing["total"] else "n/a (not recorded in this trace)"],
             ["total robust spread (1.4826 x MAD / median)", fmt(100 * robust_of(timing["total"]), 2, "%")
              + (" (stable)" if timing["total"]["stable"] else
-                " (UNSTABLE: > 2%; the runs followed the host CPU's own pace, see its row below)"
-                if pace and pace.get("follows") else " (UNSTABLE: > 2%)")],
+                f" (UNSTABLE: > 2%; the runs followed {' and '.join(followed)}, see below)"
+                if followed else " (UNSTABLE: > 2%)")],
             ["outlier runs (outside 1.5 x IQR)", f"{timing['total']['outliers']} of {timing['total']['runs']}"
              if "outliers" in timing["total"] else "n/a (not recorded in this trace)"],
             ["total rel. stdev (for reference; outliers inflate it)", fmt(100 * timing["total"]["rel_stdev"], 2, "%")],
@@ -76,8 +79,10 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
             ["runs", f"{timing['warmup_runs']} warm-up{_warmup_text(timing.get('warmup'))}, "
                      f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
-            *([["drift over the timed runs", _drift_text(drift_check, pace)]] if drift_check else []),
+            *([["drift over the timed runs", _drift_text(drift_check, pace, launch)]] if drift_check else []),
             *([["host CPU pace before each timed run (a fixed Python loop, us)", _pace_text(pace)]] if pace else []),
+            *([["host launch pace before each timed run (an empty kernel, us a launch)",
+                _pace_text(launch) if launch.get("samples") else f"not measured: {launch['why']}"]] if launch else []),
             *([["the timed runs repeated later (the overhead pairs' runs with every stage marked, us)",
                 _repeated_text(timing["repeated_later"])]] if timing.get("repeated_later") else []),
             *_hygiene_rows(timing),
@@ -96,7 +101,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
                                                    if unstable else "")
-                + (f" **The timed runs were still changing** ({_drift_text(drift_check, pace)})."
+                + (f" **The timed runs were still changing** ({_drift_text(drift_check, pace, launch)})."
                    if drift_check and drift_check.get("significant") else "")
                 + (f" **The machine's pace moved during the profile** ({_repeated_text(timing['repeated_later'])})."
                    if (timing.get("repeated_later") or {}).get("apart") else ""))
@@ -321,9 +326,10 @@ def _drift_of(timing: dict) -> dict | None:
     return drift(samples) if samples else None
 
 
-def _drift_text(d: dict, pace: dict | None = None) -> str:
-    """The runs' drift check in words. Where the host's own pace (``pace``: timing.host_pace) changed the same
-    way, the machine changed speed: more warm-up cannot steady that, so the text does not ask for it."""
+def _drift_text(d: dict, pace: dict | None = None, launch: dict | None = None) -> str:
+    """The runs' drift check in words. Where the host's own pace (``pace``: timing.host_pace) or its launches'
+    (``launch``: timing.launch_pace) changed the same way, the machine changed speed: more warm-up cannot steady
+    that, so the text does not ask for it."""
     if not d.get("checked"):
         return f"not checked: {d['why']}"
     f, lst = d["first_third_median"], d["last_third_median"]
@@ -331,11 +337,12 @@ def _drift_text(d: dict, pace: dict | None = None) -> str:
              f"{d['runs_per_third']} runs each)")
     if not d["significant"]:
         return f"steady: {level}, their 95% intervals overlap"
-    if moved_with_runs(pace, d):
-        return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels. The host CPU's "
-                f"own pace changed the same way (a fixed Python loop before each run: "
-                f"{100 * pace['drift']['change']:+.1f}%): the machine changed speed, which more --warmup cannot "
-                "steady; rerun on a quiet host, and compare only figures measured side by side")
+    moved = [f"{what} before each run: {100 * p['drift']['change']:+.1f}%"
+             for what, p in (("a fixed Python loop", pace), ("an empty kernel's launch", launch)) if moved_with_runs(p, d)]
+    if moved:
+        return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels. The host's "
+                f"own pace changed the same way ({'; '.join(moved)}): the machine changed speed, which more "
+                "--warmup cannot steady; rerun on a quiet host, and compare only figures measured side by side")
     return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels; more "
             "--warmup gives a steady one")
 
@@ -353,8 +360,11 @@ def _repeated_text(r: dict) -> str:
 
 
 def _pace_text(p: dict) -> str:
-    """timing.host_pace in words: the loop's time, whether it moved, and whether the runs followed it."""
-    text = (f"{us(p['median'])} median ({p['loop_iterations']:,} integer multiply-adds; range {us(p['min'])} to "
+    """timing.host_pace or timing.launch_pace in words: the time, whether it moved, and whether the runs followed
+    it."""
+    work = (f"{p['loop_iterations']:,} integer multiply-adds" if "loop_iterations" in p
+            else f"the mean of {p['launches']} launches")
+    text = (f"{us(p['median'])} median ({work}; range {us(p['min'])} to "
             f"{us(p['max'])}, robust spread ±{100 * p['robust_rel_spread']:.1f}%)")
     d = p.get("drift") or {}
     if d.get("checked"):

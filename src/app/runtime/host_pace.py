@@ -43,22 +43,26 @@ def rank_correlation(a: list[float], b: list[float]) -> float | None:
     return None if math.isnan(rho) else float(rho)
 
 
-def summarise(pace: list[float], totals: list[float]) -> dict:
+LOOP = {"loop_iterations": LOOP_ITERATIONS,
+        "how": f"host clock around a fixed pure-Python loop ({LOOP_ITERATIONS} integer multiply-adds) just before "
+               "every timed run, outside its timed region: the same work each time, so its time is the host CPU's "
+               "pace"}
+
+
+def summarise(pace: list[float], totals: list[float], what: dict | None = None) -> dict:
     """The loop's times beside the runs they preceded: their spread, their own drift check (the same one the
-    runs get), and how closely the runs' totals followed them.
+    runs get), and how closely the runs' totals followed them. ``what`` names the work timed (the loop's by
+    default; app.runtime.launch_pace passes its launches').
 
     ``follows`` is true where the rank correlation is above what independent series reach one time in forty
     (1.96 / sqrt(n - 1), Spearman's large-sample bound): the plan ran slower where the host did."""
     sp = spread(pace)
-    out = {"loop_iterations": LOOP_ITERATIONS, "runs": len(pace),
+    out = {**(what or LOOP), "runs": len(pace),
            **{k: sp[k] for k in ("median", "median_ci95", "min", "max", "q1", "q3", "robust_rel_spread")},
-           "samples": sp["samples"], "drift": drift(pace),
-           "how": f"host clock around a fixed pure-Python loop ({LOOP_ITERATIONS} integer multiply-adds) just before "
-                  "every timed run, outside its timed region: the same work each time, so its time is the host "
-                  "CPU's pace"}
+           "samples": sp["samples"], "drift": drift(pace)}
     if len(pace) != len(totals) or len(pace) < MIN_RUNS_FOR_CORRELATION:
         return out | {"rank_correlation": None,
-                      "why_no_correlation": f"{len(pace)} loop timings for {len(totals)} runs: the correlation needs "
+                      "why_no_correlation": f"{len(pace)} timings for {len(totals)} runs: the correlation needs "
                                             f"one per run and at least {MIN_RUNS_FOR_CORRELATION}"}
     rho = rank_correlation(pace, totals)
     bound = 1.96 / math.sqrt(len(pace) - 1)
