@@ -102,6 +102,21 @@ def test_a_runner_up_on_a_measurably_slower_host_is_said_to_be_so():
     lines = _best(table(v1 + slow), ["points", "polygons"])
     assert sum("30.0% (its host CPU ran 52.0% slower, by a fixed Python loop" in line for line in lines) == 8
     assert not any("host CPU" in line for line in _best(table(v1 + near), ["points", "polygons"]))
+    # the launches too (GPU points): a runner-up whose launches alone ran measurably slower is said to be so
+    def launched(rows, us, half):
+        return [r | {"launch_pace_us": us, "launch_pace_ci95_lo_us": us - half, "launch_pace_ci95_hi_us": us + half}
+                for r in rows]
+
+    fast_launch, slow_launch = launched(v1, 5.0, 0.2), launched(near, 6.0, 0.2)
+    rows = best_per_size(table(fast_launch + slow_launch), ["points", "polygons"])
+    assert all(r["launch_slower_pct"] == pytest.approx(20.0) and r["host_slower_pct"] is None for r in rows)
+    lines = _best(table(fast_launch + slow_launch), ["points", "polygons"])
+    assert sum("30.0% (its launches took 20.0% longer, by an empty kernel's: part of the gap may be the host's)"
+               in line for line in lines) == 8
+    both = _best(table(launched(v1, 5.0, 0.2) + launched(slow, 6.0, 0.2)), ["points", "polygons"])
+    assert sum("slower, by a fixed Python loop; its launches took 20.0% longer" in line for line in both) == 8
+    assert all(r["launch_slower_pct"] is None for r in best_per_size(table(fast_launch + launched(near, 5.1, 0.2)),
+                                                                      ["points", "polygons"]))
 
 
 def test_crossover_found_between_the_sizes_where_the_order_flips():

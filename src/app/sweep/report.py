@@ -108,9 +108,12 @@ def _best(frame, axes) -> list[str]:
         cells = [human(_int(r["grid"][a])) for a in axes]
         if "runner_up" in r:
             gap = f"{(r['ratio'] - 1) * 100:.1f}%" + (" (tie: the 95% intervals overlap)" if r["tie"] else "")
-            if r.get("host_slower_pct") is not None:
-                gap += (f" (its host CPU ran {r['host_slower_pct']:.1f}% slower, by a fixed Python loop: part of "
-                        "the gap may be the host's)")
+            slower = [f"its host CPU ran {r['host_slower_pct']:.1f}% slower, by a fixed Python loop"
+                      if r.get("host_slower_pct") is not None else None,
+                      f"its launches took {r['launch_slower_pct']:.1f}% longer, by an empty kernel's"
+                      if r.get("launch_slower_pct") is not None else None]
+            if any(slower):
+                gap += f" ({'; '.join(x for x in slower if x)}: part of the gap may be the host's)"
             cells += [r["best"], _us(r["time_us"]), r["runner_up"], gap]
         else:
             cells += [r["best"], _us(r["time_us"]), "-", "-"]
@@ -168,17 +171,19 @@ def _points(frame, axes) -> list[str]:
            f"{UNSTABLE_PCT:g}% the point is marked unstable: its median is still the figure, and its 95% interval "
            "(in results.csv) is what decides the ties above. Host loop: the median time of a fixed Python loop "
            "timed before each of the point's timed runs, the host CPU's pace in the point's own process (a "
-           "launch-bound plan runs at that pace, and it can differ by half from one process to the next).", "",
-           "| point | status | end to end | spread | host loop | device | GPU | worker | profile |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "launch-bound plan runs at that pace, and it can differ by half from one process to the next). Launch: "
+           "what an empty kernel's launch cost the host, timed after the loop (GPU points), which sees changes of a "
+           "launch-bound plan's pace the loop can miss.", "",
+           "| point | status | end to end | spread | host loop | launch | device | GPU | worker | profile |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in frame.sort_values(["version", *axes]).to_dict("records"):
         pct = r.get("e2e_spread_pct")
         spread = (f"±{pct:.1f}%" + (" unstable" if pct > UNSTABLE_PCT else "")) if pd.notna(pct) else "missing"
         uuid = r.get("gpu_uuid") if isinstance(r.get("gpu_uuid"), str) else "-"
         link = f"[profile]({r['profile']}/report.md)" if isinstance(r.get("profile"), str) else "-"
         device = r.get("device") if isinstance(r.get("device"), str) else "-"
-        pace = r.get("host_pace_us")
-        loop = f"{pace:,.1f} us" if isinstance(pace, (int, float)) and pd.notna(pace) else "-"
-        out.append(f"| {r['point']} | {r['status']} | {_us(r.get('e2e_us'))} | {spread} | {loop} | {device} | "
-                   f"{uuid} | {r.get('worker')} | {link} |")
+        loop, launch = (f"{v:,.1f} us" if isinstance(v, (int, float)) and pd.notna(v) else "-"
+                        for v in (r.get("host_pace_us"), r.get("launch_pace_us")))
+        out.append(f"| {r['point']} | {r['status']} | {_us(r.get('e2e_us'))} | {spread} | {loop} | {launch} | "
+                   f"{device} | {uuid} | {r.get('worker')} | {link} |")
     return out + [""]

@@ -11,7 +11,9 @@ a point did not measure is left empty, never zero. ``seconds`` is the point's ow
 ``window_waited_seconds`` how long its measured runs waited for another profile's on this host.
 ``host_pace_us`` (with ``host_pace_ci95_lo_us`` and ``_hi_us``) is the median time of the fixed Python loop
 event mode times before every timed run: the host CPU's pace while the point ran. Points run in different
-processes, and on a shared host one process can run the same code 1.7x slower than the next.
+processes, and on a shared host one process can run the same code 1.7x slower than the next. ``launch_pace_us``
+(with its ``_ci95_lo_us`` and ``_hi_us``), on a GPU: what a launch of an empty kernel cost the host, timed after
+the loop (app.runtime.launch_pace), which sees changes of a launch-bound plan's pace the loop can miss.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ RESULTS = "results.csv"
 DONE = ("ok", "wrong")            # statuses --resume does not run again
 _FIRST = ["point", "version", "status", "verified", "e2e_us", "e2e_spread_pct", "e2e_ci95_lo_us", "e2e_ci95_hi_us",
           "e2e_host_out_us", "after_build_us", "floor_us", "host_pace_us", "host_pace_ci95_lo_us",
-          "host_pace_ci95_hi_us", "device", "runtime", "gpu_uuid", "worker", "host",
+          "host_pace_ci95_hi_us", "launch_pace_us", "launch_pace_ci95_lo_us", "launch_pace_ci95_hi_us", "device", "runtime", "gpu_uuid", "worker", "host",
           "attempts", "worker_lost", "error", "seconds", "queued_seconds", "window_waited_seconds", "profile_waited_for_lock", "profile"]
 
 
@@ -53,11 +55,11 @@ def row_for(point: dict, trace: dict | None, result: dict, status: str, attempts
         row["after_build_us"] = _us(timing["after_build"].get("median"))
     if timing.get("end_to_end"):
         row["e2e_host_out_us"] = _us(timing["end_to_end"].get("median"))
-    if timing.get("host_pace"):
-        pace = timing["host_pace"]
-        lo, hi = pace.get("median_ci95") or [None, None]
-        row |= {"host_pace_us": _us(pace.get("median")), "host_pace_ci95_lo_us": _us(lo),
-                "host_pace_ci95_hi_us": _us(hi)}
+    for key in ("host_pace", "launch_pace"):      # launch_pace: GPU points only (a CPU point's holds only "why")
+        pace = timing.get(key) or {}
+        if pace.get("median") is not None:
+            lo, hi = pace.get("median_ci95") or [None, None]
+            row |= {f"{key}_us": _us(pace["median"]), f"{key}_ci95_lo_us": _us(lo), f"{key}_ci95_hi_us": _us(hi)}
     roof = trace.get("roofline") or {}
     floors = []
     for s in trace.get("stages", []):

@@ -102,8 +102,9 @@ def best_per_size(frame: pd.DataFrame, axes: list[str], column: str = "e2e_us") 
     """The fastest version at each grid combination; a tie where its 95% interval meets the runner-up's.
 
     ``host_slower_pct``: where the runner-up's host CPU was measurably slower (its fixed loop's 95% interval lies
-    above the best's), by how much. Each point runs in its own process, and a process on a slow host can lose
-    by that much with the same code: the lead may be the host's, not the version's."""
+    above the best's), by how much; ``launch_slower_pct`` the same for an empty kernel's launch (GPU points). Each
+    point runs in its own process, and a process on a slow host can lose by that much with the same code: the
+    lead may be the host's, not the version's."""
     frame = usable(frame).dropna(subset=[column])
     rows = []
     for key, g in frame.groupby(axes, sort=True):
@@ -114,19 +115,21 @@ def best_per_size(frame: pd.DataFrame, axes: list[str], column: str = "e2e_us") 
         if len(g) > 1:
             second = g.iloc[1]
             row |= {"runner_up": second["version"], "ratio": second[column] / best[column],
-                    "tie": _overlap(best, second), "host_slower_pct": _host_slower(best, second)}
+                    "tie": _overlap(best, second), "host_slower_pct": _host_slower(best, second),
+                    "launch_slower_pct": _host_slower(best, second, "launch_pace")}
         rows.append(row)
     return rows
 
 
-def _host_slower(best, second) -> float | None:
-    """How much slower the runner-up's host loop ran, where its interval lies wholly above the best's; else None."""
-    cols = ("host_pace_us", "host_pace_ci95_lo_us", "host_pace_ci95_hi_us")
-    if any(pd.isna(r.get(c)) for r in (best, second) for c in cols):
+def _host_slower(best, second, key: str = "host_pace") -> float | None:
+    """How much slower the runner-up's host loop (``key`` host_pace) or launch (launch_pace) ran, where its interval
+    lies wholly above the best's; else None."""
+    med, lo, hi = f"{key}_us", f"{key}_ci95_lo_us", f"{key}_ci95_hi_us"
+    if any(pd.isna(r.get(c)) for r in (best, second) for c in (med, lo, hi)):
         return None
-    if second["host_pace_ci95_lo_us"] <= best["host_pace_ci95_hi_us"]:
+    if second[lo] <= best[hi]:
         return None
-    return 100 * (second["host_pace_us"] / best["host_pace_us"] - 1)
+    return 100 * (second[med] / best[med] - 1)
 
 
 def _overlap(a, b) -> bool:
