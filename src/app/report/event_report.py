@@ -338,7 +338,8 @@ def _drift_text(d: dict, pace: dict | None = None, launch: dict | None = None) -
     if not d["significant"]:
         return f"steady: {level}, their 95% intervals overlap"
     moved = [f"{what} before each run: {100 * p['drift']['change']:+.1f}%"
-             for what, p in (("a fixed Python loop", pace), ("an empty kernel's launch", launch)) if moved_with_runs(p, d)]
+             for what, p in (("a fixed Python loop", pace), ("an empty kernel's launch", launch))
+             if moved_with_runs(p, d)]
     if moved:
         return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels. The host's "
                 f"own pace changed the same way ({'; '.join(moved)}): the machine changed speed, which more "

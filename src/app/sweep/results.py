@@ -29,7 +29,8 @@ RESULTS = "results.csv"
 DONE = ("ok", "wrong")            # statuses --resume does not run again
 _FIRST = ["point", "version", "status", "verified", "e2e_us", "e2e_spread_pct", "e2e_ci95_lo_us", "e2e_ci95_hi_us",
           "e2e_host_out_us", "after_build_us", "floor_us", "host_pace_us", "host_pace_ci95_lo_us",
-          "host_pace_ci95_hi_us", "launch_pace_us", "launch_pace_ci95_lo_us", "launch_pace_ci95_hi_us", "device", "runtime", "gpu_uuid", "worker", "host",
+          "host_pace_ci95_hi_us", "launch_pace_us", "launch_pace_ci95_lo_us", "launch_pace_ci95_hi_us",
+          "device", "runtime", "gpu_uuid", "worker", "host",
           "attempts", "worker_lost", "error", "seconds", "queued_seconds", "window_waited_seconds", "profile_waited_for_lock", "profile"]
 
 

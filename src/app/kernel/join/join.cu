@@ -44,7 +44,6 @@ extern "C" __global__ void grid_params(const double* summary, long long G, int b
     *gp = p;
 }
 
-
 // ---- Morton bucket sort: points grouped by their level-k Morton cell -------------
 // counts has cells + 1 entries: counting into cell + 1 makes its inclusive scan the
 // exclusive cell starts. The slot from the atomic places the point inside its cell.
