@@ -82,7 +82,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             *([["drift over the timed runs", _drift_text(drift_check, pace, launch)]] if drift_check else []),
             *([["host CPU pace before each timed run (a fixed Python loop, us)", _pace_text(pace)]] if pace else []),
             *([["host launch pace before each timed run (an empty kernel, us a launch)",
-                _pace_text(launch) if launch.get("samples") else f"not measured: {launch['why']}"]] if launch else []),
+                _pace_text(launch) if launch.get("samples") else f"not measured ({launch['why']})"]] if launch else []),
             *([["the timed runs repeated later (the overhead pairs' runs with every stage marked, us)",
                 _repeated_text(timing["repeated_later"])]] if timing.get("repeated_later") else []),
             *_hygiene_rows(timing),
