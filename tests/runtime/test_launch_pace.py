@@ -96,3 +96,29 @@ def test_the_loop_alone_is_the_default_pace():
     assert pace_change(base, one_core) == pace_change(base, one_core, "host_pace") is not None
     assert host_pace.summarise(base["timing"]["host_pace"]["samples"],
                                base["timing"]["total"]["samples"]) == base["timing"]["host_pace"]
+
+
+def test_drift_the_launches_shared_is_not_blamed_on_warm_up():
+    """Runs that slowed by a third while the loop held steady and the launches slowed the same way: the report
+    names the launches and does not ask for more --warmup; with steady launches too it still does. (A real H200
+    capture, its timed runs and launch times stepped here to give the case.)"""
+    from app.runtime.stats import drift
+
+    t = json.loads(BASE.read_text())
+    tm = t["timing"]
+    n = len(tm["total"]["samples"])
+    step = [1.0 if i < n // 2 else 1.35 for i in range(n)]
+    tm["total"]["samples"] = [v * s for v, s in zip(tm["total"]["samples"], step)]
+    tm["drift"] = drift(tm["total"]["samples"])
+    tm["host_pace"] = host_pace.summarise([50e-6] * n, tm["total"]["samples"])          # a loop that held steady
+    tm["launch_pace"] = launch_pace.summarise([6e-6 * s for s in step], tm["total"]["samples"])
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    md = build_report(t, PARAMS, roof, None)
+    headline = next(line for line in md.splitlines() if line.startswith("`python -m app.kernel"))
+    assert "**The timed runs were still changing**" in headline and "the machine changed speed" in headline
+    assert "an empty kernel's launch before each run: +35.0%" in headline and "a fixed Python loop" not in headline
+    spread_row = next(line for line in md.splitlines() if line.startswith("| total robust spread"))
+    assert "the runs followed the host's launch pace, see below" in spread_row
+    tm["launch_pace"] = launch_pace.summarise([6e-6] * n, tm["total"]["samples"])
+    md = build_report(t, PARAMS, roof, None)
+    assert "the machine changed speed" not in md and "more --warmup gives a steady one" in md
