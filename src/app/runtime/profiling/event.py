@@ -109,8 +109,8 @@ class EventMode(Mode):
         totals = [r.total_seconds for r in runs]
         trace["timing"] |= {"warmup": warmed, "drift": drift(totals),
                             "host_pace": host_pace.summarise(pace, totals),
-                            "launch_pace": launch_pace.summarise(launches, totals) if launches else
-                            {"why": "CPU run: the plan launches no kernels"},
+                            "launch_pace": launch_pace.summarise(launches, totals) if launcher is not None
+                            else {"why": "CPU run: the plan launches no kernels"},
                             "stopped_by": stopped,
                             "repeated_later": repeated_later(trace["timing"]["total"],
                                                              overhead["instrumented_median_seconds"],
