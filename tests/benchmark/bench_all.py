@@ -16,7 +16,10 @@ Python loop event mode times before its runs (app.runtime.host_pace), taken just
 after the version's timings. The versions run one after another, and on a shared host the CPU can
 slow between them; where two rows' loops differ, so did the host. In one run on an H100 host, join
 v1 and v2 at 100k x 10k ran while the loop took 85.3 and 80.4 us, v3 and v4 while it took 49.4 and
-47.8 us: their 0.35-0.53 against 0.19-0.25 ms after the build was partly the host's.
+47.8 us: their 0.35-0.53 against 0.19-0.25 ms after the build was partly the host's. On a GPU each row also gives
+the host's launch pace then (app.runtime.launch_pace: an empty kernel's launch, timed the same way): at these
+sizes the plans are bound by their launches, and on the lent hosts a launch's cost moves where the loop's does
+not (on one H200 host two profiles 25% apart had loops within 1% and launches 10% apart).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import numpy as np  # noqa: E402
 
 from app.kernel.plan import get_plan_class, kernels  # noqa: E402
 from app.runtime.host_pace import loop_seconds  # noqa: E402
+from app.runtime.launch_pace import LAUNCHES, LaunchPace  # noqa: E402
 from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for, xp_for  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
@@ -112,6 +116,17 @@ def cpu_beside_shapely(plan, inputs, runs: int, shapely_once) -> dict:
 
 def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> list[dict]:
     rows = []
+    launches = None
+    if gpu:
+        import cupy as cp
+
+        launches = LaunchPace(cp)
+
+    def host_pace() -> tuple[list[float], list[float]]:
+        """The loop's timings and (on a GPU) the launch pace's, taken together before and after a version."""
+        return ([loop_seconds() for _ in range(PACE_LOOPS)],
+                [launches.seconds() for _ in range(PACE_LOOPS)] if launches else [])
+
     for kernel, pairs in sizes.items():
         versions = sorted(kernels()[kernel])
         for a, b in pairs:
@@ -119,7 +134,7 @@ def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> 
             shapely_once = _shapely_once(kernel, inputs)
             for v in versions:
                 plan = get_plan_class(kernel, v)(params | {"vertices": vertices})
-                pace = [loop_seconds() for _ in range(PACE_LOOPS)]
+                pace, launch = host_pace()
                 cpu = cpu_beside_shapely(plan, inputs, cpu_runs, shapely_once)
                 row = {"kernel": kernel, "version": v, "size": f"{a:,} x {b:,}", "shapely": cpu["shapely"],
                        "cpu": cpu["cpu"], "cpu_ratio": cpu["ratio"], "cpu_ratio_ci": cpu["ratio_ci"],
@@ -132,8 +147,10 @@ def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> 
                             "gpu_e2e": g["e2e"], "gpu_e2e_pinned": g.get("e2e_pinned"),
                             "gpu_ok": ok(g["out"]) and ok(g.get("out_pinned", g["out"])), "card": g["device_name"],
                             "graph_after": g.get("graph_after"), "graph_new_inputs": g.get("graph_new_inputs")}
-                pace += [loop_seconds() for _ in range(PACE_LOOPS)]
-                row["host_loop"] = statistics.median(pace)
+                more, more_launch = host_pace()
+                row["host_loop"] = statistics.median(pace + more)
+                if launches:
+                    row["launch_pace"] = statistics.median(launch + more_launch)
                 rows.append(row)
                 print(_line(row), file=sys.stderr, flush=True)
     return rows
@@ -150,6 +167,8 @@ def _line(r: dict) -> str:
               f"{bench_join.graph_text(r)}  ok={r['gpu_ok']}")
     if "host_loop" in r:
         s += f"  host loop {r['host_loop'] * 1e6:.1f} us"
+    if "launch_pace" in r:
+        s += f", a launch {r['launch_pace'] * 1e6:.2f} us"
     return s
 
 
@@ -186,7 +205,10 @@ def main(argv=None) -> int:
           "the build as one CUDA graph, for new data of these counts (written into the buffers it was captured "
           "with, while the counts the device finds fit its rooms) or for these sizes only; host loop: the "
           "median time of a fixed Python loop just before and after the row's runs, the host CPU's pace then "
-          "(a row whose loop is slower ran on a slower host).")
+          "(a row whose loop is slower ran on a slower host); a launch: on a GPU, the host time of one launch of an "
+          f"empty kernel, timed in {LAUNCHES}s at the same moments, the host's launch pace "
+          "then (at these sizes the plans are bound by their launches, so a row whose launches are slower ran on a "
+          "slower host, whatever its loop says).")
     for r in rows:
         print(_line(r))
     return 0 if all(r["cpu_ok"] and r.get("gpu_ok", True) for r in rows) else 1
