@@ -1,6 +1,7 @@
 """devlog: one Performance block per profile, compared with the previous entry, missing shown as missing."""
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,45 @@ def test_an_entry_after_one_that_recorded_no_card_reads_the_card_from_its_profil
     assert "compared with" in last and "different cards" not in last
     assert "_Against the previous entry: the previous entry recorded no card" in last
     assert "whether the two profiles ran on one machine is not known" in last
+
+
+def test_an_entry_gives_the_hosts_pace_and_cautions_when_the_launches_moved_with_the_plan(in_repo):
+    """Two real H200 profiles of the default join, back to back in two processes of identical code (the launch pace
+    captures in tests/data/event): the second ran 24.5% faster while its host launched 10% faster and its loop held.
+    Its entry gives both paces against the first's and the caution `compare` gives; the one-core profile after the
+    second (slower, its launches quicker) gets none. On the CPU the launch pace is not measured, and says why."""
+    import shutil
+    import statistics
+
+    data = Path(__file__).resolve().parents[1] / "data" / "event"
+    log = in_repo / "log.md"
+    for n, name in enumerate(("", "_next", "_one_core")):
+        dest = in_repo / "profiles" / "event" / "join" / f"launch-pace{name or '_first'}"
+        dest.mkdir(parents=True)
+        shutil.copy(data / f"join_v4_100k_10k_h200_launch_pace{name}.trace.json", dest / "trace.json")
+        assert main(["devlog", str(dest), "--file", str(log)]) == 0
+    traces = [json.loads((data / f"join_v4_100k_10k_h200_launch_pace{n}.trace.json").read_text())
+              for n in ("", "_next")]
+    first, second, third = log.read_text().split("**Performance** (")[1:]
+
+    def row(entry, name):
+        return [c.strip() for c in next(ln for ln in entry.splitlines() if ln.startswith(f"| {name}")).split("|")[2:4]]
+
+    launch = [statistics.median(t["timing"]["launch_pace"]["samples"]) * 1e6 for t in traces]
+    assert row(first, "Host launch pace") == [f"{launch[0]:,.2f} us", "--"]
+    value, vs = row(second, "Host launch pace")
+    assert value == f"{launch[1]:,.2f} us" and vs.startswith(f"{100 * (launch[1] / launch[0] - 1):+.1f}% [")
+    assert row(second, "Host CPU pace")[1].endswith("the same within its interval")
+    assert row(second, "Duration")[1] == "24.5% faster (faster)"
+    assert ("**Caution: the host's kernel launches took 10.0% less time in the new profile (an empty kernel launched "
+            "before each timed run), the same way as the plan") in second
+    assert "host CPU itself" not in second
+    assert row(third, "Duration")[1].endswith("slower (slower)") and "Caution" not in third
+    markers = [json.loads(m.group(1)) for m in MARKER.finditer(log.read_text())]
+    assert markers[1]["launch_pace_samples"] == traces[1]["timing"]["launch_pace"]["samples"]
+
+    assert main([*ARGS, "--devlog"]) == 0
+    cpu = (in_repo / "docs" / "kernels" / "join.md").read_text()
+    assert "| Host launch pace (an empty kernel launched before each timed run) | not measured (CPU run: the plan " \
+           "launches no kernels) | -- |" in cpu
+    assert re.search(r"\| Host CPU pace \(a fixed Python loop before each timed run\) \| \d[\d,]*\.\d us \| -- \|", cpu)

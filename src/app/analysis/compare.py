@@ -70,6 +70,13 @@ def compare_traces(base: dict, new: dict, floor: float = DEFAULT_FLOOR) -> dict:
             stages.append({"name": s["name"]} | verdict_of(b, samples_of(new, s["name"]), floor))
     total = verdict_of(samples_of(base), samples_of(new), floor)
     pace, launch = pace_change(base, new), pace_change(base, new, "launch_pace")
+    return {"verdict": total["verdict"], "total": total, "stages": stages, "floor_pct": 100 * floor,
+            "host_pace": pace, "launch_pace": launch, "caution": machine_caution(total, pace, launch)}
+
+
+def machine_caution(total: dict, pace: dict | None, launch: dict | None) -> str | None:
+    """The caution for a plan's change (``verdict_of``'s) that went with the host's own pace, or None: the fixed loop
+    (``pace``) or the launches (``launch``, both ``pace_change``'s) changed resolvably, the same way as the plan."""
     moved = []
     for p, what in ((pace, "the host CPU itself ran {pct:.1f}% {way} in the new profile (a fixed Python loop before "
                            "each timed run)"),
@@ -79,24 +86,31 @@ def compare_traces(base: dict, new: dict, floor: float = DEFAULT_FLOOR) -> dict:
             slower = p["change_pct"] > 0
             moved.append(what.format(pct=abs(p["change_pct"]), way="slower" if slower else "faster",
                                      longer="longer" if slower else "less time"))
-    caution = (" and ".join(moved) + ", the same way as the plan: part or all of this change may be the machine's, "
-               "not the code's; profile both again, back to back, before trusting it") if moved else None
-    return {"verdict": total["verdict"], "total": total, "stages": stages, "floor_pct": 100 * floor,
-            "host_pace": pace, "launch_pace": launch, "caution": caution}
+    return (" and ".join(moved) + ", the same way as the plan: part or all of this change may be the machine's, "
+            "not the code's; profile both again, back to back, before trusting it") if moved else None
+
+
+def pace_samples(trace: dict, key: str = "host_pace") -> list[float]:
+    """A profile's timings of its host's pace (seconds): ``key`` is timing.host_pace (the same fixed Python loop
+    timed before every timed run) or timing.launch_pace (an empty kernel's launches, GPU only); [] where the profile
+    recorded none."""
+    return [float(v) for v in ((trace.get("timing") or {}).get(key) or {}).get("samples") or []]
 
 
 def pace_change(base: dict, new: dict, key: str = "host_pace") -> dict | None:
-    """The host's pace in each profile and its change with a 95% bootstrap interval; None unless both profiles
-    recorded it. ``key`` is timing.host_pace (the same fixed Python loop timed before every timed run) or
-    timing.launch_pace (an empty kernel's launches, GPU only). Two profiles of the same code on a shared host can
-    differ by tens of percent from one process to the next (69% on an H100 host); this says whether the host
-    itself was slower or faster, which no statistic of the plan's own runs can tell."""
-    pb, pn = ((t.get("timing") or {}).get(key) or {} for t in (base, new))
-    if not pb.get("samples") or not pn.get("samples"):
+    """The host's pace in each profile (``pace_samples``'s) and its change; None unless both recorded it."""
+    return samples_change(pace_samples(base, key), pace_samples(new, key))
+
+
+def samples_change(base: list[float], new: list[float]) -> dict | None:
+    """Two sets of the host's pace timings and their change with a 95% bootstrap interval; None unless both have
+    some. Two profiles of the same code on a shared host can differ by tens of percent from one process to the next
+    (69% on an H100 host); this says whether the host itself was slower or faster, which no statistic of the plan's
+    own runs can tell."""
+    if not base or not new:
         return None
-    change, lo, hi = change_interval(pb["samples"], pn["samples"])
-    return {"base_median_us": float(np.median(pb["samples"])) * 1e6,
-            "new_median_us": float(np.median(pn["samples"])) * 1e6,
+    change, lo, hi = change_interval(base, new)
+    return {"base_median_us": float(np.median(base)) * 1e6, "new_median_us": float(np.median(new)) * 1e6,
             "change_pct": 100 * change, "ci_pct": [100 * lo, 100 * hi], "resolved": not lo <= 0.0 <= hi}
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from pathlib import Path
 
 import jinja2
 
 from app.analysis.baseline import MACHINES_CAVEAT, other_card, read_trace
-from app.analysis.compare import samples_of, verdict_of
+from app.analysis.compare import machine_caution, pace_samples, samples_change, samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
 
 MARKER = re.compile(r"<!-- app-kernel devlog entry (\{.*?\}) -->")
@@ -56,6 +57,32 @@ def _vs(new, old, lower_is_better: bool = False) -> str:
     if lower_is_better:
         return f"{abs(change):.1f}% {'faster' if change < 0 else 'slower'}" if abs(change) >= 0.05 else "same"
     return f"{change:+.1f}%"
+
+
+def _pace_rows(trace: dict, record: dict, prev: dict) -> tuple[list[list[str]], dict]:
+    """The host's pace while the profile ran, each against the previous entry's: the fixed Python loop event mode
+    times before every timed run, and on a GPU an empty kernel's launch timed the same way. At the default sizes
+    the plans are bound by their host's launches, and a lent host's pace moves from one process to the next, so an
+    entry "faster" than the last may have had the faster host. Returns the rows and the changes (None: not in both)."""
+    rows, changes = [], {}
+    for key, label, digits in (("host_pace", "Host CPU pace (a fixed Python loop before each timed run)", 1),
+                               ("launch_pace", "Host launch pace (an empty kernel launched before each timed run)", 2)):
+        samples = record[f"{key}_samples"] = pace_samples(trace, key)
+        info = (trace.get("timing") or {}).get(key) or {}
+        if samples:
+            value = f"{1e6 * statistics.median(samples):,.{digits}f} us"
+        elif info.get("why"):
+            value = f"not measured ({info['why']})"
+        else:
+            value = "not recorded (the profile predates it, or its mode does not time it)"
+        change = changes[key] = samples_change(prev.get(f"{key}_samples") or [], samples)
+        vs = "--"
+        if change:
+            lo, hi = change["ci_pct"]
+            vs = (f"{change['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
+                  + ("" if change["resolved"] else ", the same within its interval"))
+        rows.append([label, value, vs])
+    return rows, changes
 
 
 def _card_of(entry: dict) -> str | None:
@@ -100,9 +127,14 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
               "achieved_tflops": summary.get("achieved_tflops"), "achieved_gbps": summary.get("achieved_gbps"),
               "samples": samples_of(trace)}
     duration_vs = _vs(summary.get("duration_us"), prev.get("duration_us"), True)
+    pace_rows, paces = _pace_rows(trace, record, prev)
+    caution = None
     if prev.get("samples") and duration_vs != "--":
-        # The same verdict as `compare`: a change inside the runs' own noise is called noise.
-        duration_vs += f" ({verdict_of(prev['samples'], record['samples'])['verdict']})"
+        # The same verdict as `compare`: a change inside the runs' own noise is called noise; and its caution where
+        # the host's own pace changed the same way as the plan.
+        total = verdict_of(prev["samples"], record["samples"])
+        duration_vs += f" ({total['verdict']})"
+        caution = machine_caution(total, paces["host_pace"], paces["launch_pace"])
     # Entries of one card model may come from different machines: the marker records the card, and a comparison
     # across cards says so under the table. Where the card is not to be had (an older marker, its profile gone),
     # one machine cannot be told from two: that is said too, lest a machine's speed be credited to the code.
@@ -120,6 +152,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         [f"Occupancy ({summary.get('occupancy_kind') or 'n/a'})",
          _value(summary.get("occupancy_pct"), "%", 0, miss.get("occupancy_pct")), "--"],
         ["SM% (TC Util: these kernels use no tensor cores)", _value(summary.get("sm_pct"), "%", 1, miss.get("sm_pct")), "--"],
+        *pace_rows,
     ]
     clocks = params.get("clocks", {})
     block = _ENV.get_template("devlog.md.j2").render(
@@ -130,6 +163,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         rows=rows, bottleneck=summary.get("bottleneck") or "n/a", issues=summary.get("issues") or [],
         insights=summary.get("insights") or [], profile=key, previous=prev.get("key"),
         card_note=f"Against the previous entry: {card}." if card else "",
+        caution=f"Caution: {caution}." if caution else "",
         rates_note=f"Rates: {summary['rates_from']}." if summary.get("rates_from") else "",
         marker=f"<!-- app-kernel devlog entry {json.dumps(record, sort_keys=True)} -->")
     try:
