@@ -8,10 +8,11 @@ mutant, then prints the score and every surviving mutant with its diff. Exits 1
 when the score (killed / tested) falls below --min-score, so a weakened test
 suite fails CI.
 
-By default it tests a fixed sample, the mutants whose number ends in 1 or 5: about
-2 in 10, every mutated function's first mutant among them, the same ones on every
-run of the same code. All ~890 take about 7 minutes of a 2-core machine, too long
-for CI's 10 minutes beside the tests (the sample takes under 2); --all tests every one.
+By default it tests a fixed sample, the mutants whose number ends in 1: about 1 in 10,
+every mutated function's first mutant among them, the same ones on every run of the
+same code. All ~890 take about 7 minutes of a 2-core machine, too long for CI's 10
+minutes beside the tests. The sample took 52 s there (77.5% killed); the mutants ending in
+1 or 5, twice as many, took 85 s (74.5%). --all tests every one.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ for name in sys.argv[1:]:
     changed = [ln.strip() for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
     print(name + "\\t" + " / ".join(changed)[:200])
 """
-SAMPLE = "*__mutmut_*[15]"     # mutmut numbers each function's mutants 1, 2, ... in source order
+SAMPLE = "*__mutmut_*1"     # mutmut numbers each function's mutants 1, 2, ... in source order
 TESTS = ["tests/cli/test_baseline.py", "tests/runtime/test_lock.py", "tests/report/test_writer.py",
          "tests/runtime/test_memory.py", "tests/analysis/test_timeline_accounting.py"]
 
@@ -73,7 +74,7 @@ def main() -> int:
         score = 100 * killed / tested if tested else 0.0
         survivors = [name.strip() for name, s in status if s.strip() == "survived"]
         print(f"mutation run over {', '.join(SCOPE)}"
-              + ("" if args.all else "\n  a sample: the mutants numbered ...1 or ...5 (--all tests every one)"))
+              + ("" if args.all else "\n  a sample: the mutants numbered ...1 (--all tests every one)"))
         print("  " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
         print(f"  score: {killed} of {tested} tested mutants killed = {score:.1f}% (minimum {args.min_score:.0f}%)")
         if survivors:
