@@ -48,28 +48,73 @@ def change_interval(base: list[float], new: list[float], seed: int = 0) -> tuple
     return change, float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
+def process_change_interval(base: list[list[float]], new: list[list[float]],
+                            seed: int = 0) -> tuple[float, float, float]:
+    """(change, lo, hi) for profiles made in several processes a side: each side's figure is the median of its
+    processes' medians, and the 95% bootstrap interval resamples the processes, then each chosen process's runs.
+    A lent host's pace moves from one process to the next by more than within one (on an H200 host six processes
+    of identical code gave 373-597 us, each steady within itself), so only an interval that resamples the
+    processes holds that change; one that pools the runs would call it the code's."""
+    rng = np.random.default_rng(seed)
+
+    def point(sets):
+        return float(np.median([np.median(x) for x in sets]))
+
+    def resampled(sets):
+        per = np.stack([np.median(np.asarray(x, dtype=float)[rng.integers(0, len(x), (RESAMPLES, len(x)))], axis=1)
+                        for x in sets], axis=1)                              # RESAMPLES x processes
+        pick = rng.integers(0, len(sets), (RESAMPLES, len(sets)))
+        return np.median(np.take_along_axis(per, pick, axis=1), axis=1)
+
+    change = point(new) / point(base) - 1.0
+    ratios = resampled(new) / resampled(base) - 1.0
+    return change, float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
 def verdict_of(base: list[float], new: list[float], floor: float = DEFAULT_FLOOR) -> dict:
-    change, lo, hi = change_interval(base, new)
-    own = max(robust_rel_spread(list(base)), robust_rel_spread(list(new)), floor)
+    return _verdict(*change_interval(base, new), max(robust_rel_spread(list(base)), robust_rel_spread(list(new)), floor),
+                    float(np.median(base)), float(np.median(new))) | {"samples": [len(base), len(new)]}
+
+
+def process_verdict(base: list[list[float]], new: list[list[float]], floor: float = DEFAULT_FLOOR) -> dict:
+    """verdict_of for several processes a side (lists of each process's samples): one process a side is
+    verdict_of itself."""
+    if len(base) == 1 and len(new) == 1:
+        return verdict_of(base[0], new[0], floor) | {"processes": [1, 1]}
+    medians = [[float(np.median(x)) for x in sets] for sets in (base, new)]
+    own = max([robust_rel_spread(list(x)) for x in base + new] + [floor])
+    return _verdict(*process_change_interval(base, new), own, float(np.median(medians[0])),
+                    float(np.median(medians[1]))) | {
+        "samples": [sum(map(len, base)), sum(map(len, new))], "processes": [len(base), len(new)],
+        "process_medians_us": [[1e6 * m for m in side] for side in medians]}
+
+
+def _verdict(change: float, lo: float, hi: float, own: float, base_median: float, new_median: float) -> dict:
     if lo <= 0.0 <= hi:
         verdict, why = "noise", "the interval includes 0"
     elif abs(change) < own:
         verdict, why = "noise", f"|change| < {100 * own:.1f}% (the runs' own spread or the floor)"
     else:
         verdict, why = ("slower" if change > 0 else "faster"), "interval excludes 0 and exceeds the spread"
-    return {"base_median_us": float(np.median(base)) * 1e6, "new_median_us": float(np.median(new)) * 1e6,
-            "change_pct": 100 * change, "ci_pct": [100 * lo, 100 * hi], "verdict": verdict, "why": why,
-            "samples": [len(base), len(new)]}
+    return {"base_median_us": base_median * 1e6, "new_median_us": new_median * 1e6, "change_pct": 100 * change,
+            "ci_pct": [100 * lo, 100 * hi], "verdict": verdict, "why": why}
 
 
 def compare_traces(base: dict, new: dict, floor: float = DEFAULT_FLOOR) -> dict:
+    return compare_processes([base], [new], floor)
+
+
+def compare_processes(base: list[dict], new: list[dict], floor: float = DEFAULT_FLOOR) -> dict:
+    """compare_traces for profiles of each side's code made in several processes (see process_change_interval),
+    the host's pace too."""
     stages = []
-    for s in new["stages"]:
-        b = samples_of(base, s["name"])
-        if b:
-            stages.append({"name": s["name"]} | verdict_of(b, samples_of(new, s["name"]), floor))
-    total = verdict_of(samples_of(base), samples_of(new), floor)
-    pace, launch = pace_change(base, new), pace_change(base, new, "launch_pace")
+    for s in new[0]["stages"]:
+        b, n = ([samples_of(t, s["name"]) for t in side] for side in (base, new))
+        if all(b) and all(n):
+            stages.append({"name": s["name"]} | process_verdict(b, n, floor))
+    total = process_verdict([samples_of(t) for t in base], [samples_of(t) for t in new], floor)
+    pace, launch = (process_pace_change([pace_samples(t, key) for t in base], [pace_samples(t, key) for t in new])
+                    for key in ("host_pace", "launch_pace"))
     return {"verdict": total["verdict"], "total": total, "stages": stages, "floor_pct": 100 * floor,
             "host_pace": pace, "launch_pace": launch, "caution": machine_caution(total, pace, launch)}
 
@@ -111,6 +156,20 @@ def samples_change(base: list[float], new: list[float]) -> dict | None:
         return None
     change, lo, hi = change_interval(base, new)
     return {"base_median_us": float(np.median(base)) * 1e6, "new_median_us": float(np.median(new)) * 1e6,
+            "change_pct": 100 * change, "ci_pct": [100 * lo, 100 * hi], "resolved": not lo <= 0.0 <= hi}
+
+
+def process_pace_change(base: list[list[float]], new: list[list[float]]) -> dict | None:
+    """samples_change for several processes a side (each process's pace timings): the median of the processes'
+    medians, its interval resampling the processes as process_change_interval does; None unless every profile of
+    both sides recorded the pace."""
+    if not all(base) or not all(new):
+        return None
+    if len(base) == 1 and len(new) == 1:
+        return samples_change(base[0], new[0])
+    change, lo, hi = process_change_interval(base, new)
+    return {"base_median_us": 1e6 * float(np.median([np.median(x) for x in base])),
+            "new_median_us": 1e6 * float(np.median([np.median(x) for x in new])),
             "change_pct": 100 * change, "ci_pct": [100 * lo, 100 * hi], "resolved": not lo <= 0.0 <= hi}
 
 

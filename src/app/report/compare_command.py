@@ -1,11 +1,16 @@
-"""`python -m app.kernel compare BASE NEW [--json] [--fail-on-regression PCT] [--force]`."""
+"""`python -m app.kernel compare BASE[,BASE...] NEW[,NEW...] [--json] [--fail-on-regression PCT] [--force]`.
+
+Each side may be several profiles of its code, each made in its own process: a lent host's pace moves from one
+process to the next (by up to 1.6x on an H200 host, identical code), so one profile a side can credit the host's
+change to the code. With several, each side's figure is the median of its processes' medians and the interval
+resamples the processes (analysis.compare.process_change_interval)."""
 from __future__ import annotations
 
 import json
 import math
 
 from app.analysis.baseline import mismatch_of, other_card, read_trace
-from app.analysis.compare import DEFAULT_FLOOR, compare_traces, regression
+from app.analysis.compare import DEFAULT_FLOOR, compare_processes, regression
 from app.errors import BadParameter, OneLineParser
 from app.report.markdown import host_pace_change
 
@@ -14,9 +19,13 @@ def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m app.kernel compare", allow_abbrev=False,
                 description="Compare two profiles of the same kernel, version, parameters and device, stage by "
                             "stage and end to end: medians, the change with its 95% bootstrap interval, and a "
-                            "verdict (faster, slower or noise).")
-    p.add_argument("base", metavar="BASE", help="the earlier profile folder (or its trace.json)")
-    p.add_argument("new", metavar="NEW", help="the later profile folder (or its trace.json)")
+                            "verdict (faster, slower or noise). A host's speed can change from one process to the "
+                            "next by more than a code change: give each side as several profiles, each made in its "
+                            "own process, and the interval holds that change too.")
+    p.add_argument("base", metavar="BASE[,BASE...]",
+                   help="the earlier profile folder (or its trace.json); or several, comma-separated, each made in "
+                        "its own process (profile each side 3 or more times, the two sides' processes in turns)")
+    p.add_argument("new", metavar="NEW[,NEW...]", help="the later profile folder, or several, as BASE")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     p.add_argument("--fail-on-regression", type=float, metavar="PCT",
                    help="exit 1 when end to end is 'slower' by more than PCT percent (a CI regression gate)")
@@ -40,6 +49,14 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
         lines.append(f"{name:<28} {r['base_median_us']:>12,.1f} {r['new_median_us']:>12,.1f} "
                      f"{r['change_pct']:>+8.1f}% {ci:>20}  {r['verdict']}")
     lines.append(f"noise: the interval includes 0, or |change| is below the runs' own spread or {result['floor_pct']:g}%")
+    total = result["total"]
+    if total.get("processes", [1, 1]) != [1, 1]:
+        medians = ["; ".join(f"{m:,.1f}" for m in side) for side in total["process_medians_us"]]
+        lines.append(f"processes: base {total['processes'][0]} (medians {medians[0]} us), new {total['processes'][1]} "
+                     f"(medians {medians[1]} us); each side's figure is the median of its processes' medians, and the "
+                     "interval resamples the processes, then their runs"
+                     + ("" if min(total["processes"]) > 1 else "; a side of one process cannot show how much its "
+                        "host changes from one process to the next, so profile it again in other processes"))
     pace = result.get("host_pace")
     if pace:
         lines.append(f"host CPU pace (a fixed Python loop before each timed run): {host_pace_change(pace)}")
@@ -64,16 +81,22 @@ def run_compare(argv: list[str]) -> int:
     if args.fail_on_regression is not None and not (math.isfinite(args.fail_on_regression)
                                                     and args.fail_on_regression >= 0):
         raise BadParameter("--fail-on-regression must be a finite percentage >= 0")
-    base, new = read_trace(args.base, "BASE"), read_trace(args.new, "NEW")
-    warning = mismatch_of(base, new["kernel"], new["version"], new.get("metadata", {}).get("params"),
-                          new.get("device", {}).get("name"))
-    if warning and not args.force:
-        raise BadParameter(f"BASE was measured for {warning}; compare like with like, or pass --force")
-    if base.get("mode") != new.get("mode"):
-        warning = "; ".join(x for x in (warning, f"modes differ ({base.get('mode')} vs {new.get('mode')}): their "
+    bases, news = ([read_trace(path, what) for path in paths.split(",")]
+                   for paths, what in ((args.base, "BASE"), (args.new, "NEW")))
+    base, new = bases[0], news[0]
+    warning = ""
+    for what, trace in [("BASE", t) for t in bases] + [("NEW", t) for t in news[1:]]:
+        unlike = mismatch_of(trace, new["kernel"], new["version"], new.get("metadata", {}).get("params"),
+                             new.get("device", {}).get("name"))
+        if unlike and not args.force:
+            raise BadParameter(f"{what} was measured for {unlike}; compare like with like, or pass --force")
+        warning = warning or unlike
+    modes = list(dict.fromkeys(str(t.get("mode")) for t in bases + news))
+    if len(modes) > 1:
+        warning = "; ".join(x for x in (warning, f"modes differ ({' vs '.join(modes)}): their "
                                                   "stage times measure different things") if x)
-    warning = "; ".join(x for x in (warning, other_card(base, new)) if x)
-    result = compare_traces(base, new, args.floor / 100)
+    warning = "; ".join(x for x in (warning, next(filter(None, (other_card(base, t) for t in bases + news)), "")) if x)
+    result = compare_processes(bases, news, args.floor / 100)
     gate = regression(result, args.fail_on_regression)
     if args.json:
         print(json.dumps(result | {"warning": warning or None, "regression": gate}, indent=2))

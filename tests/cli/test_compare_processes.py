@@ -1,0 +1,91 @@
+"""compare with several profiles a side, each from its own process: nine real profiles of the default join made
+back to back on one H200 host (tests/data/event/processes, the command in tests/data/event/README.md). Six ran
+the same code, 373 to 597 us; three ran it with candidate_filter slowed by a 0.3 ms sleep, 815 to 969 us."""
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from app.analysis.compare import compare_processes, compare_traces, process_verdict, verdict_of
+from app.kernel.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "event" / "processes"
+SAME = {n: DATA / f"p{n}_same.trace.json" for n in (1, 2, 4, 5, 7, 8)}
+SLOWED = {n: DATA / f"p{n}_slowed.trace.json" for n in (3, 6, 9)}
+
+
+def load(path):
+    return json.loads(Path(path).read_text())
+
+
+def paths(*ps):
+    return ",".join(str(p) for p in ps)
+
+
+def test_one_profile_a_side_credits_the_hosts_change_to_the_code():
+    """p1 ran while its host was slow (its loop and launches slower): against p8, the same code, one profile a side
+    reads a third faster, a change its interval resolves, with a caution about the host."""
+    r = compare_traces(load(SAME[1]), load(SAME[8]))
+    assert r["verdict"] == "faster" and r["total"]["ci_pct"][1] < -10 and r["caution"]
+    assert r["total"]["processes"] == [1, 1] and "process_medians_us" not in r["total"]
+
+
+def test_three_processes_a_side_of_the_same_code_are_noise(capsys):
+    """The same two sides as three processes each, in the order they ran: p1, p4, p7 against p2, p5, p8. Each
+    side's figure is the median of its processes' medians; the interval resamples the processes."""
+    base, new = [SAME[n] for n in (1, 4, 7)], [SAME[n] for n in (2, 5, 8)]
+    assert main(["compare", paths(*base), paths(*new), "--json", "--fail-on-regression", "5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    total = doc["total"]
+    assert doc["verdict"] == "noise" and total["ci_pct"][0] < 0 < total["ci_pct"][1] and not doc["regression"]
+    assert total["processes"] == [3, 3] and total["samples"] == [90, 90]
+    medians = [[load(p)["total_elapsed_seconds"] * 1e6 for p in side] for side in (base, new)]
+    assert all(got == pytest.approx(want) for got, want in zip(total["process_medians_us"], medians))
+    assert total["base_median_us"] == pytest.approx(sorted(medians[0])[1])     # the middle process's median
+    assert total["new_median_us"] == pytest.approx(sorted(medians[1])[1])
+    assert {s["name"] for s in doc["stages"]} >= {"owned_buffer_build", "candidate_filter", "output_sort"}
+    # the host's pace the same way: the median of each side's processes' loop medians
+    loops = [[statistics.median(load(p)["timing"]["host_pace"]["samples"]) for p in side] for side in (base, new)]
+    assert [doc["host_pace"]["base_median_us"], doc["host_pace"]["new_median_us"]] == \
+        pytest.approx([1e6 * statistics.median(side) for side in loops])
+
+
+def test_the_slowed_code_is_slower_across_processes_and_fails_the_gate(capsys):
+    base, new = [SAME[n] for n in (2, 5, 8)], list(SLOWED.values())
+    assert main(["compare", paths(*base), paths(*new), "--fail-on-regression", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "end to end: SLOWER" in out and "regression: end to end is +" in out
+    assert "processes: base 3 (medians " in out and "the interval resamples the processes, then their runs" in out
+    r = compare_processes([load(p) for p in base], [load(p) for p in new])
+    by = {s["name"]: s for s in r["stages"]}
+    assert by["candidate_filter"]["verdict"] == "slower" and by["candidate_filter"]["ci_pct"][0] > 50
+    assert by["morton_sort"]["verdict"] == "noise"
+    # p6's host was slow too (loop 77.7 us), but across the processes the host's pace did not resolvably change:
+    # the slowdown is the code's, and no caution is given
+    assert not r["host_pace"]["resolved"] and not r["launch_pace"]["resolved"] and r["caution"] is None
+
+
+def test_a_side_of_one_process_is_said_to_be_one(capsys):
+    assert main(["compare", str(SAME[1]), paths(SAME[2], SAME[5], SAME[8])]) == 0
+    out = capsys.readouterr().out
+    assert "processes: base 1 (medians 597.0 us), new 3" in out and "a side of one process cannot show" in out
+
+
+def test_one_process_a_side_is_the_two_profile_comparison():
+    base, new = load(SAME[2]), load(SAME[4])
+    b, n = base["timing"]["total"]["samples"], new["timing"]["total"]["samples"]
+    assert process_verdict([b], [n]) == verdict_of(b, n) | {"processes": [1, 1]}
+    assert compare_processes([base], [new]) == compare_traces(base, new)
+
+
+def test_an_unlike_profile_in_a_side_is_refused_and_a_missing_one_is_one_line(tmp_path, capsys):
+    other = load(SAME[4])
+    other["metadata"]["params"] = other["metadata"]["params"] | {"points": 200000}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["compare", paths(SAME[1], tmp_path / "other.json"), paths(SAME[2], SAME[5])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: BASE was measured for ") and "points" in err[0]
+    assert main(["compare", paths(SAME[1], SAME[4]), paths(SAME[2], tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"NEW {tmp_path / 'nope'}: not a readable profile trace" in err[0]
