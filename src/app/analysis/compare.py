@@ -132,7 +132,8 @@ def machine_caution(total: dict, pace: dict | None, launch: dict | None) -> str 
             moved.append(what.format(pct=abs(p["change_pct"]), way="slower" if slower else "faster",
                                      longer="longer" if slower else "less time"))
     return (" and ".join(moved) + ", the same way as the plan: part or all of this change may be the machine's, "
-            "not the code's; profile both again, back to back, before trusting it") if moved else None
+            "not the code's; profile each side again in three or more processes, the two in turns, and compare "
+            "them as sets (compare BASE1,BASE2,BASE3 NEW1,NEW2,NEW3)") if moved else None
 
 
 def pace_samples(trace: dict, key: str = "host_pace") -> list[float]:
