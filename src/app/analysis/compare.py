@@ -72,8 +72,9 @@ def process_change_interval(base: list[list[float]], new: list[list[float]],
 
 
 def verdict_of(base: list[float], new: list[float], floor: float = DEFAULT_FLOOR) -> dict:
-    return _verdict(*change_interval(base, new), max(robust_rel_spread(list(base)), robust_rel_spread(list(new)), floor),
-                    float(np.median(base)), float(np.median(new))) | {"samples": [len(base), len(new)]}
+    own = max(robust_rel_spread(list(base)), robust_rel_spread(list(new)), floor)
+    return _verdict(*change_interval(base, new), own, float(np.median(base)), float(np.median(new))) | {
+        "samples": [len(base), len(new)]}
 
 
 def process_verdict(base: list[list[float]], new: list[list[float]], floor: float = DEFAULT_FLOOR) -> dict:
