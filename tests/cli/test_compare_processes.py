@@ -89,3 +89,12 @@ def test_an_unlike_profile_in_a_side_is_refused_and_a_missing_one_is_one_line(tm
     assert main(["compare", paths(SAME[1], SAME[4]), paths(SAME[2], tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"NEW {tmp_path / 'nope'}: not a readable profile trace" in err[0]
+
+
+def test_a_profile_listed_twice_or_an_empty_path_is_one_line(capsys):
+    folder_and_file = [SAME[1], SAME[1].parent / ".." / "processes" / SAME[1].name]
+    for argv, fragment in (([paths(*folder_and_file), paths(SAME[2], SAME[5])], "BASE lists the profile"),
+                           ([str(SAME[1]), f"{SAME[2]},"], "holds an empty profile path (a stray comma?)")):
+        assert main(["compare", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and fragment in err[0], err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from app.analysis.baseline import mismatch_of, other_card, read_trace
 from app.analysis.compare import DEFAULT_FLOOR, compare_processes, regression
@@ -74,6 +75,23 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
     return "\n".join(lines)
 
 
+def _side(paths: str, what: str) -> list[dict]:
+    """The traces of one side: one profile, or several comma-separated, each once (a profile listed twice would
+    count one process as two and narrow the interval for nothing)."""
+    seen = {}
+    for path in paths.split(","):
+        if not path.strip():
+            raise BadParameter(f"{what} {paths!r} holds an empty profile path (a stray comma?); separate the profiles "
+                               "by single commas")
+        key = Path(path).resolve()
+        key = key / "trace.json" if key.is_dir() else key
+        if key in seen:
+            also = "" if seen[key] == path else f" (also as {seen[key]})"
+            raise BadParameter(f"{what} lists the profile {path} twice{also}: give each process's profile once")
+        seen[key] = path
+    return [read_trace(path, what) for path in seen.values()]
+
+
 def run_compare(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if not (math.isfinite(args.floor) and args.floor >= 0):
@@ -81,8 +99,7 @@ def run_compare(argv: list[str]) -> int:
     if args.fail_on_regression is not None and not (math.isfinite(args.fail_on_regression)
                                                     and args.fail_on_regression >= 0):
         raise BadParameter("--fail-on-regression must be a finite percentage >= 0")
-    bases, news = ([read_trace(path, what) for path in paths.split(",")]
-                   for paths, what in ((args.base, "BASE"), (args.new, "NEW")))
+    bases, news = _side(args.base, "BASE"), _side(args.new, "NEW")
     base, new = bases[0], news[0]
     warning = ""
     for what, trace in [("BASE", t) for t in bases] + [("NEW", t) for t in news[1:]]:
