@@ -4,7 +4,7 @@ import pytest
 
 from app.kernel.cli import main
 
-COMMANDS = [[], ["join"], ["overlay"], ["list"], ["devices"], ["calibrate"], ["compare"], ["devlog"], ["timeline"],
+COMMANDS = [[], ["join"], ["overlay"], ["list"], ["devices"], ["calibrate"], ["compare"], ["ab"], ["devlog"], ["timeline"],
             ["sweep"]]
 
 

@@ -283,6 +283,10 @@ def _main(argv: list[str]) -> int:
         from app.report.compare_command import run_compare
 
         return run_compare(argv[1:])
+    if argv and argv[0] == "ab":
+        from app.report.ab_command import run_ab
+
+        return run_ab(argv[1:])
     if argv and argv[0] == "devlog":
         return _devlog_command(argv[1:])
     if argv and argv[0] == "devices":
@@ -299,7 +303,7 @@ def _main(argv: list[str]) -> int:
     if parsed is None:
         print(f"usage: {USAGE}\n\n{list_kernels()}\n\ncommon options: --prof_type --device --bench_runs "
               "--warmup --nvtx --out --json --baseline --no-verify (python -m app.kernel <kernel> --help: all)\n"
-              "other commands: list, devices, calibrate, compare, devlog, timeline, sweep (each with --help)")
+              "other commands: list, devices, calibrate, compare, ab, devlog, timeline, sweep (each with --help)")
         return 0
     plan, args = parsed
     if args.worker:
