@@ -102,6 +102,7 @@ def run_ab(argv: list[str]) -> int:
         for tree in trees.values():
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)    # one half-made stays no entry
     print(f"ab: {args.processes} profiles of each revision in {out}", file=sys.stderr)
     flags = (["--json"] if args.json else []) + (["--force"] if args.force else []) + [
         x for flag, value in (("--fail-on-regression", args.fail_on_regression), ("--floor", args.floor))
