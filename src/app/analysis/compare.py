@@ -156,9 +156,12 @@ def samples_change(base: list[float], new: list[float]) -> dict | None:
     own runs can tell."""
     if not base or not new:
         return None
-    change, lo, hi = change_interval(base, new)
-    return {"base_median_us": float(np.median(base)) * 1e6, "new_median_us": float(np.median(new)) * 1e6,
-            "change_pct": 100 * change, "ci_pct": [100 * lo, 100 * hi], "resolved": not lo <= 0.0 <= hi}
+    return _pace_result(float(np.median(base)), float(np.median(new)), *change_interval(base, new))
+
+
+def _pace_result(base_median: float, new_median: float, change: float, lo: float, hi: float) -> dict:
+    return {"base_median_us": base_median * 1e6, "new_median_us": new_median * 1e6, "change_pct": 100 * change,
+            "ci_pct": [100 * lo, 100 * hi], "resolved": not lo <= 0.0 <= hi}
 
 
 def process_pace_change(base: list[list[float]], new: list[list[float]]) -> dict | None:
@@ -169,10 +172,8 @@ def process_pace_change(base: list[list[float]], new: list[list[float]]) -> dict
         return None
     if len(base) == 1 and len(new) == 1:
         return samples_change(base[0], new[0])
-    change, lo, hi = process_change_interval(base, new)
-    return {"base_median_us": 1e6 * float(np.median([np.median(x) for x in base])),
-            "new_median_us": 1e6 * float(np.median([np.median(x) for x in new])),
-            "change_pct": 100 * change, "ci_pct": [100 * lo, 100 * hi], "resolved": not lo <= 0.0 <= hi}
+    return _pace_result(float(np.median([np.median(x) for x in base])), float(np.median([np.median(x) for x in new])),
+                        *process_change_interval(base, new))
 
 
 def regression(result: dict, fail_pct: float | None) -> bool:

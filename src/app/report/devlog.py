@@ -21,6 +21,7 @@ import jinja2
 from app.analysis.baseline import MACHINES_CAVEAT, other_card, read_trace
 from app.analysis.compare import machine_caution, pace_samples, samples_change, samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
+from app.report.markdown import pace_change_text
 
 MARKER = re.compile(r"<!-- app-kernel devlog entry (\{.*?\}) -->")
 # The device an entry names in its Performance line, for entries whose marker predates the device field.
@@ -76,12 +77,7 @@ def _pace_rows(trace: dict, record: dict, prev: dict) -> tuple[list[list[str]], 
         else:
             value = "not recorded (the profile predates it, or its mode does not time it)"
         change = changes[key] = samples_change(prev.get(f"{key}_samples") or [], samples)
-        vs = "--"
-        if change:
-            lo, hi = change["ci_pct"]
-            vs = (f"{change['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
-                  + ("" if change["resolved"] else ", the same within its interval"))
-        rows.append([label, value, vs])
+        rows.append([label, value, pace_change_text(change) if change else "--"])
     return rows, changes
 
 

@@ -42,7 +42,11 @@ def us(seconds) -> str:
 def host_pace_change(pace: dict) -> str:
     """Two profiles' host pace (analysis.compare's ``host_pace`` or ``launch_pace``), for the report's vs Baseline
     section and the compare command alike: "base 80.1 us, new 84.0 us, +4.9% [+1.2%, +8.8%]"."""
+    return f"base {fmt(pace['base_median_us'])} us, new {fmt(pace['new_median_us'])} us, {pace_change_text(pace)}"
+
+
+def pace_change_text(pace: dict) -> str:
+    """The change alone, for a table that gives both values apart (a devlog entry): "+4.9% [+1.2%, +8.8%]"."""
     lo, hi = pace["ci_pct"]
-    return (f"base {fmt(pace['base_median_us'])} us, new {fmt(pace['new_median_us'])} us, "
-            f"{pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
+    return (f"{pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
             + ("" if pace["resolved"] else ", the same within its interval"))
