@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.analysis.compare import verdict_of
+from app.analysis.compare import pace_samples, samples_change, verdict_of
 from app.kernel.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,3 +136,31 @@ def test_profiles_from_two_cards_of_one_model_are_compared_with_a_note(capsys):
     assert "ran on different cards" in json.loads(capsys.readouterr().out)["warning"]
     assert main(["compare", str(new), str(new), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["warning"] is None
+
+
+NSYS = ROOT / "tests" / "data" / "nsys"
+
+
+def test_nsys_profiles_carry_the_host_pace_into_compare(capsys):
+    """Three real nsys profiles of the default join, run in turns on one H200 (tests/data/nsys/README.md): n1 and
+    n2 the same code, n3 with candidate_filter slowed by the test hook. nsys mode times the host's paces before each
+    traced iteration, as event mode does before each timed run, so compare can tell when the host moved: n2 read
+    52.8% slower than n1 with the host's own loop 26.5% slower."""
+    n1, n2, n3 = (str(NSYS / f"join_v4_100k_10k_h200_n{i}.trace.json") for i in (1, 2, 3))
+    traces = {p: json.loads(Path(p).read_text()) for p in (n1, n2, n3)}
+    for new in (n2, n3):
+        assert main(["compare", n1, new, "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        for key in ("host_pace", "launch_pace"):
+            expected = samples_change(pace_samples(traces[n1], key), pace_samples(traces[new], key))
+            assert r[key]["change_pct"] == pytest.approx(expected["change_pct"]), key
+            assert r[key]["ci_pct"] == pytest.approx(expected["ci_pct"]), key
+        assert r["total"]["verdict"] == "slower" and r["host_pace"]["resolved"] and r["host_pace"]["change_pct"] > 20
+        assert r["caution"].startswith(f"the host CPU itself ran {r['host_pace']['change_pct']:.1f}% slower")
+    # The slowed stage stands out by far more than the host's change; the same code's does not.
+    stage = {s["name"]: s for s in r["stages"]}["candidate_filter"]
+    assert stage["verdict"] == "slower" and stage["change_pct"] > 1000
+    assert main(["compare", n1, n2]) == 0
+    out = capsys.readouterr().out
+    assert "host CPU pace (a fixed Python loop before each timed run): base 47.4 us, new 60.0 us, +26.5%" in out
+

@@ -99,6 +99,21 @@ def test_report_and_trace_from_a_real_capture(kernel):
     assert "sm__warps_active" in report                        # a missing counter is named, never zero
     baseline = dict(trace, mode="event")
     assert "Warning: the baseline was measured in event mode" in nsys_report(trace, analysis, params, baseline)
+    # The worker timed the host's paces before each traced iteration (on the H200: launches too), in the
+    # iterations' order, and the report gives them as event mode's does.
+    timing = trace["timing"]
+    for key, raw in (("host_pace", "loop_seconds"), ("launch_pace", "launch_seconds")):
+        assert timing[key]["samples"] == worker["pace"][raw] and len(worker["pace"][raw]) == 3, key
+        assert timing[key]["median"] == pytest.approx(statistics.median(worker["pace"][raw]))
+    assert "## The host's pace" in report
+    assert (f"| host launch pace before each traced iteration (an empty kernel, us a launch) | "
+            f"{timing['launch_pace']['median'] * 1e6:.1f} median (the mean of 16 launches;") in report
+    # A capture whose worker did not time them (made before they were) says so, in the report and trace alike.
+    old = nsys_trace(plan, {k: v for k, v in worker.items() if k != "pace"}, analysis, tool)
+    assert old["timing"]["host_pace"] == {"why": "not recorded: the worker of this capture did not time the "
+                                                 "host's pace"}
+    assert ("| host CPU pace before each traced iteration (a fixed Python loop, us) | not measured (not recorded: "
+            in nsys_report(old, analysis, params, None))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -113,6 +128,10 @@ def test_cupti_records_feed_the_same_analysis(kernel):
         assert s["accounting_max_error_pct"] == 0
     overhead = worker["overhead"]
     assert len(overhead["untraced_wall_seconds"]) == len(overhead["traced_wall_seconds"]) == 3
+    # The paces were timed before the traced iterations only (the trace's), one each.
+    trace = nsys_trace(plan, worker, analysis, {"backend": "cupti", "version": None, "command": []})
+    assert trace["timing"]["launch_pace"]["samples"] == worker["pace"]["launch_seconds"]
+    assert len(worker["pace"]["loop_seconds"]) == len(worker["pace"]["launch_seconds"]) == 3
 
 
 def test_timeline_command_json(capsys):
@@ -195,6 +214,11 @@ def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys
     cpu = {f["stage"] for f in trace["audit"]["findings"] if f["rule"] == "CPU fallback"}
     assert cpu == {s.name for s in plan.stages}
     assert (d / "report.md").read_text().split("\n")[2].startswith("**CPU fallback or planner override")
+    # The worker timed its host's loop before each of its 3 iterations; on the CPU it launched nothing.
+    pace = trace["timing"]["host_pace"]
+    assert pace["runs"] == 3 and all(0 < t < 0.1 for t in pace["samples"])
+    assert trace["timing"]["launch_pace"] == {"why": "CPU run: the plan launches no kernels"}
+    assert "| host CPU pace before each traced iteration (a fixed Python loop, us) |" in (d / "report.md").read_text()
     assert json.loads((d / "timeline.json").read_text())["traceEvents"]
     assert sqlite3.connect(d / "profile.sqlite").execute("SELECT COUNT(*) FROM NVTX_EVENTS").fetchone()[0] > 0
     assert _leftovers() == before                                 # the temporary folder is gone

@@ -46,6 +46,14 @@ def test_every_microsecond_accounted(tmp_path, kernel, backend):
         assert heading in report
     if backend == "cupti":
         assert trace["metadata"]["tool"]["overhead"]["overhead_pct"] is not None
+    # The host's paces, timed before each traced iteration, with the same figures as event mode's.
+    for key in ("host_pace", "launch_pace"):
+        p = trace["timing"][key]
+        assert p["runs"] == 3 and all(0 < t < 0.01 for t in p["samples"]), key
+    assert "| host launch pace before each traced iteration (an empty kernel, us a launch) |" in report
+    # The pace's launches ran between the iterations, outside every range: the timeline shows them there.
+    kernels = {e["name"] for e in events if e.get("cat") == "kernel"}
+    assert "launch_pace_nop" in kernels
 
 
 def test_timeline_command_on_a_real_capture(tmp_path, capsys):

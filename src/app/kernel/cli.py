@@ -75,6 +75,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--worker-iterations", type=int, default=1, help=argparse.SUPPRESS)
     add("--worker-collect", choices=("none", "cupti"), default="none", help=argparse.SUPPRESS)
     add("--worker-tiling", help=argparse.SUPPRESS)
+    add("--worker-pace", action="store_true", help=argparse.SUPPRESS)
 
 
 def _count_or_auto(text: str, flag: str, least: int):
@@ -312,7 +313,7 @@ def _main(argv: list[str]) -> int:
         if args.worker_tiling:           # the parent's tiling (cache, search or --tiling), exactly
             plan = type(plan)(plan.params, json.loads(args.worker_tiling))
         return run_worker(plan, args.device, args.warmup, args.worker, args.worker_iterations, args.worker_collect,
-                          args.verify)
+                          args.verify, args.worker_pace)
     mode = get_mode(args.prof_type)
     plan = _tuned(plan, args)
     parent = profile_parent(args.out, mode.name, plan.kernel, plan.slug())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from app.analysis import advice
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
-from app.report.markdown import Section, fmt, render, us
+from app.report.markdown import Section, fmt, pace_rows, render, us
 from app.report.sections import device_section, transfers_section, verification_section
 from app.runtime.host_pace import moved_with_runs
 from app.runtime.stats import drift, robust_of
@@ -80,9 +80,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["runs", f"{timing['warmup_runs']} warm-up{_warmup_text(timing.get('warmup'))}, "
                      f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
             *([["drift over the timed runs", _drift_text(drift_check, pace, launch)]] if drift_check else []),
-            *([["host CPU pace before each timed run (a fixed Python loop, us)", _pace_text(pace)]] if pace else []),
-            *([["host launch pace before each timed run (an empty kernel, us a launch)",
-                _pace_text(launch) if launch.get("samples") else f"not measured ({launch['why']})"]] if launch else []),
+            *pace_rows(timing, "each timed run"),
             *([["the timed runs repeated later (the overhead pairs' runs with every stage marked, us)",
                 _repeated_text(timing["repeated_later"])]] if timing.get("repeated_later") else []),
             *_hygiene_rows(timing),
@@ -358,28 +356,3 @@ def _repeated_text(r: dict) -> str:
     return (f"{level}: their intervals do not overlap, so the machine ran at another speed a few seconds later. "
             "The overhead pairs' figures (the bare plan, end to end, the stage times without the other marks) and "
             "the graph pairs' come from other batches than the timed runs: compare figures only within one batch")
-
-
-def _pace_text(p: dict) -> str:
-    """timing.host_pace or timing.launch_pace in words: the time, whether it moved, and whether the runs followed
-    it."""
-    work = (f"{p['loop_iterations']:,} integer multiply-adds" if "loop_iterations" in p
-            else f"the mean of {p['launches']} launches")
-    text = (f"{us(p['median'])} median ({work}; range {us(p['min'])} to "
-            f"{us(p['max'])}, robust spread ±{100 * p['robust_rel_spread']:.1f}%)")
-    d = p.get("drift") or {}
-    if d.get("checked"):
-        text += (f"; first third {us(d['first_third_median'])}, last third {us(d['last_third_median'])} "
-                 f"({100 * d['change']:+.1f}%, " + ("a change their 95% intervals resolve)" if d["significant"]
-                                                     else "within their 95% intervals)"))
-    rho = p.get("rank_correlation")
-    if rho is not None:
-        text += (f"; rank correlation with the runs' totals {rho:+.2f} over {p['runs']} runs (independent series "
-                 f"stay under {p['chance_bound']:.2f} 39 times in 40)"
-                 + (": the plan ran slower where the host did, so part of its spread is the host's" if p["follows"]
-                    else ""))
-    elif p.get("why_no_correlation"):
-        text += f"; no correlation: {p['why_no_correlation']}"
-    elif "chance_bound" in p:
-        text += "; no rank correlation: the loop's times or the runs' did not vary"
-    return text

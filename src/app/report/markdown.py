@@ -50,3 +50,40 @@ def pace_change_text(pace: dict) -> str:
     lo, hi = pace["ci_pct"]
     return (f"{pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
             + ("" if pace["resolved"] else ", the same within its interval"))
+
+
+def pace_rows(timing: dict, before: str) -> list[list[str]]:
+    """The Timing table's rows for timing.host_pace and timing.launch_pace (event mode: ``before`` "each timed
+    run"; nsys mode: "each traced iteration"); none for a trace made before they were recorded."""
+    rows = []
+    for key, label in (("host_pace", "host CPU pace before {} (a fixed Python loop, us)"),
+                       ("launch_pace", "host launch pace before {} (an empty kernel, us a launch)")):
+        p = timing.get(key)
+        if p:
+            rows.append([label.format(before), pace_text(p) if p.get("samples") else f"not measured ({p['why']})"])
+    return rows
+
+
+def pace_text(p: dict) -> str:
+    """timing.host_pace or timing.launch_pace in words: the time, whether it moved, and whether the runs followed
+    it."""
+    work = (f"{p['loop_iterations']:,} integer multiply-adds" if "loop_iterations" in p
+            else f"the mean of {p['launches']} launches")
+    text = (f"{us(p['median'])} median ({work}; range {us(p['min'])} to "
+            f"{us(p['max'])}, robust spread ±{100 * p['robust_rel_spread']:.1f}%)")
+    d = p.get("drift") or {}
+    if d.get("checked"):
+        text += (f"; first third {us(d['first_third_median'])}, last third {us(d['last_third_median'])} "
+                 f"({100 * d['change']:+.1f}%, " + ("a change their 95% intervals resolve)" if d["significant"]
+                                                     else "within their 95% intervals)"))
+    rho = p.get("rank_correlation")
+    if rho is not None:
+        text += (f"; rank correlation with the runs' totals {rho:+.2f} over {p['runs']} runs (independent series "
+                 f"stay under {p['chance_bound']:.2f} 39 times in 40)"
+                 + (": the plan ran slower where the host did, so part of its spread is the host's" if p["follows"]
+                    else ""))
+    elif p.get("why_no_correlation"):
+        text += f"; no correlation: {p['why_no_correlation']}"
+    elif "chance_bound" in p:
+        text += "; no rank correlation: the loop's times or the runs' did not vary"
+    return text

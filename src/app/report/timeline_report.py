@@ -6,7 +6,7 @@ from app.analysis.audit import copy_bound
 from app.analysis.timeline import CAUSE_TEXT, CAUSES
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
-from app.report.markdown import Section, fmt, render
+from app.report.markdown import Section, fmt, pace_rows, render
 from app.runtime.stats import STABLE_REL_SPREAD
 
 BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
@@ -175,6 +175,7 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         reconciliation_section(analysis),
         launches_section([it] + stages),
         _spread(trace, it, stages),
+        *_paces(trace),
         audit_section(analysis["findings"]),
         Section("The audit's two questions", items=[
             f"**What forces this plan to behave like CPU code today?** {analysis['answers'][0]}",
@@ -205,6 +206,17 @@ def _spread(trace, it, stages) -> Section:
                    columns=["Range", "median", "min", "max", "robust spread", "rel. stdev", ""], rows=rows,
                    note=f"Robust spread = 1.4826 x median absolute deviation / median (one outlier cannot move it); "
                         f"unstable = robust spread above {100 * STABLE_REL_SPREAD:.0f}%.")
+
+
+def _paces(trace) -> list[Section]:
+    rows = pace_rows(trace["timing"], "each traced iteration")
+    if not rows:
+        return []
+    return [Section("The host's pace", columns=["what", "value"], rows=rows,
+                    note="Timed just before each traced iteration, outside its ranges: the same work every time, so "
+                         "where it moved, the host changed speed, not the plan. A plan bound by its launches follows "
+                         "them. The launches are traced like the plan's, so compare this pace only with another "
+                         "profile traced the same way (the same mode and backend).")]
 
 
 def _copies(trace) -> Section:

@@ -53,3 +53,34 @@ class LaunchPace:
 def summarise(pace: list[float], totals: list[float]) -> dict:
     """The launch times beside the runs they preceded: as host_pace.summarise does for the loop's."""
     return host_pace.summarise(pace, totals, what={"launches": LAUNCHES, "how": HOW})
+
+
+CPU_WHY = "CPU run: the plan launches no kernels"
+
+
+class Paces:
+    """Both of the host's paces, timed before each timed run: the fixed loop always, the launches on a GPU.
+    Event mode and the nsys worker take them the same way, so `compare` reads the same figures from either."""
+
+    def __init__(self, device: str, xp):
+        self.loop: list[float] = []
+        self.launches: list[float] | None = [] if device == "gpu" else None
+        self._launcher = LaunchPace(xp) if device == "gpu" else None
+
+    def warm(self) -> None:
+        """The launches once, untimed: after a tracer starts, its first launches pay its set-up."""
+        if self._launcher is not None:
+            self._launcher.seconds()
+
+    def sample(self) -> None:
+        """One timing of each; call it outside the timed region, just before a timed run."""
+        self.loop.append(host_pace.loop_seconds())
+        if self._launcher is not None:
+            self.launches.append(self._launcher.seconds())
+
+
+def timing(loop: list[float], launches: list[float] | None, totals: list[float]) -> dict:
+    """trace.json's ``timing.host_pace`` and ``timing.launch_pace`` from the raw timings (``launches`` None: a CPU
+    run) beside the runs' totals, in the order the runs ran."""
+    return {"host_pace": host_pace.summarise(loop, totals),
+            "launch_pace": summarise(launches, totals) if launches is not None else {"why": CPU_WHY}}

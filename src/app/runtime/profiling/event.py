@@ -17,7 +17,7 @@ from app.analysis.trace import build_trace
 from app.kernel.plan import stages_tile_run
 from app.report.event_report import build_report
 from app.runtime import device as devmod
-from app.runtime import host_pace, launch_pace
+from app.runtime import launch_pace
 from app.runtime.autotune import tiling_files
 from app.runtime.clocks import clock_report, clock_snapshot, gpu_uuid, sampler_for
 from app.runtime.execute import backend_for, xp_for
@@ -58,16 +58,13 @@ class EventMode(Mode):
                 _, cold = rec.run(plan, inputs, backend)
                 flush = L2Flush(selection.selected, options.l2, selection.info.get("l2_bytes"))
                 warmed = warm_up(lambda: rec.run(plan, inputs, backend), options.warmup, flush, progress)
-                pace: list[float] = []      # the host CPU's pace before each timed run
-                launches: list[float] = []  # and, on a GPU, what a launch costs the host (app.runtime.launch_pace)
-                launcher = launch_pace.LaunchPace(xp) if selection.selected == "gpu" else None
+                # the host CPU's pace and, on a GPU, what a launch costs the host, before each timed run
+                paces = launch_pace.Paces(selection.selected, xp)
                 with sampler_for(selection) as sampler:     # GPU clocks between timed runs, at most every 20 ms
 
                     def between() -> None:      # before each timed run's L2 step: nothing here is timed
                         sampler.poll()
-                        pace.append(host_pace.loop_seconds())
-                        if launcher is not None:
-                            launches.append(launcher.seconds())
+                        paces.sample()
 
                     runs, stopped, output = timed_runs(lambda: rec.run(plan, inputs, backend), options.timed_runs(),
                                                        flush, progress, between=between)
@@ -108,9 +105,7 @@ class EventMode(Mode):
                             compile_info=compile_info, warmup=warmed["runs"], verification=verification)
         totals = [r.total_seconds for r in runs]
         trace["timing"] |= {"warmup": warmed, "drift": drift(totals),
-                            "host_pace": host_pace.summarise(pace, totals),
-                            "launch_pace": launch_pace.summarise(launches, totals) if launcher is not None
-                            else {"why": "CPU run: the plan launches no kernels"},
+                            **launch_pace.timing(paces.loop, paces.launches, totals),
                             "stopped_by": stopped,
                             "repeated_later": repeated_later(trace["timing"]["total"],
                                                              overhead["instrumented_median_seconds"],

@@ -28,6 +28,7 @@ from app.analysis.audit import answers, audit
 from app.analysis.summary import nsys_summary
 from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise
 from app.errors import AppError, BadParameter
+from app.runtime import launch_pace
 from app.runtime.lock import measurement_window
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
 from app.runtime.profiling.cupti_trace import timeline_from_records
@@ -83,7 +84,8 @@ def _nsys_capture(plan, options, ses):
     nsys = find_tool("nsys", options.nsys)
     rep = os.path.join(ses.tmpdir, "profile")
     cmd = [nsys, "profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none", "-f", "true", "-o", rep,
-           *worker_command(plan, ses.worker_json, options.warmup, options.timed_runs(), verify=options.verify)]
+           *worker_command(plan, ses.worker_json, options.warmup, options.timed_runs(), verify=options.verify,
+                           pace=True)]
     try:
         out, err = run_tool(cmd, timeout=options.nsys_timeout, label="nsys profile", env=worker_env())
     except AppError as exc:
@@ -146,7 +148,7 @@ def parse_ldd(text: str) -> list[str]:
 
 def _cupti_capture(plan, options, ses):
     cmd = worker_command(plan, ses.worker_json, options.warmup, options.timed_runs(), collect="cupti",
-                         verify=options.verify)
+                         verify=options.verify, pace=True)
     run_tool(cmd, timeout=options.nsys_timeout, label="nsys (cupti backend) worker", env=worker_env())
     worker = ses.load_worker("the cupti worker")
     rec = worker["cupti"]
@@ -225,7 +227,8 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
                    "timed_runs": it["instances"],
                    "total": it["span_spread"] | {"samples": _span_samples(analysis, PROFILE_RANGE)},
                    "uncovered_seconds": it["span_us"] / 1e6 - covered,
-                   "event_total_seconds": analysis["event_us"][PROFILE_RANGE] / 1e6},
+                   "event_total_seconds": analysis["event_us"][PROFILE_RANGE] / 1e6,
+                   **_paces(worker, _span_samples(analysis, PROFILE_RANGE))},
         "metadata": {"planner_selected_runtime": sel["planner"], "selection_reason": sel["reason"],
                      "params": plan.params, "nvtx": worker["nvtx"], "verification": worker.get("verification"),
                      "tool": tool, "capture": analysis["capture"],
@@ -233,6 +236,16 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
         "stages": stages,
         "audit": {"findings": analysis["findings"], "answers": analysis["answers"]},
     }
+
+
+def _paces(worker: dict, spans: list[float]) -> dict:
+    """The host's paces the worker timed before each traced iteration, beside the iterations' spans (in the
+    order both ran), as event mode gives them; a worker that did not time them says so."""
+    pace = worker.get("pace")
+    if pace is None:
+        why = {"why": "not recorded: the worker of this capture did not time the host's pace"}
+        return {"host_pace": why, "launch_pace": why}
+    return launch_pace.timing(pace["loop_seconds"], pace["launch_seconds"], spans)
 
 
 def _span_samples(analysis: dict, name: str) -> list[float]:

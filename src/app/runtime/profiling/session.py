@@ -24,11 +24,11 @@ from app.runtime.memory import check_fits
 
 
 def worker_command(plan, out_json: str, warmup: int, iterations: int = 1, collect: str = "none",
-                   verify: bool = True) -> list[str]:
+                   verify: bool = True, pace: bool = False) -> list[str]:
     args = [sys.executable, "-m", "app.kernel", plan.kernel, plan.version, "--worker", out_json,
             "--worker-tiling", json.dumps(plan.tiling),
             "--device", "gpu", "--warmup", str(warmup), "--worker-iterations", str(iterations),
-            "--worker-collect", collect] + ([] if verify else ["--no-verify"])
+            "--worker-collect", collect] + ([] if verify else ["--no-verify"]) + (["--worker-pace"] if pace else [])
     for name, value in plan.params.items():
         args += [f"--{name}", str(value)]
     return args

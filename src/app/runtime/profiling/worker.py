@@ -19,6 +19,7 @@ from dataclasses import asdict
 
 from app.errors import DeviceUnavailable
 from app.runtime import device as devmod
+from app.runtime import launch_pace
 from app.runtime.execute import backend_for, xp_for
 from app.runtime.nvtx import Nvtx
 from app.runtime.recorder import Recorder
@@ -27,9 +28,11 @@ from app.runtime.timing import warm_up
 PROFILE_RANGE = "profile"
 
 
-def _iterations(rec: Recorder, nvtx: Nvtx, plan, inputs, backend, n: int) -> tuple[list, tuple]:
+def _iterations(rec: Recorder, nvtx: Nvtx, plan, inputs, backend, n: int, paces=None) -> tuple[list, tuple]:
     records, output = [], None
     for _ in range(n):
+        if paces is not None:
+            paces.sample()          # outside every range, as event mode times them outside its timed runs
         nvtx.push(PROFILE_RANGE)
         output, record = rec.run(plan, inputs, backend)
         nvtx.pop()
@@ -38,7 +41,8 @@ def _iterations(rec: Recorder, nvtx: Nvtx, plan, inputs, backend, n: int) -> tup
 
 
 def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, collect: str = "none",
-               verify: bool = True) -> int:
+               verify: bool = True, pace: bool = False) -> int:
+    """``pace``: time the host's paces before each profiled iteration (nsys mode; under ncu they would time ncu)."""
     # The parent insists on a GPU; the worker runs where it is told (--device gpu from the parent).
     selection = devmod.select(device)
     dev = selection.selected
@@ -48,6 +52,7 @@ def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, co
     quiet.run(plan, inputs, backend)            # cold run and warm-ups: not profiled
     warm_up(lambda: quiet.run(plan, inputs, backend), warmup, lambda: None)
     extra = {}
+    paces = launch_pace.Paces(dev, xp_for(dev)) if pace else None
     if collect == "cupti":
         from app.runtime.profiling.cupti_trace import CuptiTrace
 
@@ -57,7 +62,11 @@ def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, co
         untraced, _ = _iterations(rec, nvtx, plan, inputs, backend, iterations)
         nvtx.log.clear()
         trace.start()
-        records, output = _iterations(rec, nvtx, plan, inputs, backend, iterations)
+        if paces is not None:
+            # CUPTI's first traced launches pay its set-up: 5.3 ms more in the first traced iteration of the join
+            # fixture (an H200) than in the next, and 325 us a launch in the first pace timing once that came first.
+            paces.warm()
+        records, output = _iterations(rec, nvtx, plan, inputs, backend, iterations, paces)
         extra["cupti"] = trace.stop() | {"ranges": nvtx.log}
         extra["overhead"] = {"untraced_wall_seconds": [r.wall_seconds for r in untraced],
                              "traced_wall_seconds": [r.wall_seconds for r in records]}
@@ -65,7 +74,10 @@ def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, co
         nvtx = Nvtx(True, plan.kernel)
         if not nvtx.active:
             raise DeviceUnavailable(f"NVTX is unavailable ({nvtx.reason}); the profiler cannot find the stages")
-        records, output = _iterations(Recorder(dev, xp_for(dev), nvtx), nvtx, plan, inputs, backend, iterations)
+        records, output = _iterations(Recorder(dev, xp_for(dev), nvtx), nvtx, plan, inputs, backend, iterations,
+                                      paces)
+    if paces is not None:
+        extra["pace"] = {"loop_seconds": paces.loop, "launch_seconds": paces.launches}
     # After the profiled iterations and outside every range: the oracle check the other modes make.
     verification = plan.verify(inputs, backend.outputs_to_host(output)) if verify else None
     first = records[0]
