@@ -21,6 +21,7 @@ from app.runtime import device as devmod
 from app.runtime.profiling.cupti_trace import timeline_from_records
 from app.runtime.profiling.nsys import analyse_plan, nsys_trace
 from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite
+from app.runtime.profiling.worker import PROFILE_RANGE
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nsys"
 FAKE = Path(__file__).parent / "fake_tools" / "nsys"
@@ -75,6 +76,31 @@ def test_accounting_agrees_with_the_raw_export(kernel):
         assert s["ops"] > 0
     it = analysis["iteration"]
     assert it["span_us"] >= sum(s["span_us"] for s in analysis["stages"]) * 0.9
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_paces_launches_agree_with_the_capture(kernel):
+    """The worker's launch pace against nsys's own records of those launches: 16 before each traced iteration,
+    after the previous one and outside every range, and the worker's clock around them (its figure, a launch's
+    share) holds at least the span the capture gives them: nothing in the report is contradicted by the capture."""
+    _, worker = load(kernel)
+    db = fixture(f"{kernel}.sqlite")
+    con = sqlite3.connect(db)
+    launches = con.execute("SELECT r.start, r.end FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN CUPTI_ACTIVITY_KIND_KERNEL k "
+                           "ON k.correlationId = r.correlationId JOIN StringIds s ON s.id = k.shortName "
+                           "WHERE s.value = 'launch_pace_nop' ORDER BY r.start").fetchall()
+    iterations = raw_ranges(db, PROFILE_RANGE)
+    assert len(iterations) == len(worker["pace"]["launch_seconds"]) == 3
+    previous_end = 0
+    for (start, end, _), measured in zip(iterations, worker["pace"]["launch_seconds"]):
+        group = [x for x in launches if previous_end <= x[0] and x[1] <= start]
+        group = group[-16:] if previous_end == 0 else group    # before the first: the pace kernel's loading launch
+        assert len(group) == 16
+        span_per_launch = (group[-1][1] - group[0][0]) / 16 / 1e9
+        assert span_per_launch <= measured
+        previous_end = end
+    inside = [x for x in launches for (a, b, _) in iterations if a <= x[0] < b]
+    assert inside == []
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
