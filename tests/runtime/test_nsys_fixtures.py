@@ -131,7 +131,9 @@ def test_report_and_trace_from_a_real_capture(kernel):
     for key, raw in (("host_pace", "loop_seconds"), ("launch_pace", "launch_seconds")):
         assert timing[key]["samples"] == worker["pace"][raw] and len(worker["pace"][raw]) == 3, key
         assert timing[key]["median"] == pytest.approx(statistics.median(worker["pace"][raw]))
-    assert "## The host's pace" in report
+    assert "## Drift and the host's pace" in report
+    assert ("| drift over the traced iterations | not checked: 3 timed runs: the check compares thirds of at least 5 "
+            "runs |") in report
     assert (f"| host launch pace before each traced iteration (an empty kernel, us a launch) | "
             f"{timing['launch_pace']['median'] * 1e6:.1f} median (the mean of 16 launches;") in report
     # A capture whose worker did not time them (made before they were) says so, in the report and trace alike.
@@ -140,6 +142,42 @@ def test_report_and_trace_from_a_real_capture(kernel):
                                                  "host's pace"}
     assert ("| host CPU pace before each traced iteration (a fixed Python loop, us) | not measured (not recorded: "
             in nsys_report(old, analysis, params, None))
+
+
+def test_drift_and_paces_of_thirty_real_iterations():
+    """A real nsys-mode trace of the default join over 30 iterations (tests/data/nsys/README.md): the drift check
+    runs on the iterations' spans as event mode's does on its timed runs, and the report says it in the same
+    words, beside both paces."""
+    from app.report.timeline_report import drift_and_paces, nsys_report
+    from app.runtime.stats import drift
+
+    path = Path(__file__).resolve().parents[1] / "data" / "nsys" / "join_v4_100k_10k_h200_30_iterations.trace.json"
+    trace = json.loads(path.read_text())
+    timing = trace["timing"]
+    assert timing["drift"] == drift(timing["total"]["samples"]) and timing["drift"]["checked"]
+    (section,) = drift_and_paces(trace)
+    rows = dict(section.rows)
+    d = timing["drift"]
+    assert rows["drift over the traced iterations"] == (
+        f"steady: first third's median {d['first_third_median'] * 1e6:.1f} us, last third's "
+        f"{d['last_third_median'] * 1e6:.1f} us ({100 * d['change']:+.1f}%; 10 runs each), their 95% intervals "
+        "overlap")
+    loop = rows["host CPU pace before each traced iteration (a fixed Python loop, us)"]
+    assert loop.startswith(f"{statistics.median(timing['host_pace']['samples']) * 1e6:.1f} median")
+    assert "over 30 runs" in loop
+    # Iterations that were still changing say so in the report's first lines: the rule, on the fixture capture's
+    # report, first as it is (3 iterations, not checked), then given the check of a series whose last third ran
+    # three times as long.
+    plan, worker = load("join")
+    analysis = analyse_plan(plan, read_sqlite(str(fixture("join.sqlite"))), worker)
+    tool = {"backend": "nsys", "version": "2025.3.1", "command": []}
+    own = nsys_trace(plan, worker, analysis, tool)
+    params = {"command_line": "python -m app.kernel test", "clocks": {"locked": False}}
+    assert "still changing" not in nsys_report(own, analysis, params, None)
+    samples = timing["total"]["samples"]
+    changing = dict(own, timing=dict(own["timing"], drift=drift(samples[:20] + [3 * x for x in samples[20:]])))
+    head = nsys_report(changing, analysis, params, None).split("\n")[2]
+    assert "**The iterations were still changing** (first third's median" in head
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -5,7 +5,8 @@ import math
 
 from app.analysis.baseline import other_card
 from app.analysis.compare import compare_traces
-from app.report.markdown import Section, fmt, host_pace_change
+from app.report.markdown import Section, fmt
+from app.report.timing_text import host_pace_change
 
 
 def mismatch_warning(baseline: dict) -> str:

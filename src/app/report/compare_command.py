@@ -13,7 +13,7 @@ from pathlib import Path
 from app.analysis.baseline import mismatch_of, other_card, read_trace
 from app.analysis.compare import DEFAULT_FLOOR, compare_processes, regression
 from app.errors import BadParameter, OneLineParser
-from app.report.markdown import host_pace_change
+from app.report.timing_text import host_pace_change
 
 
 def parser() -> OneLineParser:

@@ -21,7 +21,7 @@ import jinja2
 from app.analysis.baseline import MACHINES_CAVEAT, other_card, read_trace
 from app.analysis.compare import machine_caution, pace_samples, samples_change, samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
-from app.report.markdown import pace_change_text
+from app.report.timing_text import pace_change_text
 
 MARKER = re.compile(r"<!-- app-kernel devlog entry (\{.*?\}) -->")
 # The device an entry names in its Performance line, for entries whose marker predates the device field.

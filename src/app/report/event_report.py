@@ -9,10 +9,10 @@ from __future__ import annotations
 from app.analysis import advice
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
-from app.report.markdown import Section, fmt, pace_rows, render, us
+from app.report.markdown import Section, fmt, render, us
 from app.report.sections import device_section, transfers_section, verification_section
-from app.runtime.host_pace import moved_with_runs
-from app.runtime.stats import drift, robust_of
+from app.report.timing_text import drift_of, drift_text, pace_rows
+from app.runtime.stats import robust_of
 
 
 def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None,
@@ -23,7 +23,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
     bottleneck, cause = advice.overall(trace, findings, roof)
     occ = {s["name"]: s["metadata"].get("theoretical_occupancy_pct") for s in trace["stages"]}
     timing = trace["timing"]
-    drift_check = _drift_of(timing)
+    drift_check = drift_of(timing)
     pace = timing.get("host_pace")
     launch = timing.get("launch_pace")
     followed = [what for what, p in (("the host CPU's own pace", pace), ("the host's launch pace", launch))
@@ -79,7 +79,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
             ["runs", f"{timing['warmup_runs']} warm-up{_warmup_text(timing.get('warmup'))}, "
                      f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
-            *([["drift over the timed runs", _drift_text(drift_check, pace, launch)]] if drift_check else []),
+            *([["drift over the timed runs", drift_text(drift_check, pace, launch)]] if drift_check else []),
             *pace_rows(timing, "each timed run"),
             *([["the timed runs repeated later (the overhead pairs' runs with every stage marked, us)",
                 _repeated_text(timing["repeated_later"])]] if timing.get("repeated_later") else []),
@@ -99,7 +99,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
                                                    if unstable else "")
-                + (f" **The timed runs were still changing** ({_drift_text(drift_check, pace, launch)})."
+                + (f" **The timed runs were still changing** ({drift_text(drift_check, pace, launch)})."
                    if drift_check and drift_check.get("significant") else "")
                 + (f" **The machine's pace moved during the profile** ({_repeated_text(timing['repeated_later'])})."
                    if (timing.get("repeated_later") or {}).get("apart") else ""))
@@ -314,36 +314,6 @@ def _warmup_text(warm: dict | None) -> str:
            "budget": f"stopped by its {warm.get('budget_seconds', 0):.0f} s budget, not yet steady ({change})",
            "max_runs": f"stopped at {warm.get('max_runs')} runs, not yet steady ({change})"}[warm["rule"]]
     return f" ({why}; {warm['seconds']:.2f} s)"
-
-
-def _drift_of(timing: dict) -> dict | None:
-    """The trace's drift check; for a trace made before it, the same check on the trace's own timed runs."""
-    if "drift" in timing:
-        return timing["drift"]
-    samples = timing.get("total", {}).get("samples")
-    return drift(samples) if samples else None
-
-
-def _drift_text(d: dict, pace: dict | None = None, launch: dict | None = None) -> str:
-    """The runs' drift check in words. Where the host's own pace (``pace``: timing.host_pace) or its launches'
-    (``launch``: timing.launch_pace) changed the same way, the machine changed speed: more warm-up cannot steady
-    that, so the text does not ask for it."""
-    if not d.get("checked"):
-        return f"not checked: {d['why']}"
-    f, lst = d["first_third_median"], d["last_third_median"]
-    level = (f"first third's median {us(f)} us, last third's {us(lst)} us ({100 * d['change']:+.1f}%; "
-             f"{d['runs_per_third']} runs each)")
-    if not d["significant"]:
-        return f"steady: {level}, their 95% intervals overlap"
-    moved = [f"{what} before each run: {100 * p['drift']['change']:+.1f}%"
-             for what, p in (("a fixed Python loop", pace), ("an empty kernel's launch", launch))
-             if moved_with_runs(p, d)]
-    if moved:
-        return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels. The host's "
-                f"own pace changed the same way ({'; '.join(moved)}): the machine changed speed, which more "
-                "--warmup cannot steady; rerun on a quiet host, and compare only figures measured side by side")
-    return (f"{level}: their 95% intervals do not overlap, so the median above mixes two levels; more "
-            "--warmup gives a steady one")
 
 
 def _repeated_text(r: dict) -> str:

@@ -6,7 +6,8 @@ from app.analysis.audit import copy_bound
 from app.analysis.timeline import CAUSE_TEXT, CAUSES
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
-from app.report.markdown import Section, fmt, pace_rows, render
+from app.report.markdown import Section, fmt, render
+from app.report.timing_text import drift_of, drift_text, pace_rows
 from app.runtime.stats import STABLE_REL_SPREAD
 
 BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
@@ -175,7 +176,7 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         reconciliation_section(analysis),
         launches_section([it] + stages),
         _spread(trace, it, stages),
-        *_paces(trace),
+        *drift_and_paces(trace),
         audit_section(analysis["findings"]),
         Section("The audit's two questions", items=[
             f"**What forces this plan to behave like CPU code today?** {analysis['answers'][0]}",
@@ -188,6 +189,11 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
                 f"{backend}: {it['span_us']:,.1f} us per iteration (median span), GPU busy {it['busy_us']:,.1f} us "
                 f"({share:.0f}%). Files: timeline.png, timeline.json (open in Perfetto or chrome://tracing), "
                 "timeline_ranges.csv (every instance).")
+    check = drift_of(trace["timing"])
+    if check and check.get("significant"):
+        timing = trace["timing"]
+        headline += (" **The iterations were still changing** ("
+                     f"{drift_text(check, timing.get('host_pace'), timing.get('launch_pace'))}).")
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     if trace["selected_runtime"] != "gpu" or trace["metadata"]["planner_selected_runtime"] != "gpu":
@@ -208,15 +214,18 @@ def _spread(trace, it, stages) -> Section:
                         f"unstable = robust spread above {100 * STABLE_REL_SPREAD:.0f}%.")
 
 
-def _paces(trace) -> list[Section]:
-    rows = pace_rows(trace["timing"], "each traced iteration")
-    if not rows:
-        return []
-    return [Section("The host's pace", columns=["what", "value"], rows=rows,
-                    note="Timed just before each traced iteration, outside its ranges: the same work every time, so "
-                         "where it moved, the host changed speed, not the plan. A plan bound by its launches follows "
-                         "them. The launches are traced like the plan's, so compare this pace only with another "
-                         "profile traced the same way (the same mode and backend).")]
+def drift_and_paces(trace) -> list[Section]:
+    timing = trace["timing"]
+    check = drift_of(timing)
+    rows = ([["drift over the traced iterations", drift_text(check, timing.get("host_pace"), timing.get("launch_pace"))]]
+            if check else []) + pace_rows(timing, "each traced iteration")
+    return [Section("Drift and the host's pace", columns=["what", "value"], rows=rows,
+                    note="Drift: the medians of the first and last thirds of the iterations, each with its 95% "
+                         "interval. The host's paces are timed just before each traced iteration, outside its "
+                         "ranges: the same work every time, so where they moved, the host changed speed, not the "
+                         "plan; a plan bound by its launches follows them. The launches are traced like the plan's, "
+                         "so compare this pace only with another profile traced the same way (the same mode and "
+                         "backend).")] if rows else []
 
 
 def _copies(trace) -> Section:

@@ -36,6 +36,7 @@ from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite, strip_capture
 from app.runtime.profiling.session import gpu_session, profile_files, worker_command, worker_env
 from app.runtime.profiling.tools import find_tool, run_tool, tool_version
 from app.runtime.profiling.worker import PROFILE_RANGE
+from app.runtime.stats import drift
 
 MISSING_LIB = re.compile(r"(lib[\w.+-]+\.so[.\d]*): cannot open shared object file")
 
@@ -228,6 +229,7 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
                    "total": it["span_spread"] | {"samples": _span_samples(analysis, PROFILE_RANGE)},
                    "uncovered_seconds": it["span_us"] / 1e6 - covered,
                    "event_total_seconds": analysis["event_us"][PROFILE_RANGE] / 1e6,
+                   "drift": drift(_span_samples(analysis, PROFILE_RANGE)),
                    **_paces(worker, _span_samples(analysis, PROFILE_RANGE))},
         "metadata": {"planner_selected_runtime": sel["planner"], "selection_reason": sel["reason"],
                      "params": plan.params, "nvtx": worker["nvtx"], "verification": worker.get("verification"),
