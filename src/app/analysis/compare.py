@@ -8,9 +8,9 @@ zero, or when the change is smaller than either run's own robust spread
 must not read as a regression.
 
 Beside the verdict, the host's pace in each profile (event mode times a fixed Python loop, and on a GPU a few
-launches of an empty kernel, before every timed run; nsys mode before every traced iteration): where the host itself was slower or faster in NEW, the same
-way as the plan, the comparison says so (``caution``) and keeps its verdict -- it cannot tell how much of the
-change is the machine's.
+launches of an empty kernel, before every timed run; nsys mode before every traced iteration): where the host
+itself was slower or faster in NEW, the same way as the plan, the comparison says so (``caution``) and keeps its
+verdict -- it cannot tell how much of the change is the machine's.
 """
 from __future__ import annotations
 

@@ -215,10 +215,13 @@ def _spread(trace, it, stages) -> Section:
 
 
 def drift_and_paces(trace) -> list[Section]:
+    """The section "Drift and the host's pace": the iterations' drift check and the paces the worker timed before
+    them (none for a trace with neither)."""
     timing = trace["timing"]
     check = drift_of(timing)
-    rows = ([["drift over the traced iterations", drift_text(check, timing.get("host_pace"), timing.get("launch_pace"))]]
-            if check else []) + pace_rows(timing, "each traced iteration")
+    pace, launch = timing.get("host_pace"), timing.get("launch_pace")
+    rows = ([["drift over the traced iterations", drift_text(check, pace, launch)]] if check else []) + \
+        pace_rows(timing, "each traced iteration")
     return [Section("Drift and the host's pace", columns=["what", "value"], rows=rows,
                     note="Drift: the medians of the first and last thirds of the iterations, each with its 95% "
                          "interval. The host's paces are timed just before each traced iteration, outside its "

@@ -5,7 +5,9 @@ the plan, compiles, does the cold run and the warm-ups outside any NVTX range,
 then runs the plan ``iterations`` times, each inside a ``<kernel>@profile`` range
 with one NVTX range per stage -- the same plan.run as every other mode. ncu's
 ``--nvtx-include <kernel>@profile/`` therefore sees only warm iterations, and the
-timeline analysis of nsys mode only looks inside those ranges.
+timeline analysis of nsys mode only looks inside those ranges. For nsys mode the
+worker also times the host's paces before each iteration, outside the ranges
+(app.runtime.launch_pace.Paces, as event mode does before its timed runs).
 
 With ``collect="cupti"`` the worker traces itself with CUPTI (no nsys): it first
 times the same iterations untraced, then traced, so the tracing overhead is
