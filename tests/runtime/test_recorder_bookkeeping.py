@@ -174,3 +174,18 @@ def test_stage_marks_without_timestamps_leave_the_run_timed_by_its_own_pair():
     _, rec = recorder.run(Tiled(), [1], Backend())
     assert rec.marks == 4 and all(math.isnan(s["seconds"]) for s in rec.stages)
     assert rec.total_seconds == 3.0
+
+
+def test_ranges_off_runs_with_no_ranges_then_restores_them():
+    """The nsys worker warms up on the recorder it profiles with, its ranges off, so nothing is made between the
+    warm-up and the first ranged iteration. With a range log (the CUPTI backend's clock), a run inside
+    ``ranges_off`` logs none and the next run logs one a stage."""
+    log = []
+    nvtx = Nvtx(False, "demo", clock=time.perf_counter_ns)
+    nvtx.prepare(["work", "finish"])           # no domain without the nvtx package's: nothing to register
+    rec = Recorder("cpu", np, nvtx)
+    with rec.ranges_off():
+        _, quiet = rec.run(_Plan(log), [1, 2], None)
+    assert nvtx.log == [] and [s["name"] for s in quiet.stages] == ["work", "finish"]
+    _, ranged = rec.run(_Plan(log), [1, 2], None)
+    assert [r[0] for r in nvtx.log] == ["work", "finish"]

@@ -34,6 +34,14 @@ class Nvtx:
         dom = nvtx.get_domain(domain) if hasattr(nvtx, "get_domain") else None
         self._domain = dom if hasattr(dom, "get_event_attributes") and hasattr(dom, "push_range") else None
 
+    def prepare(self, names) -> None:
+        """Register the range names now: the first registration also starts the tool listening (nsys's injection
+        library), which would otherwise happen at a push inside the first profiled range."""
+        if self._domain is not None:
+            for name in names:
+                if name not in self._attrs:
+                    self._attrs[name] = self._domain.get_event_attributes(message=name)
+
     @property
     def active(self) -> bool:
         return self._nvtx is not None

@@ -17,6 +17,7 @@ import math
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -285,6 +286,16 @@ class Recorder:
         self._marks: list = []
         self._last = None               # the latest clock mark of this run
         self._contexts: list | None = None    # the stages of the run in progress (their deferred bookkeeping)
+
+    @contextmanager
+    def ranges_off(self):
+        """Runs with no ranges pushed, on this recorder's own clock: the worker's warm-up, which then runs straight
+        into the ranged iterations with nothing new made between."""
+        ranges, self._ranges = self._ranges, False
+        try:
+            yield self
+        finally:
+            self._ranges = ranges
 
     def defer(self) -> None:
         """Hold the bookkeeping of the stages run from now (``StageContext.later``) until ``settle``."""
