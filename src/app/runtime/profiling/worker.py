@@ -60,8 +60,9 @@ def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, co
     if trace is None and not nvtx.active:
         raise DeviceUnavailable(f"NVTX is unavailable ({nvtx.reason}); the profiler cannot find the stages")
     # Everything the iterations use is made before the cold run and the warm-ups, which then run straight into
-    # them on the same recorder, its ranges off: on an H200 host, with the paces' kernel, the NVTX names and the
-    # recorder made after the warm-up, the first of 30 iterations under nsys ran 1.8-1.9x their median.
+    # them on the same recorder, its ranges off: on an H200 host, with the NVTX names and the recorder made after
+    # the warm-up, the first of 30 iterations under nsys ran 1.84 and 1.91x their median; made before, 1.34 and
+    # 1.08x (another H200 host).
     nvtx.prepare([PROFILE_RANGE, *(s.name for s in plan.stages)])
     rec = Recorder(dev, xp, nvtx)
     paces = launch_pace.Paces(dev, xp) if pace else None
