@@ -164,3 +164,19 @@ def test_nsys_profiles_carry_the_host_pace_into_compare(capsys):
     out = capsys.readouterr().out
     assert "host CPU pace (a fixed Python loop before each timed run): base 47.4 us, new 60.0 us, +26.5%" in out
 
+
+def test_nsys_profiles_of_two_backends_are_compared_with_a_warning(capsys):
+    """The default join traced by nsys and by the cupti backend on one H200 in one call (tests/data/nsys): the
+    same code reads 33% slower under CUPTI, the tracer's cost, so the comparison says the backends differ. Two
+    profiles of one backend carry no such warning."""
+    nsys, cupti = (str(NSYS / f"join_v4_100k_10k_h200_30_iterations{s}.trace.json") for s in ("", "_cupti"))
+    assert main(["compare", nsys, cupti, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["total"]["verdict"] == "slower"
+    assert r["warning"].startswith("the nsys profiles were traced by different backends (nsys vs cupti)")
+    assert main(["compare", nsys, cupti]) == 0
+    assert capsys.readouterr().out.startswith("WARNING: the nsys profiles were traced by different backends")
+    n1, n2 = (str(NSYS / f"join_v4_100k_10k_h200_n{i}.trace.json") for i in (1, 2))
+    assert main(["compare", n1, n2, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warning"] is None
+

@@ -125,6 +125,12 @@ def test_report_and_trace_from_a_real_capture(kernel):
     assert "sm__warps_active" in report                        # a missing counter is named, never zero
     baseline = dict(trace, mode="event")
     assert "Warning: the baseline was measured in event mode" in nsys_report(trace, analysis, params, baseline)
+    # A baseline traced by the other backend (a real cupti-backend profile): its spans carry another tracer's cost.
+    cupti = json.loads((FIX.parents[1] / "data" / "nsys" / "join_v4_100k_10k_h200_30_iterations_cupti.trace.json")
+                       .read_text())
+    assert "Warning: the nsys profiles were traced by different backends (cupti vs nsys)" in nsys_report(
+        trace, analysis, params, cupti)
+    assert "traced by different backends" not in nsys_report(trace, analysis, params, trace)
     # The worker timed the host's paces before each traced iteration (on the H200: launches too), in the
     # iterations' order, and the report gives them as event mode's does.
     timing = trace["timing"]

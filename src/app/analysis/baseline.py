@@ -124,6 +124,20 @@ def other_card(base: dict, new: dict) -> str:
     return ""
 
 
+def other_backend(traces: list[dict]) -> str:
+    """Why nsys-mode profiles traced by different backends (nsys around the process, or CUPTI inside it) are not a
+    like-for-like timing, or '': each tracer adds its own cost to every CUDA call, so the iterations' spans and the
+    host's launch pace differ with the backend alone (CUPTI added 13.8-49.4% to the host time of the default
+    join's iterations on the lent H200s)."""
+    backends = list(dict.fromkeys(((t.get("metadata") or {}).get("tool") or {}).get("backend")
+                                  for t in traces if t.get("mode") == "nsys"))
+    if len(backends) < 2:
+        return ""
+    return (f"the nsys profiles were traced by different backends ({' vs '.join(str(b) for b in backends)}), and "
+            "each tracer adds its own cost to every CUDA call: their spans and launch paces differ by the tracer "
+            "alone; compare profiles of one backend")
+
+
 def mismatch_of(trace: dict, kernel: str, version: str, params: dict | None, device_name: str | None) -> str:
     """What makes ``trace`` not comparable with a run of (kernel, version, params, device), or ''."""
     diffs = []

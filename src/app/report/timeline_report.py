@@ -3,6 +3,7 @@ with CUDA-event timing, launches, the audit and its two questions."""
 from __future__ import annotations
 
 from app.analysis.audit import copy_bound
+from app.analysis.baseline import other_backend
 from app.analysis.timeline import CAUSE_TEXT, CAUSES
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
@@ -169,9 +170,7 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         Section("Top 3 Opportunities (ranked by estimated impact)", items=ops,
                 note="Gain = the idle (or kernel) time that cause accounts for, as a share of the iteration's span: "
                      "an upper bound, since removing one cause can expose another."),
-        baseline_section(trace, baseline, "" if not baseline or baseline.get("mode") == "nsys" else (
-            f" Warning: the baseline was measured in {baseline.get('mode')} mode, whose stage times are not host "
-            "spans; compare like with like.")),
+        baseline_section(trace, baseline, _baseline_warning(trace, baseline)),
         accounting_section([it] + stages),
         reconciliation_section(analysis),
         launches_section([it] + stages),
@@ -199,6 +198,17 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
     if trace["selected_runtime"] != "gpu" or trace["metadata"]["planner_selected_runtime"] != "gpu":
         headline = f"**CPU fallback or planner override: ran on {trace['selected_runtime']}.** " + headline
     return render(trace["kernel"], trace["version"], headline, sections)
+
+
+def _baseline_warning(trace: dict, baseline: dict | None) -> str:
+    """What makes the baseline's times unlike this profile's: another mode, or another tracer."""
+    if not baseline:
+        return ""
+    if baseline.get("mode") != "nsys":
+        return (f" Warning: the baseline was measured in {baseline.get('mode')} mode, whose stage times are not "
+                "host spans; compare like with like.")
+    other = other_backend([baseline, trace])
+    return f" Warning: {other}." if other else ""
 
 
 def _spread(trace, it, stages) -> Section:
