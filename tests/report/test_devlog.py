@@ -215,3 +215,31 @@ def test_an_entry_gives_the_hosts_pace_and_cautions_when_the_launches_moved_with
     assert "| Host launch pace (an empty kernel launched before each timed run) | not measured (CPU run: the plan " \
            "launches no kernels) | -- |" in cpu
     assert re.search(r"\| Host CPU pace \(a fixed Python loop before each timed run\) \| \d[\d,]*\.\d us \| -- \|", cpu)
+
+
+def test_nsys_entries_compare_within_one_backend(in_repo):
+    """Three real nsys profiles of the default join on one H200 host (tests/data/nsys): traced by nsys, then by the
+    cupti backend, then by nsys again. The cupti entry starts a series of its own (its tracer costs more, so it
+    would read as a regression); the third entry compares with the first, and gives the host's paces nsys mode now
+    times."""
+    import shutil
+
+    data = Path(__file__).resolve().parents[1] / "data" / "nsys"
+    log = in_repo / "log.md"
+    names = ("join_v4_100k_10k_h200_n1", "join_v4_100k_10k_h200_30_iterations_cupti", "join_v4_100k_10k_h200_n2")
+    for name in names:
+        dest = in_repo / "profiles" / "nsys" / "join" / name
+        dest.mkdir(parents=True)
+        shutil.copy(data / f"{name}.trace.json", dest / "trace.json")
+        assert main(["devlog", str(dest), "--file", str(log)]) == 0
+    first, cupti, third = log.read_text().split("**Performance** (")[1:]
+
+    def row(entry, name):
+        return [c.strip() for c in next(ln for ln in entry.splitlines() if ln.startswith(f"| {name}")).split("|")[2:4]]
+
+    assert row(cupti, "Duration")[1] == "--"
+    assert row(third, "Duration")[1].startswith("52.8% slower")
+    assert row(third, "Host CPU pace")[1].startswith("+26.5% [")
+    markers = [json.loads(m.group(1)) for m in MARKER.finditer(log.read_text())]
+    assert [m["backend"] for m in markers] == ["nsys", "cupti", "nsys"]
+

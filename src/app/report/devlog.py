@@ -4,7 +4,7 @@ The devlog is a markdown file in the user's own repository (``docs/kernels/<kern
 under the current folder by default). Each entry ends with a machine-readable
 marker keyed by the profile's folder, so appending the same profile twice adds
 nothing, and the next entry of the same kernel, version, mode, parameters and
-device finds the previous values to compare with. A profile from another GPU
+device (and, in nsys mode, backend) finds the previous values to compare with. A profile from another GPU
 starts a series of its own: an H100 is not "faster" than an H200 because one
 plan ran on each (``compare`` refuses such a pair for the same reason).
 """
@@ -112,16 +112,19 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     if any(e.get("key") == key for e in entries):
         return path, False
     device = trace.get("device", {}).get("name")
-    series = (trace["kernel"], trace["version"], trace.get("mode"), trace.get("metadata", {}).get("params"), device)
-    same = [e for e in entries
-            if (e.get("kernel"), e.get("version"), e.get("mode"), e.get("params"), e.get("device")) == series]
+    # nsys mode's backends trace at different costs (CUPTI in process, nsys around it): each is a series of its own.
+    backend = ((trace.get("metadata") or {}).get("tool") or {}).get("backend") if trace.get("mode") == "nsys" else None
+    series = (trace["kernel"], trace["version"], trace.get("mode"), trace.get("metadata", {}).get("params"), device,
+              backend)
+    same = [e for e in entries if (e.get("kernel"), e.get("version"), e.get("mode"), e.get("params"), e.get("device"),
+                                   e.get("backend")) == series]
     prev = same[-1] if same else {}
     miss = summary.get("missing", {})
     record = {"key": key, "kernel": trace["kernel"], "version": trace["version"], "mode": trace.get("mode"),
               "params": trace.get("metadata", {}).get("params"), "device": device,
               "card": trace.get("device", {}).get("uuid"), "duration_us": summary.get("duration_us"),
               "achieved_tflops": summary.get("achieved_tflops"), "achieved_gbps": summary.get("achieved_gbps"),
-              "samples": samples_of(trace)}
+              "samples": samples_of(trace)} | ({"backend": backend} if backend else {})
     duration_vs = _vs(summary.get("duration_us"), prev.get("duration_us"), True)
     pace_rows, paces = _pace_rows(trace, record, prev)
     caution = None
