@@ -164,3 +164,23 @@ def test_other_card_is_named_when_the_profiles_ran_on_different_cards_or_may_hav
     for base, new in ((on("GPU-a"), on("GPU-a")), (on(None, "cpu"), on(None, "cpu")), ({}, {}),
                       ({"device": None}, on("GPU-b")), (on(None, "cpu"), on("GPU-b"))):
         assert other_card(base, new) == ""
+
+
+def test_other_backend_names_the_backends_of_nsys_profiles():
+    """Real nsys-mode profiles of the default join on one H200 (tests/data/nsys), traced by nsys and by CUPTI:
+    their times differ by the tracer alone, and the warning names both; profiles of one backend, and event-mode
+    profiles (no tracer), get none."""
+    from pathlib import Path
+
+    from app.analysis.baseline import other_backend
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    nsys, cupti = (json.loads((data / "nsys" / f"join_v4_100k_10k_h200_30_iterations{s}.trace.json").read_text())
+                   for s in ("", "_cupti"))
+    event = json.loads((data / "event" / "join_v4_100k_10k_h200_launch_pace.trace.json").read_text())
+    assert other_backend([nsys, cupti]) == (
+        "the nsys profiles were traced by different backends (nsys vs cupti), and each tracer adds its own cost to "
+        "every CUDA call: their spans and launch paces differ by the tracer alone; compare profiles of one backend")
+    assert other_backend([cupti, nsys, nsys]).startswith("the nsys profiles were traced by different backends "
+                                                         "(cupti vs nsys)")
+    assert other_backend([nsys, nsys]) == "" and other_backend([event, nsys]) == "" and other_backend([cupti]) == ""
