@@ -65,6 +65,7 @@ def test_forced_comparison_warns_at_the_top(tmp_path, good):
     ('{"kernel": "join", "version": "v2", "total_elapsed_seconds": NaN, "stages": []}', "total_elapsed_seconds=nan"),
     (lambda t: {**t, "total_elapsed_seconds": True}, "is not a finite positive number"),
     (lambda t: {**t, "total_elapsed_seconds": -1}, "is not a finite positive number"),
+    (lambda t: {**t, "total_elapsed_seconds": 0}, "total_elapsed_seconds=0 is not a finite positive number"),
     (lambda t: {**t, "stages": {"bounds": 1}}, "not a list of stages"),
     (lambda t: {**t, "stages": [{"name": "bounds", "elapsed_seconds": float("inf")}]}, "no finite elapsed_seconds"),
     (lambda t: {**t, "kernel": 7}, "field 'kernel' is missing or not a string"),
@@ -75,6 +76,7 @@ def test_malformed_baselines_are_one_line(tmp_path, capsys, good, no_profiling, 
     assert main([*ARGS, "--out", str(tmp_path / "out"), "--baseline", str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0], err
+    assert f"--baseline {p}: " in err[0]                  # the flag and the file, then what is wrong with it
 
 
 def test_special_and_huge_files_are_refused_without_reading(tmp_path, capsys, no_profiling):
@@ -138,9 +140,17 @@ def test_timing_samples_must_be_finite_numbers(tmp_path, good, samples):
     doc = dict(good)
     doc["stages"] = [dict(good["stages"][0], spread={**good["stages"][0]["spread"], "samples": samples})]
     p = write(tmp_path, doc)
-    with pytest.raises(BadParameter, match="timing samples are not a list of finite non-negative numbers"):
+    with pytest.raises(BadParameter, match=f"^--baseline {p}: its timing samples are not a list of finite "
+                                           "non-negative numbers"):
         read_trace(str(p))
+    whole = dict(good, timing={**good["timing"], "total": {**good["timing"]["total"], "samples": samples}})
+    with pytest.raises(BadParameter, match="timing samples are not a list of finite non-negative numbers"):
+        read_trace(str(write(tmp_path, whole, "whole.json")))
     assert read_trace(str(write(tmp_path, good, "ok.json")))["kernel"] == "join"
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    write(folder, good)
+    assert read_trace(str(folder)) == good                  # a profile folder: its trace.json
 
 
 def test_other_card_is_named_when_the_profiles_ran_on_different_cards_or_may_have():

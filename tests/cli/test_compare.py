@@ -100,6 +100,9 @@ def test_unlike_profiles_are_refused_unless_forced(runs, tmp_path, capsys):
 @pytest.mark.parametrize("argv,fragment", [
     (["compare", "a"], "the following arguments are required: NEW"),
     (["compare", "/nope", "/nope2"], "BASE /nope: not a readable profile trace"),
+    (["compare", "/" + "x" * 300, "/nope2"], "not a readable profile (File name too long)"),
+    (["compare", str(ROOT / "tests" / "data" / "nsys" / "join_v4_100k_10k_h200_n1.trace.json"), "/nope2,/" + "y" * 300],
+     "NEW /yyy"),
     (["compare", "x", "y", "--fail-on-regression", "nan"], "--fail-on-regression must be a finite percentage"),
     (["compare", "x", "y", "--floor", "-1"], "--floor must be a finite percentage"),
 ])

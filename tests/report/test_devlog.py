@@ -108,6 +108,13 @@ def test_unwritable_devlog_is_one_line(in_repo, capsys):
     assert main(["devlog", str(prof), "--file", str(in_repo / "blocker" / "log.md")]) == 5
     assert "cannot append to the devlog" in capsys.readouterr().err
     assert not os.path.exists(in_repo / "blocker" / "log.md")
+    # A devlog that cannot be read (a name no file can have, a file that is not text) is one line too, untouched.
+    (in_repo / "binary.md").write_bytes(b"\xff\xfe entries")
+    for name, fragment in (("x" * 300 + ".md", "(File name too long)"), ("binary.md", "can't decode byte 0xff")):
+        assert main(["devlog", str(prof), "--file", str(in_repo / name)]) == 5
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "cannot read the devlog" in err[0] and fragment in err[0], err
+    assert (in_repo / "binary.md").read_bytes() == b"\xff\xfe entries"
 
 
 def test_an_entry_from_another_card_of_the_same_model_says_so(in_repo):
@@ -243,3 +250,19 @@ def test_nsys_entries_compare_within_one_backend(in_repo):
     markers = [json.loads(m.group(1)) for m in MARKER.finditer(log.read_text())]
     assert [m["backend"] for m in markers] == ["nsys", "cupti", "nsys"]
 
+
+
+@pytest.mark.parametrize("setup,devlog,fragment", [
+    (lambda p: (p / "folder").mkdir(), "folder", "(it is a folder)"),
+    (lambda p: (p / "binary.md").write_bytes(b"\xff entries"), "binary.md", "cannot read the devlog"),
+    (lambda p: (p / "file").write_text("x"), "file/log.md", "file is not a folder)"),
+    (lambda p: None, "x" * 300 + "/log.md", "(File name too long)"),
+])
+def test_a_bad_devlog_fails_before_the_profile_runs(in_repo, capsys, setup, devlog, fragment):
+    """--devlog FILE is checked with the output folder, before any work: one line naming the flag, and no
+    profile made only to be followed by an error."""
+    setup(in_repo)
+    assert main([*ARGS, "--out", str(in_repo / "out"), "--devlog", str(in_repo / devlog)]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0] and "pass --devlog FILE with a" in err[0], err
+    assert not (in_repo / "out").exists()

@@ -96,3 +96,33 @@ def test_same_second_in_one_process_gets_the_next_free_name(tmp_path, monkeypatc
     dirs = [write_profile(tmp_path, {"trace.json": {"n": i}}) for i in range(3)]
     assert [d.name for d in dirs] == ["20261126-120000", "20261126-120000-2", "20261126-120000-3"]
     assert [json.loads((d / "trace.json").read_text())["n"] for d in dirs] == [0, 1, 2]
+
+
+def test_files_in_new_nested_folders_and_readable_json(tmp_path):
+    """A profile's files may sit folders deep (compiled/<stage>/...); JSON is written indented by two, for a
+    reader of the folder, and ends with a newline."""
+    doc = {"kernel": "join", "stages": [{"name": "bounds"}]}
+    out = write_profile(tmp_path, {"trace.json": doc, "compiled/bounds/kernel.ptx": "// ptx\n", "raw.bin": b"\x00\x01"})
+    assert (out / "compiled" / "bounds" / "kernel.ptx").read_text() == "// ptx\n"
+    assert (out / "trace.json").read_text() == json.dumps(doc, indent=2) + "\n"
+    assert (out / "raw.bin").read_bytes() == b"\x00\x01"
+
+
+def test_an_uncreatable_output_folder_and_a_failed_write_name_the_fix(tmp_path, monkeypatch):
+    from app.errors import OutputNotWritable
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OutputNotWritable, match=r"is not a writable folder\); pass --out DIR with a writable folder$"):
+        write_profile(blocker / "profiles", {"trace.json": {}})
+    with pytest.raises(OutputNotWritable, match=r"^cannot write profiles under .*\(File name too long\); pass --out "
+                                                r"DIR with a writable folder$"):
+        write_profile(tmp_path / ("x" * 300), {"trace.json": {}})     # a writable parent, a name no folder can have
+
+    def full(self, *a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OutputNotWritable, match=r"failed \(No space left on device\); check free space and "
+                                                r"permissions$"):
+        write_profile(tmp_path / "out", {"trace.json": {}})
+    assert not list((tmp_path / "out").iterdir())              # nothing half-written left behind

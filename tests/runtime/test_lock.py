@@ -111,6 +111,7 @@ def test_key_is_the_physical_gpu():
     sel = lambda info: Selection("gpu", "gpu", "gpu", "", "H200", info)  # noqa: E731
     assert device_key(sel({"uuid": "GPU-5e1f97fb-7fd8", "index": 0})) == "gpu-GPU-5e1f97fb-7fd8"
     assert device_key(sel({"pci_bus_id": "0000:06:00", "index": 0})) == "gpu-0000_06_00"
+    assert device_key(sel({"index": 3})) == "gpu-index3"         # neither known: the device's index tells GPUs apart
     assert device_key(Selection("auto", "cpu", "cpu", "", "cpu", {})) == "cpu"
 
 

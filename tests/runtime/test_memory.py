@@ -59,6 +59,19 @@ def test_on_the_cpu_device_buffers_count_as_host_memory():
         check_fits(p, "cpu", host_bytes=fp.host_bytes + fp.device_bytes - 1)
 
 
+def test_on_the_gpu_device_buffers_are_not_host_memory():
+    """A GPU run needs its host buffers on the host and its device buffers on the GPU, not both on the host; and
+    the largest size it suggests for the host counts only the host's share."""
+    p = plan("join", points=1_000_000)
+    fp = p.footprint()
+    check_fits(p, "gpu", host_bytes=fp.host_bytes, device_free=fp.device_bytes)
+    with pytest.raises(BadParameter) as err:
+        check_fits(p, "gpu", host_bytes=fp.host_bytes // 2, device_free=10**12)
+    most = int(str(err.value).split("--points ")[1].split(" ")[0].replace(",", ""))
+    check_fits(plan("join", points=most), "gpu", host_bytes=fp.host_bytes // 2, device_free=10**12)
+    assert most > 400_000                   # about half the points: the device's bytes are not in the host's need
+
+
 def test_when_no_single_size_helps():
     with pytest.raises(BadParameter, match="even --left 1 does not fit: reduce the other sizes"):
         check_fits(plan("overlay", left=1_000_000, right=1_000_000), "cpu", host_bytes=10**8)

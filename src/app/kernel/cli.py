@@ -318,6 +318,10 @@ def _main(argv: list[str]) -> int:
     plan = _tuned(plan, args)
     parent = profile_parent(args.out, mode.name, plan.kernel, plan.slug())
     check_writable(parent)
+    if args.devlog is not None:
+        from app.report.devlog import check_devlog
+
+        check_devlog(plan.kernel, args.devlog or None)
     options = ProfileOptions(device=args.device, bench_runs=args.bench_runs, warmup=args.warmup,
                              nvtx=args.nvtx, verify=args.verify, baseline=_baseline(args, plan),
                              argv=["python -m app.kernel", *argv], ncu=args.ncu, ncu_timeout=args.ncu_timeout,

@@ -83,8 +83,12 @@ def _side(paths: str, what: str) -> list[dict]:
         if not path.strip():
             raise BadParameter(f"{what} {paths!r} holds an empty profile path (a stray comma?); separate the profiles "
                                "by single commas")
-        key = Path(path).resolve()
-        key = key / "trace.json" if key.is_dir() else key
+        try:
+            key = Path(path).resolve()
+            key = key / "trace.json" if key.is_dir() else key
+        except OSError as exc:      # a name no file can have (too long), a loop of links
+            raise BadParameter(f"{what} {path}: not a readable profile ({exc.strerror or exc}); pass a profile "
+                               "folder or its trace.json") from None
         if key in seen:
             also = "" if seen[key] == path else f" (also as {seen[key]})"
             raise BadParameter(f"{what} lists the profile {path} twice{also}: give each process's profile once")

@@ -11,6 +11,7 @@ plan ran on each (``compare`` refuses such a pair for the same reason).
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import time
@@ -95,6 +96,42 @@ def _card_of(entry: dict) -> str | None:
         return None
 
 
+def devlog_path(kernel: str, file: str | None) -> Path:
+    """``file``, or the kernel's devlog in the user's repository: docs/kernels/<kernel>.md under the current folder."""
+    return Path(file) if file else Path("docs") / "kernels" / f"{kernel}.md"
+
+
+def _read(path: Path, flag: str) -> str:
+    """The devlog's text ('' where there is none yet); one line naming ``flag`` where it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8") if path.is_file() else ""
+    except (OSError, UnicodeDecodeError) as exc:     # a name no file can have, unreadable, not text
+        raise OutputNotWritable(f"cannot read the devlog {path} ({getattr(exc, 'strerror', None) or exc}); pass "
+                                f"{flag} with a readable text file") from None
+
+
+def check_devlog(kernel: str, file: str | None) -> None:
+    """Before a profile with --devlog runs: its devlog can be read, and written or created, so that a bad path fails
+    before the work rather than after it."""
+    path = devlog_path(kernel, file)
+    _read(path, "--devlog FILE")
+    target = path.absolute()
+    try:
+        probe = next(p for p in (target, *target.parents) if p.exists())      # the root always exists: bounded
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    else:
+        if probe == target:                             # the devlog is there: appended to
+            why = "it is a folder" if probe.is_dir() else None if os.access(probe, os.W_OK) else "it is not writable"
+        elif not probe.is_dir():
+            why = f"{probe} is not a folder"
+        else:                                           # created, with the folders missing below the probe
+            why = None if os.access(probe, os.W_OK | os.X_OK) else f"{probe} is not writable"
+    if why:
+        raise OutputNotWritable(f"cannot append to the devlog {path} ({why}); pass --devlog FILE with a writable "
+                                "file")
+
+
 def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     """(devlog path, appended?) -- False when this profile's entry is already there."""
     trace = read_trace(profile, "devlog")
@@ -105,9 +142,9 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
                            "profile again to log it")
     params_file = folder / "params.json"
     params = json.loads(params_file.read_text()) if params_file.is_file() else {}
-    path = Path(file) if file else Path("docs") / "kernels" / f"{trace['kernel']}.md"
+    path = devlog_path(trace["kernel"], file)
     key = "/".join(folder.resolve().parts[-4:])              # mode/kernel/params/timestamp
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    text = _read(path, "--file F")
     entries = _entries(text)
     if any(e.get("key") == key for e in entries):
         return path, False

@@ -17,7 +17,11 @@ def profile_parent(out_root: str | Path, mode: str, kernel: str, slug: str) -> P
 def check_writable(parent: Path) -> None:
     """Fail before any work is done -- and without creating anything."""
     path = Path(parent).absolute()
-    probe = next(p for p in (path, *path.parents) if p.exists())      # the root always exists: bounded
+    try:
+        probe = next(p for p in (path, *path.parents) if p.exists())      # the root always exists: bounded
+    except OSError as exc:     # exists() raises for a name no folder can have (too long: ENAMETOOLONG)
+        raise OutputNotWritable(f"cannot write profiles under {parent} ({exc.strerror or exc}); "
+                                "pass --out DIR with a writable folder") from None
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise OutputNotWritable(f"cannot write profiles under {parent} ({probe} is not a writable folder); "
                                 "pass --out DIR with a writable folder")
