@@ -132,6 +132,9 @@ def test_a_run_without_a_version_gets_the_measured_default_and_list_says_why(tmp
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "join  (default version v4: the fastest at the default sizes" in out
+    assert main(["list", "--nope"]) == 2                  # not ignored: one line naming it
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "list takes no arguments, got --nope" in err[0], err
     assert main(["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2",
                  "--out", str(tmp_path)]) == 0
     (d,) = list(tmp_path.glob("profiles/event/join/*/*"))

@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     if argv and argv[0] == "list":
+        extra = [a for a in argv[1:] if a not in ("-h", "--help")]
+        if extra:       # an option meant for another command: say so rather than ignore it
+            raise BadParameter(f"list takes no arguments, got {' '.join(extra)} (see python -m app.kernel --help)")
         print(list_kernels())
         return 0
     if argv and argv[0] == "timeline":
