@@ -124,13 +124,17 @@ def other_card(base: dict, new: dict) -> str:
     return ""
 
 
+def backend_of(trace: dict) -> str | None:
+    """The tracer of an nsys-mode profile (``nsys`` or ``cupti``); None in the other modes."""
+    return ((trace.get("metadata") or {}).get("tool") or {}).get("backend") if trace.get("mode") == "nsys" else None
+
+
 def other_backend(traces: list[dict]) -> str:
     """Why nsys-mode profiles traced by different backends (nsys around the process, or CUPTI inside it) are not a
     like-for-like timing, or '': each tracer adds its own cost to every CUDA call, so the iterations' spans and the
     host's launch pace differ with the backend alone (CUPTI added 13.8-49.4% to the host time of the default
     join's iterations on the lent H200s)."""
-    backends = list(dict.fromkeys(((t.get("metadata") or {}).get("tool") or {}).get("backend")
-                                  for t in traces if t.get("mode") == "nsys"))
+    backends = list(dict.fromkeys(backend_of(t) for t in traces if t.get("mode") == "nsys"))
     if len(backends) < 2:
         return ""
     return (f"the nsys profiles were traced by different backends ({' vs '.join(str(b) for b in backends)}), and "

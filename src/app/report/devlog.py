@@ -19,10 +19,11 @@ from pathlib import Path
 
 import jinja2
 
-from app.analysis.baseline import MACHINES_CAVEAT, other_card, read_trace
+from app.analysis.baseline import MACHINES_CAVEAT, backend_of, other_card, read_trace
 from app.analysis.compare import machine_caution, pace_samples, samples_change, samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
 from app.report.timing_text import pace_change_text
+from app.report.writer import first_existing
 
 MARKER = re.compile(r"<!-- app-kernel devlog entry (\{.*?\}) -->")
 # The device an entry names in its Performance line, for entries whose marker predates the device field.
@@ -117,7 +118,7 @@ def check_devlog(kernel: str, file: str | None) -> None:
     _read(path, "--devlog FILE")
     target = path.absolute()
     try:
-        probe = next(p for p in (target, *target.parents) if p.exists())      # the root always exists: bounded
+        probe = first_existing(target)
     except OSError as exc:
         why = exc.strerror or str(exc)
     else:
@@ -150,7 +151,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         return path, False
     device = trace.get("device", {}).get("name")
     # nsys mode's backends trace at different costs (CUPTI in process, nsys around it): each is a series of its own.
-    backend = ((trace.get("metadata") or {}).get("tool") or {}).get("backend") if trace.get("mode") == "nsys" else None
+    backend = backend_of(trace)
     series = (trace["kernel"], trace["version"], trace.get("mode"), trace.get("metadata", {}).get("params"), device,
               backend)
     same = [e for e in entries if (e.get("kernel"), e.get("version"), e.get("mode"), e.get("params"), e.get("device"),

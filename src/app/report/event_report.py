@@ -11,7 +11,7 @@ from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render, us
 from app.report.sections import device_section, transfers_section, verification_section
-from app.report.timing_text import drift_of, drift_text, pace_rows
+from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
 from app.runtime.stats import robust_of
 
 
@@ -99,8 +99,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
                                                    if unstable else "")
-                + (f" **The timed runs were still changing** ({drift_text(drift_check, pace, launch)})."
-                   if drift_check and drift_check.get("significant") else "")
+                + still_changing(timing, "The timed runs")
                 + (f" **The machine's pace moved during the profile** ({_repeated_text(timing['repeated_later'])})."
                    if (timing.get("repeated_later") or {}).get("apart") else ""))
     if baseline and baseline.get("_mismatch"):

@@ -8,7 +8,7 @@ from app.analysis.timeline import CAUSE_TEXT, CAUSES
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
-from app.report.timing_text import drift_of, drift_text, pace_rows
+from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
 from app.runtime.stats import STABLE_REL_SPREAD
 
 BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
@@ -188,11 +188,7 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
                 f"{backend}: {it['span_us']:,.1f} us per iteration (median span), GPU busy {it['busy_us']:,.1f} us "
                 f"({share:.0f}%). Files: timeline.png, timeline.json (open in Perfetto or chrome://tracing), "
                 "timeline_ranges.csv (every instance).")
-    check = drift_of(trace["timing"])
-    if check and check.get("significant"):
-        timing = trace["timing"]
-        headline += (" **The iterations were still changing** ("
-                     f"{drift_text(check, timing.get('host_pace'), timing.get('launch_pace'))}).")
+    headline += still_changing(trace["timing"], "The iterations")
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     if trace["selected_runtime"] != "gpu" or trace["metadata"]["planner_selected_runtime"] != "gpu":

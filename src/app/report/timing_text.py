@@ -37,6 +37,14 @@ def drift_text(d: dict, pace: dict | None = None, launch: dict | None = None) ->
             "--warmup gives a steady one")
 
 
+def still_changing(timing: dict, what: str) -> str:
+    """The headline's sentence where ``what`` (the timed runs, the iterations) were still changing, or ''."""
+    check = drift_of(timing)
+    if not (check and check.get("significant")):
+        return ""
+    return f" **{what} were still changing** ({drift_text(check, timing.get('host_pace'), timing.get('launch_pace'))})."
+
+
 def pace_rows(timing: dict, before: str) -> list[list[str]]:
     """The Timing table's rows for timing.host_pace and timing.launch_pace (event mode: ``before`` "each timed
     run"; nsys mode: "each traced iteration"); none for a trace made before they were recorded."""

@@ -14,11 +14,17 @@ def profile_parent(out_root: str | Path, mode: str, kernel: str, slug: str) -> P
     return Path(out_root) / "profiles" / mode / kernel / slug
 
 
+def first_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (the root always does); OSError for a name no file can have
+    (too long), where exists() raises instead of returning False."""
+    path = Path(path).absolute()
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
 def check_writable(parent: Path) -> None:
     """Fail before any work is done -- and without creating anything."""
-    path = Path(parent).absolute()
     try:
-        probe = next(p for p in (path, *path.parents) if p.exists())      # the root always exists: bounded
+        probe = first_existing(parent)
     except OSError as exc:     # exists() raises for a name no folder can have (too long: ENAMETOOLONG)
         raise OutputNotWritable(f"cannot write profiles under {parent} ({exc.strerror or exc}); "
                                 "pass --out DIR with a writable folder") from None

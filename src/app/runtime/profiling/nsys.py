@@ -205,6 +205,7 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
     sel = worker["selection"]
     by_name = {s["name"]: s for s in worker["stages"]}
     it = analysis["iteration"]
+    spans = _span_samples(analysis, PROFILE_RANGE)
     stages = []
     for s in analysis["stages"]:
         w = by_name[s["name"]]
@@ -226,11 +227,10 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
         "total_elapsed_seconds": it["span_us"] / 1e6,
         "timing": {"clock": f"host wall time of each NVTX range ({tool['backend']} trace)",
                    "timed_runs": it["instances"],
-                   "total": it["span_spread"] | {"samples": _span_samples(analysis, PROFILE_RANGE)},
+                   "total": it["span_spread"] | {"samples": spans},
                    "uncovered_seconds": it["span_us"] / 1e6 - covered,
                    "event_total_seconds": analysis["event_us"][PROFILE_RANGE] / 1e6,
-                   "drift": drift(_span_samples(analysis, PROFILE_RANGE)),
-                   **_paces(worker, _span_samples(analysis, PROFILE_RANGE))},
+                   "drift": drift(spans), **_paces(worker, spans)},
         "metadata": {"planner_selected_runtime": sel["planner"], "selection_reason": sel["reason"],
                      "params": plan.params, "nvtx": worker["nvtx"], "verification": worker.get("verification"),
                      "tool": tool, "capture": analysis["capture"],
