@@ -21,7 +21,7 @@ from app.runtime import device as devmod
 from app.runtime.profiling.cupti_trace import timeline_from_records
 from app.runtime.profiling.nsys import analyse_plan, nsys_trace
 from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite
-from app.runtime.profiling.worker import PROFILE_RANGE
+from app.runtime.profiling.worker import CUPTI_WARM_RUNS, PROFILE_RANGE
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nsys"
 FAKE = Path(__file__).parent / "fake_tools" / "nsys"
@@ -202,6 +202,15 @@ def test_cupti_records_feed_the_same_analysis(kernel):
     trace = nsys_trace(plan, worker, analysis, {"backend": "cupti", "version": None, "command": []})
     assert trace["timing"]["launch_pace"]["samples"] == worker["pace"]["launch_seconds"]
     assert len(worker["pace"]["loop_seconds"]) == len(worker["pace"]["launch_seconds"]) == 3
+    # The traced iterations the worker discards, to pay CUPTI's set-up, come first, outside every range: the same
+    # kernels as a reported iteration's, CUPTI_WARM_RUNS times, and the analysis counted none of them.
+    rec = worker["cupti"]
+    (start, end), *_ = sorted((r[2], r[3]) for r in rec["ranges"] if r[0] == PROFILE_RANGE)
+    in_first = [o for o in rec["ops"] if start <= o[0] < end]
+    first = [o[3] for o in in_first if o[2] == "kernel"]
+    before = [o[3] for o in rec["ops"] if o[2] == "kernel" and o[0] < start and o[3] != "launch_pace_nop"]
+    assert first and sorted(before) == sorted(first * CUPTI_WARM_RUNS)
+    assert sum(s["ops"] for s in analysis["stages"]) == len(in_first)
 
 
 def test_timeline_command_json(capsys):

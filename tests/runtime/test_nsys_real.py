@@ -46,6 +46,18 @@ def test_every_microsecond_accounted(tmp_path, kernel, backend):
         assert heading in report
     if backend == "cupti":
         assert trace["metadata"]["tool"]["overhead"]["overhead_pct"] is not None
+        # CUPTI's set-up is paid by discarded traced iterations before the first reported one: their kernels
+        # are in the records, before the first profile range and outside every range.
+        from app.runtime.profiling.worker import CUPTI_WARM_RUNS
+
+        rec = json.loads((d / "cupti_records.json").read_text())
+        profiles = sorted(r[2] for r in rec["ranges"] if r[0] == "profile")
+        assert len(profiles) == 3
+        first = profiles[0]
+        plan_kernels = [o for o in rec["ops"] if o[2] == "kernel" and "launch_pace" not in o[3]]
+        per_iteration = sum(1 for o in plan_kernels if first <= o[0] < profiles[1])
+        before = sum(1 for o in plan_kernels if o[0] < first)
+        assert per_iteration > 0 and before >= CUPTI_WARM_RUNS * per_iteration
     # The host's paces, timed before each traced iteration, with the same figures as event mode's.
     for key in ("host_pace", "launch_pace"):
         p = trace["timing"][key]
