@@ -135,14 +135,16 @@ def test_nvtx_reported_as_emitted_only_when_emitted(profile):
     device, _, trace, _ = profile
     nv = trace["metadata"]["nvtx"]
     assert nv["requested"] and nv["emitted"] and nv["domain"] == "join"
-    # cold + warm-up + timed runs + the instrumented half of the overhead pairs (the bare half has no ranges)
+    # cold + warm-up + timed runs + the instrumented half of the overhead pairs (the bare half has no ranges), and
+    # of the pairs' discarded first round
     ins = trace["timing"]["instrumentation"]
     pairs = ins["pairs"]
     if device == "gpu":     # 30 pairs, then more until the interval is narrow, the budget is spent or 400 are run
         assert (OVERHEAD_PAIRS <= pairs <= OVERHEAD_MAX_PAIRS or ins["stopped"] == "budget") and pairs >= 3
     else:
         assert (pairs, ins["stopped"]) == (OVERHEAD_PAIRS_CPU, "count")
-    assert nv["ranges"] == len(STAGES) * (1 + 1 + 5 + pairs)
+    assert ins["settle_rounds"] == 1
+    assert nv["ranges"] == len(STAGES) * (1 + 1 + 5 + ins["settle_rounds"] + pairs)
 
 
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)

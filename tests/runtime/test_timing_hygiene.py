@@ -383,6 +383,30 @@ def test_end_to_end_comes_from_the_overhead_pairs_bare_runs_and_never_reads_less
     assert "end_to_end" not in timing.instrumentation_overhead(run(0.0), run(0.0), _NoFlush(), pairs=3)
 
 
+def test_overhead_pairs_discard_their_settling_rounds():
+    """The first round after other work runs slow (and a new recorder makes its events in it): with
+    ``settle_rounds`` it runs, every side once and flushed first, and counts in nothing."""
+    flushes, calls = [], []
+
+    def side(name, first, then):
+        def run():
+            calls.append(name)
+            t = first if calls.count(name) == 1 else then
+            return None, RunRecord([], t, t, 3 if name == "marked" else 2)
+        return run
+
+    others = {1: side("one", 9.0, 1.02)}
+    out = timing.instrumentation_overhead(side("marked", 5.0, 1.1), side("bare", 0.2, 1.0),
+                                          lambda: flushes.append(1), pairs=6, others=others, settle_rounds=1)
+    assert out["settle_rounds"] == 1 and out["pairs"] == 6 and len(out["rounds"]) == 6
+    assert calls[:3] == ["marked", "bare", "one"] and len(calls) == len(flushes) == 3 * 7
+    assert out["overhead_fraction"] == pytest.approx(0.1) and out["overhead_ci95"] == pytest.approx([0.1, 0.1])
+    assert all(r[1].total_seconds == 1.02 for r in out["rounds"])
+    calls.clear()
+    unsettled = timing.instrumentation_overhead(side("marked", 5.0, 1.1), side("bare", 0.2, 1.0), _NoFlush(), pairs=6)
+    assert unsettled["settle_rounds"] == 0 and unsettled["overhead_ci95"][1] > 3     # the slow round counted
+
+
 def test_overhead_pairs_stop_at_their_budget_after_the_minimum():
     out = timing.instrumentation_overhead(_fake([1.1] * 10), _fake([1.0] * 10), _NoFlush(), pairs=10, budget_s=0.0)
     assert out["pairs"] == timing.OVERHEAD_MIN_PAIRS and out["overhead_fraction"] == pytest.approx(0.1)

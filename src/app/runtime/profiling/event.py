@@ -85,7 +85,7 @@ class EventMode(Mode):
                                                     pairs=OVERHEAD_PAIRS if on_gpu else OVERHEAD_PAIRS_CPU,
                                                     target_ci=OVERHEAD_TARGET_CI
                                                     if on_gpu and options.overhead == "precise" else None,
-                                                    others=one_marks)
+                                                    others=one_marks, settle_rounds=1)
                 stage_marks = (from_rounds(names, overhead.pop("rounds"), overhead["stopped"]) if one_marks
                                else {"why": why_not})
                 if on_gpu:
