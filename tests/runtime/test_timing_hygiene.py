@@ -399,12 +399,14 @@ def test_overhead_pairs_discard_their_settling_rounds():
     out = timing.instrumentation_overhead(side("marked", 5.0, 1.1), side("bare", 0.2, 1.0),
                                           lambda: flushes.append(1), pairs=6, others=others, settle_rounds=1)
     assert out["settle_rounds"] == 1 and out["pairs"] == 6 and len(out["rounds"]) == 6
+    assert out["how"].endswith("; after 1 discarded round(s) of every run")
     assert calls[:3] == ["marked", "bare", "one"] and len(calls) == len(flushes) == 3 * 7
     assert out["overhead_fraction"] == pytest.approx(0.1) and out["overhead_ci95"] == pytest.approx([0.1, 0.1])
     assert all(r[1].total_seconds == 1.02 for r in out["rounds"])
     calls.clear()
     unsettled = timing.instrumentation_overhead(side("marked", 5.0, 1.1), side("bare", 0.2, 1.0), _NoFlush(), pairs=6)
     assert unsettled["settle_rounds"] == 0 and unsettled["overhead_ci95"][1] > 3     # the slow round counted
+    assert "discarded" not in unsettled["how"]
 
 
 def test_overhead_pairs_stop_at_their_budget_after_the_minimum():

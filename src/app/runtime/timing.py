@@ -262,7 +262,8 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
                    + ("each pair's round with the runs of one stage mark each, in a shuffled order" if others
                       else "order flipped every pair")
                    + ") over the median bare run: the same plan with a mark at every stage boundary vs one pair of "
-                     "marks around the whole plan"}
+                     "marks around the whole plan"
+                   + (f"; after {settle_rounds} discarded round(s) of every run" if settle_rounds else "")}
 
 
 def _half_width(marked: list, bare: list) -> float:
