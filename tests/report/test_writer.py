@@ -119,6 +119,13 @@ def test_an_uncreatable_output_folder_and_a_failed_write_name_the_fix(tmp_path, 
                                                 r"DIR with a writable folder$"):
         write_profile(tmp_path / ("x" * 300), {"trace.json": {}})     # a writable parent, a name no folder can have
 
+    # A folder the check lets through but no folder can be made in: root may write anywhere by permissions, and
+    # /proc takes no new folders (elsewhere the check refuses it first, with the same fix).
+    if Path("/proc/self").is_dir():
+        with pytest.raises(OutputNotWritable, match=r"^cannot (create|write profiles under) /proc/app-kernel/profiles "
+                                                    r"\(.*\); pass --out DIR with a writable folder$"):
+            write_profile(Path("/proc/app-kernel/profiles"), {"trace.json": {}})
+
     def full(self, *a, **k):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(Path, "write_text", full)

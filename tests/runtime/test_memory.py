@@ -22,6 +22,15 @@ def test_free_host_memory_is_read_from_proc_meminfo():
     assert abs(available_host_bytes() - _meminfo_available()) < 2**30     # it moves a little between reads
 
 
+def test_meminfo_is_read_in_kilobytes_and_an_unreadable_one_gives_nothing(tmp_path):
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       2048 kB\nMemFree:         100 kB\nMemAvailable:    1000 kB\n")
+    assert available_host_bytes(str(info)) == 1_024_000
+    info.write_text("MemTotal:       2048 kB\nMemAvailable:\n")
+    assert available_host_bytes(str(info)) is None
+    assert available_host_bytes(str(tmp_path / "missing")) is None
+
+
 def test_a_size_beyond_this_hosts_free_memory_is_refused_without_being_told_the_free_memory():
     have = _meminfo_available()
     points = have // 200                                                   # needs > 236 B a point on the host
@@ -70,6 +79,18 @@ def test_on_the_gpu_device_buffers_are_not_host_memory():
     most = int(str(err.value).split("--points ")[1].split(" ")[0].replace(",", ""))
     check_fits(plan("join", points=most), "gpu", host_bytes=fp.host_bytes // 2, device_free=10**12)
     assert most > 400_000                   # about half the points: the device's bytes are not in the host's need
+
+
+def test_a_size_of_one_that_fits_exactly_is_suggested():
+    """Where the smallest size needs exactly what is free it fits (only more than free is refused), so the advice
+    is that size, not "even 1 does not fit"."""
+    one = plan("join", points=1, polygons=10_000).footprint()
+    exact = one.host_bytes + one.device_bytes                # a CPU run: both on the host
+    check_fits(plan("join", points=1, polygons=10_000), "cpu", host_bytes=exact)
+    with pytest.raises(BadParameter, match=r"use at most about --points 1 \(with the other sizes unchanged\)$"):
+        check_fits(plan("join", points=1_000_000, polygons=10_000), "cpu", host_bytes=exact)
+    with pytest.raises(BadParameter, match="even --points 1 does not fit"):
+        check_fits(plan("join", points=1_000_000, polygons=10_000), "cpu", host_bytes=exact - 1)
 
 
 def test_when_no_single_size_helps():

@@ -11,9 +11,10 @@ from app.errors import BadParameter
 INDEX_LIMIT = 2**31 - 1
 
 
-def available_host_bytes() -> int | None:
+def available_host_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """MemAvailable (kB in the file) in bytes; None where it cannot be read."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
