@@ -208,10 +208,18 @@ def main(argv=None) -> int:
           "(a row whose loop is slower ran on a slower host); a launch: on a GPU, the host time of one launch of an "
           f"empty kernel, timed in {LAUNCHES}s at the same moments, the host's launch pace "
           "then (at these sizes the plans are bound by their launches, so a row whose launches are slower ran on a "
-          "slower host, whatever its loop says).")
+          "slower host, whatever its loop says)." + _same_cpu_code(rows))
     for r in rows:
         print(_line(r))
     return 0 if all(r["cpu_ok"] and r.get("gpu_ok", True) for r in rows) else 1
+
+
+def _same_cpu_code(rows: list[dict]) -> str:
+    """The versions whose CPU plan runs another version's stages (their difference is in their GPU kernels only)."""
+    seen = list(dict.fromkeys((r["kernel"], r["version"]) for r in rows))
+    same = [(k, v, get_plan_class(k, v).cpu_stages_of) for k, v in seen if get_plan_class(k, v).cpu_stages_of]
+    return "".join(f" On the CPU, {k} {v} runs {of}'s stages (the versions differ in their GPU kernels only): its "
+                   f"cpu column times {of}'s code again." for k, v, of in same)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ def test_every_kernel_and_version_in_one_table(capsys):
     # each row says how fast the host's CPU ran while that version ran (the versions run one after another)
     loops = [float(re.search(r"host loop (\d+\.\d) us$", line).group(1)) for line in table]   # no launches here
     assert all(loop > 0 for loop in loops)
+    # join v3 and v4 differ from v1 on the GPU only: the legend says their cpu column is v1's code again
+    for v in ("v3", "v4"):
+        assert f"On the CPU, join {v} runs v1's stages (the versions differ in their GPU kernels only)" in out
+    assert "join v2 runs" not in out and "overlay v3 runs" not in out
 
 
 def test_a_median_is_shown_with_its_interval():

@@ -246,6 +246,20 @@ def test_without_dask_the_points_run_one_after_another(tmp_path, monkeypatch, ca
     assert rows(folder(tmp_path))[0]["status"] == "ok"
 
 
+def test_versions_that_run_one_versions_stages_on_the_cpu_are_named(tmp_path, monkeypatch):
+    """join v4 runs v1's stages on the CPU: a CPU sweep of both says their ranking there is noise; v2 is its own."""
+    from app.kernel.cli import main
+
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    assert main(["sweep", "join", "v1,v2,v4", "--grid", "points=1k", "--polygons", "50", "--device", "cpu",
+                 "--bench_runs", "2", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    report = (folder(tmp_path) / "report.md").read_text()
+    assert ("- On the CPU, join v1 and v4 both run v1's stages (the versions differ in their GPU kernels only): their "
+            "CPU points time the same code, so which of them is best there, and where they cross, is the runs' "
+            "noise, not the versions'.") in report
+    assert "v2 both run" not in report and "v2 and" not in report.split("## Best")[0]
+
+
 def test_a_gpu_point_sees_only_its_workers_own_gpu(monkeypatch):
     """dask-cuda lists a worker's own GPU first, then the node's others: the profile gets the first only."""
     from app.sweep.point import child_environment

@@ -142,6 +142,24 @@ def other_backend(traces: list[dict]) -> str:
             "alone; compare profiles of one backend")
 
 
+def stages_ran(trace: dict) -> str:
+    """The version whose stages a profile timed: on the CPU some versions run another's (their difference is in
+    their GPU kernels only; metadata.cpu_stages_of), elsewhere its own."""
+    return (trace.get("metadata") or {}).get("cpu_stages_of") or str(trace.get("version"))
+
+
+def same_cpu_stages(traces: list[dict]) -> str:
+    """Why CPU profiles of different versions timed the same code, or '': join v3 and v4 run v1's stages on the CPU,
+    so a difference between their profiles is the runs' noise or the machine's, never the versions'."""
+    versions = list(dict.fromkeys(str(t.get("version")) for t in traces))
+    ran = {stages_ran(t) for t in traces}
+    if len(versions) < 2 or len(ran) != 1 or any(t.get("selected_runtime") != "cpu" for t in traces):
+        return ""
+    return (f"on the CPU {' and '.join(versions)} {'both' if len(versions) == 2 else 'all'} run {ran.pop()}'s stages "
+            "(the versions differ in their GPU kernels only): these profiles time the same code, so a difference "
+            "between them is not the versions'")
+
+
 def mismatch_of(trace: dict, kernel: str, version: str, params: dict | None, device_name: str | None) -> str:
     """What makes ``trace`` not comparable with a run of (kernel, version, params, device), or ''."""
     diffs = []

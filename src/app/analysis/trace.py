@@ -74,6 +74,7 @@ def build_trace(plan, inputs, selection, cold, runs, *, mode: str, nvtx: dict,
             "nvtx": nvtx,
             "verification": verification,
             "output_residency": "device" if selection.selected == "gpu" else "host",
+            **({"cpu_stages_of": plan.cpu_stages_of} if selection.selected == "cpu" and plan.cpu_stages_of else {}),
         },
         "stages": stages,
     }

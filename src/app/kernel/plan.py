@@ -90,6 +90,9 @@ class KernelPlan:
     kernel: ClassVar[str]
     version: ClassVar[str]
     summary: ClassVar[str]            # one line: what this version does differently
+    # The version whose stages this one runs on the CPU, where its difference is in its GPU kernels only (None: its
+    # own). Profiles of the two on the CPU time the same code, and say so.
+    cpu_stages_of: ClassVar[str | None] = None
     params_spec: ClassVar[tuple[Param, ...]]
     stages: ClassVar[tuple[StageSpec, ...]]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from app.analysis.baseline import other_card
+from app.analysis.baseline import other_card, same_cpu_stages
 from app.analysis.compare import compare_traces
 from app.report.markdown import Section, fmt
 from app.report.timing_text import host_pace_change
@@ -20,6 +20,7 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
         return Section("vs Baseline", text="No baseline given (pass `--baseline PROFILE_DIR` or `--baseline latest`).")
     result = compare_traces(baseline, trace)
     card = other_card(baseline, trace)
+    same = same_cpu_stages([baseline, trace])
     rows = []
     for name, r in [("total (us)", result["total"])] + [(f"{s['name']} (us)", s) for s in result["stages"]]:
         lo, hi = r["ci_pct"]
@@ -29,6 +30,7 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
                                         f"({baseline.get('mode')} mode) on {baseline.get('device', {}).get('name')}; "
                                         f"end to end: **{result['verdict']}**." + mismatch_warning(baseline) + note
                                         + (f" Note: {card}." if card else "")
+                                        + (f" Note: {same}." if same else "")
                                         + (f" **Caution:** {result['caution']}." if result.get("caution") else ""),
                    columns=["Metric", "Previous", "Current", "Change", "95% interval", "Verdict"], rows=rows,
                    note="Medians of the timed runs. Noise = the bootstrap interval of the change includes 0, or the "

@@ -99,12 +99,22 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
                                                    if unstable else "")
+                + _cpu_stages_text(trace)
                 + still_changing(timing, "The timed runs")
                 + (f" **The machine's pace moved during the profile** ({_repeated_text(timing['repeated_later'])})."
                    if (timing.get("repeated_later") or {}).get("apart") else ""))
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     return render(trace["kernel"], trace["version"], headline, [s for s in sections if s])
+
+
+def _cpu_stages_text(trace: dict) -> str:
+    """Where this version runs another's stages on the CPU: its difference is in its GPU kernels only."""
+    other = trace["metadata"].get("cpu_stages_of")
+    if not other:
+        return ""
+    return (f" On the CPU, {trace['kernel']} {trace['version']} runs {other}'s stages (the versions differ in their "
+            f"GPU kernels only), so this profile times the same code as {trace['kernel']} {other} on the CPU.")
 
 
 def _roofline(roof):

@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from app.kernel.plan import human
+from app.kernel.plan import get_plan_class, human
 from app.sweep.plots import scaling_png, speedup_png
 from app.runtime.stats import STABLE_REL_SPREAD
 from app.sweep.scaling import FASTER_THAN_MODEL, best_per_size, crossovers, exponents
@@ -50,6 +50,7 @@ def sweep_files(spec, frame: pd.DataFrame, stages: list[str], run: dict) -> dict
                  f"{run['close_seconds']:,.1f} s)" if "close_seconds" in run else "") + ".",
               f"- Command: `{run.get('command', '')}`"]
     lines += _devices(frame)
+    lines += _same_code_on_cpu(spec.kernel, versions, frame)
     lines += ["- Times are medians of each point's timed runs, end to end (host arrays in). Each point is an "
               "ordinary profile under `points/`, taken under the lock of the device it ran on.", ""]
     lines += _failures(frame)
@@ -80,6 +81,21 @@ def _devices(frame: pd.DataFrame) -> list[str]:
         out.append("- CPU points took turns on the one CPU lock: timings taken side by side on one CPU would "
                    "distort each other, so more workers only overlap start-up.")
     return out
+
+
+def _same_code_on_cpu(kernel: str, versions: list[str], frame: pd.DataFrame) -> list[str]:
+    """Versions whose CPU points time one version's stages (they differ in their GPU kernels only): the best version
+    and the crossovers among them on the CPU are the runs' noise, not the versions'."""
+    if "runtime" not in frame or not (frame["runtime"] == "cpu").any():
+        return []
+    groups: dict[str, list[str]] = {}
+    for v in versions:
+        groups.setdefault(get_plan_class(kernel, v).cpu_stages_of or v, []).append(v)
+    same = {ran: vs for ran, vs in groups.items() if len(vs) > 1}
+    return [f"- On the CPU, {kernel} {' and '.join(vs)} {'both' if len(vs) == 2 else 'all'} run {ran}'s stages "
+            "(the versions differ in their GPU "
+            "kernels only): their CPU points time the same code, so which of them is best there, and where they "
+            "cross, is the runs' noise, not the versions'." for ran, vs in same.items()]
 
 
 def _failures(frame: pd.DataFrame) -> list[str]:

@@ -135,6 +135,7 @@ class JoinV3(JoinV1):
     summary = ("v1 with no host read before the end: grid chosen on the device, candidate buffers with a room "
                "kept from run to run, one read sizes the result -- launches queue without a stall and the "
                "stages after the build replay as one CUDA graph (on the CPU it runs v1's stages)")
+    cpu_stages_of = "v1"
 
     def footprint(self) -> Footprint:
         # On top of v1: the cell table for the largest grid level (grid.MAX_TABLE int32), and candidate room for
