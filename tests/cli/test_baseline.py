@@ -194,3 +194,19 @@ def test_other_backend_names_the_backends_of_nsys_profiles():
     assert other_backend([cupti, nsys, nsys]).startswith("the nsys profiles were traced by different backends "
                                                          "(cupti vs nsys)")
     assert other_backend([nsys, nsys]) == "" and other_backend([event, nsys]) == "" and other_backend([cupti]) == ""
+
+
+def test_same_cpu_stages_only_for_cpu_runs_of_different_versions_of_one_code():
+    """join v3 and v4 run v1's stages on the CPU (tests/cli/test_cpu_stages.py profiles them for real)."""
+    from app.analysis.baseline import same_cpu_stages, stages_ran
+
+    def t(version, ran=None, runtime="cpu"):
+        return {"version": version, "selected_runtime": runtime, "metadata": {"cpu_stages_of": ran} if ran else {}}
+
+    assert "v3 and v4 both run v1's" in same_cpu_stages([t("v3", "v1"), t("v4", "v1")])
+    assert "v1 and v3 and v4 all run v1's" in same_cpu_stages([t("v1"), t("v3", "v1"), t("v4", "v1")])
+    assert same_cpu_stages([t("v4", "v1"), t("v4", "v1")]) == ""                    # one version: a plain comparison
+    assert same_cpu_stages([t("v1"), t("v2")]) == ""                                # different code
+    assert same_cpu_stages([t("v3", runtime="gpu"), t("v4", runtime="gpu")]) == ""  # the GPU runs their own kernels
+    assert same_cpu_stages([t("v1"), t("v4", runtime="gpu")]) == ""
+    assert (stages_ran(t("v4", "v1")), stages_ran(t("v2"))) == ("v1", "v2")

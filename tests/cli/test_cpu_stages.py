@@ -1,9 +1,10 @@
-"""Versions that run another version's stages on the CPU say so: their CPU profiles time the same code."""
+"""Versions that run another version's stages on the CPU say so: their CPU profiles time the same code.
+(The helper's own cases are in test_baseline.py, where CI's mutation run sees them.)"""
 import json
 
 import pytest
 
-from app.analysis.baseline import same_cpu_stages, stages_ran
+from app.analysis.baseline import stages_ran
 from app.kernel.cli import main
 from app.kernel.plan import get_plan_class
 
@@ -41,15 +42,3 @@ def test_compare_warns_that_two_versions_timed_the_same_code(profiles, capsys):
             "profiles time the same code, so a difference between them is not the versions'") in out
     assert main(["compare", str(profiles["v1"]), str(profiles["v2"]), "--force"]) in (0, 1)
     assert "time the same code" not in capsys.readouterr().out          # v2 runs its own stages on the CPU
-
-
-def test_same_cpu_stages_only_for_cpu_runs_of_different_versions_of_one_code():
-    def t(version, ran=None, runtime="cpu"):
-        return {"version": version, "selected_runtime": runtime, "metadata": {"cpu_stages_of": ran} if ran else {}}
-
-    assert "v3 and v4 both run v1's" in same_cpu_stages([t("v3", "v1"), t("v4", "v1")])
-    assert "v1 and v3 and v4 all run v1's" in same_cpu_stages([t("v1"), t("v3", "v1"), t("v4", "v1")])
-    assert same_cpu_stages([t("v4", "v1"), t("v4", "v1")]) == ""                    # one version: a plain comparison
-    assert same_cpu_stages([t("v1"), t("v2")]) == ""                                # different code
-    assert same_cpu_stages([t("v3", runtime="gpu"), t("v4", runtime="gpu")]) == ""  # the GPU runs their own kernels
-    assert same_cpu_stages([t("v1"), t("v4", runtime="gpu")]) == ""
