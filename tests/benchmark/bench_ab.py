@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from app.errors import AppError  # noqa: E402
-from app.kernel.plan import get_plan_class, kernels  # noqa: E402
+from app.kernel.plan import get_plan_class, kernels, same_cpu_code  # noqa: E402
 from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for, xp_for  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
@@ -117,6 +117,7 @@ def measure(kernel: str, versions: list[str], a: int, b: int, rounds: int, warm:
             times["after"][v].append(r.total_seconds - r.stages[0]["seconds"])
             times["e2e"][v].append(e2e)
     return {"kernel": kernel, "size": f"{a:,} x {b:,}", "rounds": rounds, "device": sel.device_name,
+            "runtime": sel.selected,
             "l2": flush.describe()["mode"], "default": get_plan_class(kernel).version, "ok": checked,
             "first_stage": r.stages[0]["name"], **{m: against_fastest(times[m]) for m in MEASURES}}
 
@@ -135,7 +136,17 @@ def lines(r: dict) -> list[str]:
             parts.append(f"{LABEL[m]} {ms(x['median'], x['ci'])} ({rel})")
         out.append(f"  {v:<4} " + "  ".join(parts) + f"  ok={r['ok'][v]}")
     out.append("  " + "; ".join(f"{LABEL[m]}: {default_text(r['default'], r[m])}" for m in MEASURES))
-    return out
+    return out + _same_code(r)
+
+
+def _same_code(r: dict) -> list[str]:
+    """On the CPU, the versions that run one version's stages (they differ in their GPU kernels only): their ratios
+    to each other are the runs' noise, not the versions'."""
+    if r.get("runtime") != "cpu":
+        return []
+    return [f"  on the CPU {' and '.join(vs)} run {ran}'s stages (the versions differ in their GPU kernels only): "
+            "they time the same code, so their ratios to each other are noise"
+            for ran, vs in same_cpu_code(r["kernel"], r["after"]["versions"]).items()]
 
 
 def main(argv=None) -> int:

@@ -6,7 +6,7 @@ import pytest
 
 from app.analysis.baseline import stages_ran
 from app.kernel.cli import main
-from app.kernel.plan import get_plan_class
+from app.kernel.plan import get_plan_class, kernels, same_cpu_code
 
 SMALL = ["--points", "2000", "--polygons", "200", "--device", "cpu", "--bench_runs", "5", "--warmup", "1"]
 
@@ -42,3 +42,10 @@ def test_compare_warns_that_two_versions_timed_the_same_code(profiles, capsys):
             "profiles time the same code, so a difference between them is not the versions'") in out
     assert main(["compare", str(profiles["v1"]), str(profiles["v2"]), "--force"]) in (0, 1)
     assert "time the same code" not in capsys.readouterr().out          # v2 runs its own stages on the CPU
+
+
+def test_the_versions_that_share_cpu_code_are_grouped_by_the_stages_they_run():
+    assert same_cpu_code("join", sorted(kernels()["join"])) == {"v1": ["v1", "v3", "v4"]}
+    assert same_cpu_code("join", ["v2", "v4"]) == {} and same_cpu_code("join", ["v3", "v4"]) == {"v1": ["v3", "v4"]}
+    assert same_cpu_code("overlay", sorted(kernels()["overlay"])) == {}     # each overlay version has CPU code of its own
+

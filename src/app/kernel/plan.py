@@ -198,6 +198,15 @@ def get_plan_class(kernel: str, version: str | None = None) -> type[KernelPlan]:
     return versions[version]
 
 
+def same_cpu_code(kernel: str, versions) -> dict[str, list[str]]:
+    """Of ``versions``, those whose CPU runs time one version's stages, by that version (only groups of two or more):
+    on the CPU their difference from each other is the runs' noise, not the versions' (see cpu_stages_of)."""
+    groups: dict[str, list[str]] = {}
+    for v in versions:
+        groups.setdefault(get_plan_class(kernel, v).cpu_stages_of or v, []).append(v)
+    return {ran: vs for ran, vs in groups.items() if len(vs) > 1}
+
+
 def latest_version(versions) -> str:
     return max(versions, key=lambda v: int(v.lstrip("v")))
 

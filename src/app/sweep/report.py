@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from app.kernel.plan import get_plan_class, human
+from app.kernel.plan import human, same_cpu_code
 from app.sweep.plots import scaling_png, speedup_png
 from app.runtime.stats import STABLE_REL_SPREAD
 from app.sweep.scaling import FASTER_THAN_MODEL, best_per_size, crossovers, exponents
@@ -88,14 +88,10 @@ def _same_code_on_cpu(kernel: str, versions: list[str], frame: pd.DataFrame) -> 
     and the crossovers among them on the CPU are the runs' noise, not the versions'."""
     if "runtime" not in frame or not (frame["runtime"] == "cpu").any():
         return []
-    groups: dict[str, list[str]] = {}
-    for v in versions:
-        groups.setdefault(get_plan_class(kernel, v).cpu_stages_of or v, []).append(v)
-    same = {ran: vs for ran, vs in groups.items() if len(vs) > 1}
     return [f"- On the CPU, {kernel} {' and '.join(vs)} {'both' if len(vs) == 2 else 'all'} run {ran}'s stages "
-            "(the versions differ in their GPU "
-            "kernels only): their CPU points time the same code, so which of them is best there, and where they "
-            "cross, is the runs' noise, not the versions'." for ran, vs in same.items()]
+            "(the versions differ in their GPU kernels only): their CPU points time the same code, so which of them "
+            "is best there, and where they cross, is the runs' noise, not the versions'."
+            for ran, vs in same_cpu_code(kernel, versions).items()]
 
 
 def _failures(frame: pd.DataFrame) -> list[str]:
