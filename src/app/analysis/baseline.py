@@ -132,7 +132,7 @@ def backend_of(trace: dict) -> str | None:
 def other_backend(traces: list[dict]) -> str:
     """Why nsys-mode profiles traced by different backends (nsys around the process, or CUPTI inside it) are not a
     like-for-like timing, or '': each tracer adds its own cost to every CUDA call, so the iterations' spans and the
-    host's launch pace differ with the backend alone (CUPTI added 13.8-49.4% to the host time of the default
+    host's launch pace differ with the backend alone (CUPTI added 13.8-64.9% to the host time of the default
     join's iterations on the lent H200s)."""
     backends = list(dict.fromkeys(backend_of(t) for t in traces if t.get("mode") == "nsys"))
     if len(backends) < 2:

@@ -85,14 +85,12 @@ def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, co
         # they run straight into the first reported iteration.
         _iterations(rec, nvtx, plan, inputs, backend, CUPTI_WARM_RUNS, paces.warm if paces is not None else None)
         nvtx.log.clear()
-        records, output = _iterations(rec, nvtx, plan, inputs, backend, iterations,
-                                      paces.sample if paces is not None else None)
+    records, output = _iterations(rec, nvtx, plan, inputs, backend, iterations,
+                                  paces.sample if paces is not None else None)
+    if trace is not None:
         extra["cupti"] = trace.stop() | {"ranges": nvtx.log}
         extra["overhead"] = {"untraced_wall_seconds": [r.wall_seconds for r in untraced],
                              "traced_wall_seconds": [r.wall_seconds for r in records]}
-    else:
-        records, output = _iterations(rec, nvtx, plan, inputs, backend, iterations,
-                                      paces.sample if paces is not None else None)
     if paces is not None:
         extra["pace"] = {"loop_seconds": paces.loop, "launch_seconds": paces.launches}
     # After the profiled iterations and outside every range: the oracle check the other modes make.
