@@ -189,3 +189,49 @@ def test_interval_edges_touching_and_empty():
     assert gaps(5, 10, [(0, 5), (10, 12)]) == [(5, 10)]
     assert gaps(0, 10, [(-5, 2), (3, 4), (12, 15)]) == [(2, 3), (4, 10)]
     assert covered_at_least([(0, 5), (5, 10)], 2, 0, 10) == 0     # an end closes before a start opens
+
+
+def test_host_blocking_calls_only_are_syncs():
+    """A stream waiting on an event makes the GPU wait, not the host, though CUPTI files a synchronisation
+    record for it; an asynchronous device->host copy (to pinned memory) returns at once. Neither is a sync."""
+    api = [A(1, 2, "cuLaunchKernel", 1), A(10, 11, "cudaStreamWaitEvent_v3020", 9),
+           A(12, 13, "cuMemcpyDtoHAsync_v2", 10), A(20, 40, "cuMemcpyDtoH_v2", 11)]
+    ops = [K(5, 30, 1), C(31, 32, 10, "DtoH", "pinned", 8), C(33, 35, 11, "DtoH", "pinned", 8)]
+    rec = one([R("stage", 0, 50)], api, ops, "stage", sync_corr=frozenset({9}))
+    assert [s["name"] for s in rec["syncs"]] == ["cuMemcpyDtoH"]
+
+
+def test_a_library_range_inside_a_stage_leaves_the_stage_a_leaf():
+    """A CCCL scan's range inside a stage is another domain's view of the same time: the stage keeps its
+    findings (a range of the stage's own domain inside it would take them)."""
+    ranges = [R("stage", 0, 200), R("cub::DeviceScan", 10, 20, domain="CCCL")]
+    api = [A(11, 12, "cuLaunchKernel", 1), A(30, 130, "cudaDeviceSynchronize_v3020", 2)]
+    api += [A(140 + i, 141 + i, "cuLaunchKernel", 10 + i) for i in range(6)]
+    ops = [K(15, 25, 1)] + [K(150 + 3 * i, 152 + 3 * i, 10 + i) for i in range(6)]
+    recs = account_ranges(Timeline(ranges, api, ops))
+    assert all(r["leaf"] for r in recs)
+    rules = {(f["rule"], f["stage"]) for f in audit(recs)}
+    assert ("synchronization with no host read", "stage") in rules
+    assert ("many tiny launches", "stage") in rules
+    nested = account_ranges(Timeline(ranges + [R("inner", 30, 40)], api, ops))
+    assert not next(r for r in nested if r["name"] == "stage")["leaf"]
+
+
+def test_rows_are_one_real_instance_and_a_missing_latency_is_missing():
+    """Each summary row is the instance whose span is the median (the lower middle one for an even count), so
+    busy + idle adds up to its span; taken column by column, medians of three instances need not."""
+    ranges = [R("s", 0, 100), R("s", 200, 260), R("s", 300, 380), R("host_only", 400, 450)]
+    api = [A(1, 2, "cuLaunchKernel", 1), A(201, 202, "cuLaunchKernel", 2), A(301, 302, "cuLaunchKernel", 3)]
+    ops = [K(10, 90, 1), K(250, 255, 2), K(305, 310, 3)]
+    instances = account_ranges(Timeline(ranges, api, ops))
+    summ = {s["name"]: s for s in summarise(instances)}
+    s = summ["s"]
+    assert s["span_us"] == 80 and s["median_instance"] == 2
+    assert s["busy_us"] == 5 and s["busy_us"] + sum(s["idle_us"].values()) == s["span_us"]
+    # the medians column by column: span 80, busy 5, idle 48 + 3 + ... would not add up
+    assert summ["host_only"]["launch_latency_us"] is None
+    from app.report.timeline_report import launches_section
+    row = launches_section([summ["host_only"]]).rows[0]
+    assert row[4] == "n/a"
+    even = summarise(account_ranges(Timeline(ranges[:2], api[:2], ops[:2])))[0]
+    assert even["span_us"] == 60 and even["median_instance"] == 1

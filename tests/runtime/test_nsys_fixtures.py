@@ -18,6 +18,7 @@ import pytest
 from app.kernel.cli import main
 from app.kernel.plan import get_plan_class
 from app.runtime import device as devmod
+from app.analysis.timeline import account_ranges
 from app.runtime.profiling.cupti_trace import timeline_from_records
 from app.runtime.profiling.nsys import analyse_plan, nsys_trace
 from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite
@@ -213,6 +214,92 @@ def test_cupti_records_feed_the_same_analysis(kernel):
     assert sum(s["ops"] for s in analysis["stages"]) == len(in_first)
 
 
+def analyses(kernel):
+    """The analysis of both real captures of ``kernel``: the nsys export and the cupti records."""
+    plan, worker = load(kernel)
+    cupti = json.loads(fixture(f"{kernel}.cupti.json").read_text())
+    return plan, {"nsys": (analyse_plan(plan, read_sqlite(str(fixture(f"{kernel}.sqlite"))), worker), worker),
+                  "cupti": (analyse_plan(plan, timeline_from_records(cupti["cupti"], "NVIDIA H200"), cupti), cupti)}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_row_adds_up_and_is_a_real_iteration(kernel):
+    """The accounting's rows, the audit's figures and the uncovered time are each real iterations' own: a row is
+    the instance with the median span, so busy + idle is its span (the columns' separate medians had left the
+    join's bounds row 14.6% short of its span), and the uncovered time is the median of each iteration's span
+    less its stages' spans, checked here against the raw export's ranges."""
+    from app.report.timeline_report import accounting_section
+
+    plan, both = analyses(kernel)
+    names = [s.name for s in plan.stages]
+    for backend, (analysis, worker) in both.items():
+        rows = [analysis["iteration"]] + analysis["stages"]
+        for s in rows:
+            spans = sorted(r["span_ns"] for r in analysis["instances"] if r["name"] == s["name"])
+            assert s["span_us"] == spans[(len(spans) - 1) // 2] / 1e3, (backend, s["name"])
+            assert s["busy_us"] + sum(s["idle_us"].values()) == pytest.approx(s["span_us"], abs=1e-6)
+        for row, s in zip(accounting_section(rows).rows, rows):
+            assert row[2] == row[-2] == f"{s['span_us']:,.1f}", (backend, row)    # span, busy + idle
+        for f in analysis["findings"]:
+            if f["rule"] == "span dominated by host time":
+                s = next(x for x in rows if x["name"] == f["stage"])
+                assert f["evidence"].startswith(f"GPU idle {sum(s['idle_us'].values()):,.1f} of {s['span_us']:,.1f} us")
+        trace = nsys_trace(plan, worker, analysis, {"backend": backend, "version": None, "command": []})
+        if backend == "nsys":       # from the export's own NVTX table, independently of the analysis
+            db = fixture(f"{kernel}.sqlite")
+            inside = {n: raw_ranges(db, n) for n in names}
+            own = [(e - b) - sum(e2 - b2 for n in names for b2, e2, t2 in inside[n] if t2 == t and b <= b2 and e2 <= e)
+                   for b, e, t in raw_ranges(db, PROFILE_RANGE)]
+            assert len(own) == 3 and min(own) > 0
+            assert trace["timing"]["uncovered_seconds"] == pytest.approx(statistics.median(own) / 1e9)
+        stage_sum = sum(s["span_us"] for s in analysis["stages"])
+        assert trace["timing"]["uncovered_seconds"] * 1e6 != pytest.approx(analysis["iteration"]["span_us"] - stage_sum)
+
+
+def test_a_second_process_in_the_capture_takes_nothing_from_the_first(tmp_path):
+    """Each process numbers its correlation ids and NVTX domains from 1. A copy of the join capture with a
+    second process replaying the same records 5 ms later (another pid in nsys's global ids; its id 2, the first
+    process's plan domain, names another library's) reads as two processes' ranges, each with its own ops:
+    the same counts and spans as the capture alone."""
+    import shutil
+
+    plan, worker = load("join")
+    src = fixture("join.sqlite")
+    db = tmp_path / "two.sqlite"
+    shutil.copy(src, db)
+    con = sqlite3.connect(db)
+    other, shift = 0x10 << 24, 5_000_000
+    (tid,), = con.execute("SELECT DISTINCT globalTid + ? FROM NVTX_EVENTS WHERE eventType = 75", (other,))
+    for table, ids in (("CUPTI_ACTIVITY_KIND_RUNTIME", ("globalTid",)), ("CUPTI_ACTIVITY_KIND_KERNEL", ("globalPid",)),
+                       ("CUPTI_ACTIVITY_KIND_MEMCPY", ("globalPid",)), ("CUPTI_ACTIVITY_KIND_MEMSET", ("globalPid",)),
+                       ("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", ("globalPid",)),
+                       ("NVTX_EVENTS", ("globalTid", "endGlobalTid"))):
+        cols = [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+        for row in con.execute(f"SELECT * FROM {table}").fetchall():
+            row = list(row)
+            for c in ids:
+                if row[cols.index(c)] is not None:
+                    row[cols.index(c)] += other
+            for c in ("start", "end"):
+                if row[cols.index(c)] is not None:
+                    row[cols.index(c)] += shift
+            con.execute(f"INSERT INTO {table} VALUES ({','.join('?' * len(cols))})", row)
+    # The second process numbered its domains otherwise: the plan's is its 1002, and its id 2 (the first
+    # process's plan domain) names another library's, created last of all.
+    con.execute("UPDATE NVTX_EVENTS SET domainId = domainId + 1000 WHERE globalTid = ? AND domainId > 0", (tid,))
+    con.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (?, 75, 'torch', ?, 2)",
+                (10 ** 15, tid))
+    con.commit()
+    con.close()
+    one = analyse_plan(plan, read_sqlite(str(src)), worker)
+    two = account_ranges(read_sqlite(str(db)), domain="join")
+    assert len(two) == 2 * len(one["instances"])
+    for r in two:
+        mine = next(x for x in one["instances"] if x["name"] == r["name"] and x["instance"] == r["instance"] % 3)
+        assert (r["ops"], r["kernels"], r["span_ns"], r["busy_own_ns"]) == \
+            (mine["ops"], mine["kernels"], mine["span_ns"], mine["busy_own_ns"]), r["name"]
+
+
 def test_timeline_command_json(capsys):
     db = fixture("join.sqlite")
     assert main(["timeline", str(db), "--domain", "join", "--json"]) == 0
@@ -298,7 +385,12 @@ def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys
     assert pace["runs"] == 3 and all(0 < t < 0.1 for t in pace["samples"])
     assert trace["timing"]["launch_pace"] == {"why": "CPU run: the plan launches no kernels"}
     assert "| host CPU pace before each traced iteration (a fixed Python loop, us) |" in (d / "report.md").read_text()
-    assert json.loads((d / "timeline.json").read_text())["traceEvents"]
+    events = json.loads((d / "timeline.json").read_text())["traceEvents"]
+    # Each op names its API call by the capture's own correlation id (the one nsys shows), not the reader's key.
+    kernel_ids = {c for (c,) in sqlite3.connect(fixture("join.sqlite")).execute(
+        "SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL")}
+    shown = {e["args"]["correlation"] for e in events if e.get("cat") == "kernel"}
+    assert shown and shown <= kernel_ids
     assert sqlite3.connect(d / "profile.sqlite").execute("SELECT COUNT(*) FROM NVTX_EVENTS").fetchone()[0] > 0
     assert _leftovers() == before                                 # the temporary folder is gone
 

@@ -12,12 +12,14 @@ Severity follows the audit checklist the tool grew from:
   tiny launches);
 * LOW -- worth a look, measure before acting.
 
-Rules look at leaf ranges only (a range that holds no other analysed range), so a
-parent range does not repeat its children's findings.
+Rules look at leaf ranges only (a range that holds no other analysed range of its
+domain), so a parent range does not repeat its children's findings. Each rule reads
+the median instance of a range (the one whose span is the median), the instance the
+accounting tables show, so a finding's figures are the tables' own.
 """
 from __future__ import annotations
 
-import statistics
+from app.analysis.timeline import median_instance
 
 SEVERITIES = ("BLOCKING", "HIGH", "MEDIUM", "LOW")
 HOST_DOMINATED = 0.5          # idle share of a span above which a stage is host-dominated
@@ -27,8 +29,6 @@ SMALL_READ_BYTES = 64         # a device->host read this small per copy is an al
 PAGEABLE_HIGH_BYTES = 1 << 20
 
 
-def _per_instance(recs, fn) -> float:
-    return statistics.median(fn(r) for r in recs)
 
 
 def _unread_syncs(rec) -> int:
@@ -64,52 +64,50 @@ def audit(instances: list[dict], stage_info: dict | None = None, terminal: set |
     for (_, name), recs in groups.items():
         info = stage_info.get(name, {})
         n = len(recs)
-        span = _per_instance(recs, lambda r: r["span_ns"])
+        rep = median_instance(recs)
+        span = rep["span_ns"]
         if info.get("device") not in (None, "gpu"):
             add("BLOCKING", "CPU fallback", name, f"the stage ran on {info['device']} in {n} of {n} instances",
                 "make the stage's GPU path cover this input, or say why it cannot")
-        unread = _per_instance(recs, _unread_syncs)
+        unread = _unread_syncs(rep)
+        wait = rep["idle_ns"]["sync_wait"] / 1e3
         if unread:
-            wait = _per_instance(recs, lambda r: r["idle_ns"]["sync_wait"]) / 1e3
             add("BLOCKING", "synchronization with no host read", name,
                 f"{unread:g} sync(s) per instance with no device->host copy before them; "
                 f"sync round trips {wait:,.1f} us per instance",
                 "drop the synchronize: same-stream work is already ordered; sync only right before a host read")
-        d2h = [r["copies"].get("DtoH") for r in recs]
-        d2h = [c for c in d2h if c]
+        d2h = rep["copies"].get("DtoH")
         if d2h and name not in terminal and info.get("category") != "emit":
-            count = statistics.median(c["count"] for c in d2h)
-            nbytes = statistics.median(c["bytes"] for c in d2h)
-            wait = _per_instance(recs, lambda r: r["idle_ns"]["sync_wait"]) / 1e3
+            count, nbytes = d2h["count"], d2h["bytes"]
             small = nbytes <= SMALL_READ_BYTES * count
             add("MEDIUM" if small else "HIGH", "device->host copy inside a compute stage", name,
                 f"{count:g} DtoH copies, {nbytes:,.0f} B per instance; sync round trips {wait:,.1f} us per instance",
                 "size outputs from an upper bound or keep the count on the device, so the stage needs no host read"
                 if small else "keep the data on the device until the output stage")
-        idle = _per_instance(recs, lambda r: sum(r["idle_ns"].values()))
+        idle = sum(rep["idle_ns"].values())
         if span >= MIN_SPAN_NS and idle > HOST_DOMINATED * span:
-            causes = {c: _per_instance(recs, lambda r, c=c: r["idle_ns"][c]) for c in recs[0]["idle_ns"]}
+            causes = rep["idle_ns"]
             top = max(causes, key=causes.get)
-            copies = _per_instance(recs, lambda r: r["memcpy_ns"]) > _per_instance(recs, lambda r: r["kernel_ns"])
+            copies = rep["memcpy_ns"] > rep["kernel_ns"]
             add("HIGH", "span dominated by host time", name,
                 f"GPU idle {idle / 1e3:,.1f} of {span / 1e3:,.1f} us ({100 * idle / span:.0f}%); "
                 f"largest cause {top} {causes[top] / 1e3:,.1f} us",
                 "the host stages data between the copies: keep the host arrays in pinned memory so each copy is one "
                 "DMA, and overlap the copies with compute on a second stream" if copies else
                 "issue the stage's work without host round trips; fuse or graph-capture its launches")
-        tiny = _per_instance(recs, lambda r: r["short_kernels"])
+        tiny = rep["short_kernels"]
         if tiny >= TINY_KERNELS:
-            kernels = _per_instance(recs, lambda r: r["kernels"])
+            kernels = rep["kernels"]
             add("MEDIUM", "many tiny launches", name, f"{tiny:g} of {kernels:g} kernels per instance run < 10 us",
                 "fuse the small kernels or capture the stage as a CUDA graph")
-        pageable = [r["copies"].get("HtoD", {}) for r in recs]
-        pb = statistics.median(c.get("pageable_bytes", 0) for c in pageable)
+        pageable = rep["copies"].get("HtoD", {})
+        pb = pageable.get("pageable_bytes", 0)
         if pb:
-            pc = statistics.median(c.get("pageable", 0) for c in pageable)
+            pc = pageable.get("pageable", 0)
             add("HIGH" if pb >= PAGEABLE_HIGH_BYTES else "LOW", "pageable host->device copy", name,
                 f"{pc:g} copies, {pb / 1e6:,.2f} MB per instance from pageable memory",
                 "stage the inputs in pinned memory (cupy.cuda.alloc_pinned_memory) and copy asynchronously")
-        if _per_instance(recs, lambda r: r["ops"]) == 0 and span >= MIN_SPAN_NS and not info:
+        if rep["ops"] == 0 and span >= MIN_SPAN_NS and not info:
             add("LOW", "range with no GPU work", name, f"{span / 1e3:,.1f} us per instance, no GPU op launched",
                 "if this range should run on the GPU, it does not")
     return sorted(findings, key=lambda f: SEVERITIES.index(f["severity"]))

@@ -49,7 +49,11 @@ SHORT_KERNEL_NS = 10_000
 MARK_WINDOW_NS = 50_000       # how far outside a range a bracketing cudaEventRecord may sit
 # Calls that block the host until the GPU catches up. Blocking copies to pageable memory are
 # added from the trace itself (their DtoH op), and so are calls named in synchronisation records.
-SYNC_NAME = re.compile(r"Synchronize|^cudaMemcpy$|^cudaMemcpy2D$|^cuMemcpyDtoH|^cuMemcpyHtoD$")
+SYNC_NAME = re.compile(r"Synchronize|^cudaMemcpy$|^cudaMemcpy2D$|^cuMemcpyDtoH$|^cuMemcpyHtoD$")
+# Calls that land in the synchronisation records but never block the host: an event query returns at once,
+# and a stream waiting on an event makes the GPU wait, not the CPU. (The records' own sync type is no help:
+# nsys 2025.3's export labels cudaStreamSynchronize's records "stream wait event".)
+NEVER_BLOCKS = re.compile(r"Query|StreamWaitEvent|StreamWaitValue")
 RANGE_COLUMNS = ("name", "domain", "start", "end", "tid")
 API_COLUMNS = ("start", "end", "name", "corr", "tid")
 OP_COLUMNS = ("start", "end", "kind", "name", "corr", "stream", "device", "bytes", "copy", "host_mem")
@@ -112,10 +116,10 @@ class Accountant:
             self.ops_by_corr.setdefault(int(c), []).append(i)
         blocking_copies = set(ops.loc[(ops["copy"] == "DtoH") & (ops["host_mem"] == "pageable"), "corr"].tolist())
         names = api["name"].tolist()
-        # Event queries land in the synchronisation records too, but never block: not a sync.
         self.is_mark = np.array([n in ("cudaEventRecord", "cuEventRecord") for n in names], dtype=bool)
         self.is_sync = np.array([(bool(SYNC_NAME.search(n)) or c in tl.sync_corr or c in blocking_copies)
-                                 and "Query" not in n for n, c in zip(names, self.api_corr.tolist())], dtype=bool)
+                                 and not NEVER_BLOCKS.search(n) for n, c in zip(names, self.api_corr.tolist())],
+                                dtype=bool)
 
     def _api_in(self, tid: int, s: int, e: int) -> np.ndarray:
         lo, hi = np.searchsorted(self.api_start, [s, e], side="left")
@@ -239,13 +243,15 @@ def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_ma
         rows = rows[rows["name"].isin(list(names))]
     rows = rows[rows["end"].notna() & (rows["end"] > rows["start"])]
     starts, ends, tids = (rows[c].to_numpy(np.int64) for c in ("start", "end", "tid"))
+    doms = rows["domain"].to_numpy(object)
     seen: dict[tuple, int] = {}
     out = []
     for j, r in enumerate(rows.itertuples()):
         key = (r.domain, r.name)
-        # A leaf range holds no other analysed range: audit rules look at leaves, so a parent
-        # range does not repeat its children's findings (and only leaves are bracketed by marks).
-        inner = (tids == r.tid) & (starts >= r.start) & (ends <= r.end)
+        # A leaf range holds no other analysed range of its own domain: audit rules look at leaves, so a
+        # parent range does not repeat its children's findings (and only leaves are bracketed by marks). A
+        # library's range inside a stage (a CCCL scan's, say) is another view of the same time, not a child.
+        inner = (tids == r.tid) & (starts >= r.start) & (ends <= r.end) & (doms == r.domain)
         inner[j] = False
         leaf = not inner.any()
         rec = acc.account(r.name, r.domain, r.start, r.end, r.tid, event_marks and leaf)
@@ -256,41 +262,38 @@ def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_ma
     return out
 
 
-def _med(values) -> float:
-    values = [v for v in values if v is not None]
-    return float(statistics.median(values)) if values else 0.0
+def median_instance(recs: list[dict]) -> dict:
+    """The instance whose span is the median (the lower middle one for an even count): a real iteration,
+    so the parts read from it add up to its span, which medians taken column by column need not do."""
+    return sorted(recs, key=lambda r: r["span_ns"])[(len(recs) - 1) // 2]
 
 
 def summarise(instances: list[dict]) -> list[dict]:
-    """Per range name: instance count and medians over instances (microseconds)."""
+    """Per range name: the instance count, the median instance's accounting (microseconds) and the spread
+    of the spans over every instance."""
     groups: dict[tuple, list[dict]] = {}
     for rec in instances:
         groups.setdefault((rec["domain"], rec["name"]), []).append(rec)
     out = []
     for (domain, name), recs in groups.items():
         spans = [r["span_ns"] / 1e3 for r in recs]
-        med = statistics.median(spans)
-        errs = [abs(r["accounted_ns"] - r["span_ns"]) / r["span_ns"] for r in recs if r["span_ns"]]
+        r = median_instance(recs)
+        med = r["span_ns"] / 1e3
+        errs = [abs(x["accounted_ns"] - x["span_ns"]) / x["span_ns"] for x in recs if x["span_ns"]]
         out.append({
-            "name": name, "domain": domain, "instances": len(recs),
-            "span_us": med,
-            "busy_us": _med(r["busy_ns"] / 1e3 for r in recs),
-            "kernel_us": _med(r["kernel_ns"] / 1e3 for r in recs),
-            "memcpy_us": _med(r["memcpy_ns"] / 1e3 for r in recs),
-            "memset_us": _med(r["memset_ns"] / 1e3 for r in recs),
-            "ops": _med(r["ops"] for r in recs),
-            "idle_us": {c: _med(r["idle_ns"][c] / 1e3 for r in recs) for c in CAUSES},
-            "busy_earlier_us": _med(r["busy_earlier_ns"] / 1e3 for r in recs),
-            "gpu_after_end_us": _med(r["gpu_after_end_ns"] / 1e3 for r in recs),
-            "concurrent_us": _med(r["concurrent_ns"] / 1e3 for r in recs),
-            "kernels": _med(r["kernels"] for r in recs),
-            "short_kernels": _med(r["short_kernels"] for r in recs),
-            "launch_latency_us": _med(r["launch_latency_med_ns"] / 1e3 if r["launch_latency_med_ns"] is not None
-                                      else None for r in recs),
-            "event_estimate_us": _med(r["event_estimate_ns"] / 1e3 for r in recs),
-            "queued_behind_earlier_us": _med(r["queued_behind_earlier_ns"] / 1e3 for r in recs),
-            "event_marks_outside_us": _med(r["event_marks_outside_ns"] / 1e3 for r in recs),
-            "syncs": _med(len(r["syncs"]) for r in recs),
+            "name": name, "domain": domain, "instances": len(recs), "median_instance": r["instance"],
+            "span_us": med, "busy_us": r["busy_ns"] / 1e3, "kernel_us": r["kernel_ns"] / 1e3,
+            "memcpy_us": r["memcpy_ns"] / 1e3, "memset_us": r["memset_ns"] / 1e3, "ops": r["ops"],
+            "idle_us": {c: r["idle_ns"][c] / 1e3 for c in CAUSES},
+            "busy_earlier_us": r["busy_earlier_ns"] / 1e3, "gpu_after_end_us": r["gpu_after_end_ns"] / 1e3,
+            "concurrent_us": r["concurrent_ns"] / 1e3, "kernels": r["kernels"], "short_kernels": r["short_kernels"],
+            # None, not zero, when the instance launched no GPU op: there is no latency to show.
+            "launch_latency_us": (r["launch_latency_med_ns"] / 1e3 if r["launch_latency_med_ns"] is not None
+                                  else None),
+            "event_estimate_us": r["event_estimate_ns"] / 1e3,
+            "queued_behind_earlier_us": r["queued_behind_earlier_ns"] / 1e3,
+            "event_marks_outside_us": r["event_marks_outside_ns"] / 1e3,
+            "syncs": len(r["syncs"]),
             "span_spread": {"min_us": min(spans), "max_us": max(spans),
                             "stdev_us": statistics.stdev(spans) if len(spans) > 1 else 0.0,
                             "rel_stdev": (statistics.stdev(spans) / med) if len(spans) > 1 and med else 0.0,

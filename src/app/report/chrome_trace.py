@@ -7,6 +7,11 @@ API call that launched it.
 from __future__ import annotations
 
 
+# The nsys reader makes correlation ids unique across processes by putting the process id above bit 32;
+# the low 32 bits are the id the capture itself shows (in nsys's GUI, say).
+CAPTURE_ID = 0xFFFFFFFF
+
+
 def chrome_trace(tl, window: tuple[int, int], label: str) -> dict:
     lo, hi = window
     t0 = lo
@@ -23,10 +28,10 @@ def chrome_trace(tl, window: tuple[int, int], label: str) -> dict:
     a = tl.api
     for x in a[(a["end"] > lo) & (a["start"] < hi)].itertuples():
         events.append({"ph": "X", "pid": 1, "tid": int(x.tid), "name": x.name, "cat": "cuda_api",
-                       "ts": us(x.start), "dur": (x.end - x.start) / 1e3, "args": {"correlation": int(x.corr)}})
+                       "ts": us(x.start), "dur": (x.end - x.start) / 1e3, "args": {"correlation": int(x.corr) & CAPTURE_ID}})
     o = tl.ops
     for x in o[(o["end"] > lo) & (o["start"] < hi)].itertuples():
-        args = {"correlation": int(x.corr), "kind": x.kind}
+        args = {"correlation": int(x.corr) & CAPTURE_ID, "kind": x.kind}
         if x.kind != "kernel":
             args |= {"bytes": int(x.bytes), "copy": x.copy, "host_memory": x.host_mem}
         events.append({"ph": "X", "pid": 2, "tid": int(x.stream), "name": x.name, "cat": x.kind,

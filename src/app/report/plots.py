@@ -408,7 +408,7 @@ def timeline_png(tl, analysis: dict, title: str) -> bytes:
             bx.barh(names, vals, left=left, color=CAUSE_COLORS[key], label=key.replace("_", " "))
             left += vals
     bx.invert_yaxis()
-    bx.set_xlabel("us per instance (median): span = GPU busy + idle by cause", fontsize=8)
+    bx.set_xlabel("us, each stage's median instance: span = GPU busy + idle by cause", fontsize=8)
     bx.tick_params(labelsize=7)
     bx.legend(fontsize=6, loc="lower right", ncol=4)
     buf = io.BytesIO()

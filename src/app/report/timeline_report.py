@@ -55,7 +55,7 @@ def _key_issue(s: dict) -> str:
     return "; ".join(bits) or "-"
 
 
-def accounting_section(rows: list[dict], title="Wall-time accounting (median per instance, us)") -> Section:
+def accounting_section(rows: list[dict], title="Wall-time accounting (the median instance, us)") -> Section:
     cols = ["Range", "n", "Span", "GPU busy", "kernel", "copy", "memset"] + \
            [c.replace("_", " ") for c in CAUSES] + ["busy + idle", "max error"]
     out = []
@@ -69,19 +69,21 @@ def accounting_section(rows: list[dict], title="Wall-time accounting (median per
         "streams inside the span (never their sum); kernel/copy/memset = summed durations of the range's own ops, "
         "which may run past its end. Idle causes: " + "; ".join(f"{c.replace('_', ' ')} = {CAUSE_TEXT[c]}"
                                                                  for c in CAUSES) +
-        ". busy + idle adds the medians; 'max error' is the worst instance's |busy + idle - span| / span "
-        "(each instance is partitioned exactly)."))
+        ". Each row is one real instance of the range, the one whose span is the median (the lower middle one "
+        "for an even count; n counts them all), so its parts add up to its span; 'max error' is the worst "
+        "instance's |busy + idle - span| / span (each instance is partitioned exactly)."))
 
 
 def launches_section(rows: list[dict]) -> Section:
-    return Section("Launches, copies and concurrency (median per instance)",
+    return Section("Launches, copies and concurrency (the median instance)",
                    columns=["Range", "GPU ops", "kernels", "kernels < 10 us", "launch->start (us)",
                             "2+ ops in flight (us)", "syncs", "GPU work past range end (us)"],
                    rows=[[s["name"], fmt(s["ops"], 0), fmt(s["kernels"], 0), fmt(s["short_kernels"], 0),
                           fmt(s["launch_latency_us"]), fmt(s["concurrent_us"]), fmt(s["syncs"], 0),
                           fmt(s["gpu_after_end_us"])] for s in rows],
-                   note="launch->start = median time from the API call that issued an op to the op's start on "
-                        "the GPU (includes queueing behind earlier work).")
+                   note="The same instance as the accounting above. launch->start = median time from the API call "
+                        "that issued an op to the op's start on the GPU (includes queueing behind earlier work); "
+                        "n/a where the range issued no GPU op.")
 
 
 def audit_section(findings: list[dict]) -> Section:
@@ -254,7 +256,8 @@ def _capture_rows(trace, analysis, verification) -> list[list]:
             ["GPU ops in capture", f"{cap['ops']:,} ({cap['kernels']:,} kernels, {cap['memcpys']:,} memcpy, "
                                    f"{cap['memsets']:,} memset)"],
             ["GPU ops with no API record", cap["ops_without_api_record"]],
-            ["uncovered (between stage ranges)", f"{trace['timing']['uncovered_seconds'] * 1e6:,.1f} us per iteration"],
+            ["uncovered (between stage ranges)", f"{trace['timing']['uncovered_seconds'] * 1e6:,.1f} us per iteration (the median of each "
+                                                 "iteration's span less its stages' spans)"],
             ["mode wall time", f"{trace['timing'].get('mode_wall_seconds', 0):,.1f} s"]]
     if tool.get("overhead"):
         o = tool["overhead"]

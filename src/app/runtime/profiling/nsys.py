@@ -219,7 +219,6 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
             "timeline": {k: v for k, v in s.items() if k not in ("name", "domain", "span_spread")},
             "tiling": plan.tiling[s["name"]],
         })
-    covered = sum(s["elapsed_seconds"] for s in stages)
     return {
         "schema": "app.trace/1", "kernel": plan.kernel, "version": plan.version, "mode": "nsys",
         "selected_runtime": sel["selected"], "requested_runtime": sel["requested"],
@@ -228,7 +227,7 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
         "timing": {"clock": f"host wall time of each NVTX range ({tool['backend']} trace)",
                    "timed_runs": it["instances"],
                    "total": it["span_spread"] | {"samples": spans},
-                   "uncovered_seconds": it["span_us"] / 1e6 - covered,
+                   "uncovered_seconds": statistics.median(_uncovered(analysis, by_name)) / 1e9,
                    "event_total_seconds": analysis["event_us"][PROFILE_RANGE] / 1e6,
                    "drift": drift(spans), **_paces(worker, spans)},
         "metadata": {"planner_selected_runtime": sel["planner"], "selection_reason": sel["reason"],
@@ -248,6 +247,16 @@ def _paces(worker: dict, spans: list[float]) -> dict:
         why = {"why": "not recorded: the worker of this capture did not time the host's pace"}
         return {"host_pace": why, "launch_pace": why}
     return launch_pace.timing(pace["loop_seconds"], pace["launch_seconds"], spans)
+
+
+def _uncovered(analysis: dict, stage_names) -> list[int]:
+    """Each iteration's time outside its stages' ranges (ns): its span less the spans of the stage ranges
+    inside it, per iteration as event mode does it (a median span less the sum of median spans is no one
+    iteration's remainder)."""
+    stages = [r for r in analysis["instances"] if r["name"] in stage_names]
+    return [it["span_ns"] - sum(r["span_ns"] for r in stages if r["tid"] == it["tid"] and
+                                it["start_ns"] <= r["start_ns"] and r["end_ns"] <= it["end_ns"])
+            for it in analysis["iterations"]]
 
 
 def _span_samples(analysis: dict, name: str) -> list[float]:

@@ -30,6 +30,17 @@ GPU_COLUMNS = ("id", "name", "smCount", "l2CacheSize", "totalMemory", "memoryBan
 EXPORT_KEYS = ("EXPORT_PRODUCT_NAME", "EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION")
 
 
+def _pid(global_id) -> int:
+    """The process id inside nsys's global thread or process id (bits 24-47)."""
+    return (int(global_id or 0) >> 24) & 0xFFFFFF
+
+
+def _corr(corr, global_id) -> int:
+    """A correlation id that is unique across the capture: each process numbers its own from 1, so in a
+    capture of several processes the bare id would tie one process's calls to another's GPU ops."""
+    return (_pid(global_id) << 32) | int(corr)
+
+
 def _tables(con) -> set[str]:
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
@@ -61,8 +72,8 @@ def read_sqlite(path: str) -> Timeline:
         ranges = _ranges(con, tables, strings)
         api = _api(con, tables, strings)
         ops = _kernels(con, tables, strings) + _memcpys(con, tables) + _memsets(con, tables)
-        sync_corr = frozenset(r[0] for r in con.execute(
-            "SELECT correlationId FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")) \
+        sync_corr = frozenset(_corr(c, p) for c, p in con.execute(
+            "SELECT correlationId, globalPid FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")) \
             if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" in tables else frozenset()
         meta = _meta(con, tables)
     except sqlite3.DatabaseError as exc:
@@ -78,33 +89,36 @@ def _ranges(con, tables, strings) -> list[tuple]:
     types = {v: k for k, v in _enum(con, "ENUM_NSYS_EVENT_TYPE", tables).items()}
     push, startend = types.get("NvtxPushPopRange", 59), types.get("NvtxStartEndRange", 60)
     domain_create = types.get("NvtxDomainCreate", 75)
-    domains = {0: ""}
+    # Domain ids are numbered per process: key them by (process, id), or one process's domain would be
+    # named after another's.
+    domains = {}
     rows = con.execute("SELECT start, end, eventType, text, textId, globalTid, domainId FROM NVTX_EVENTS "
                        "ORDER BY start").fetchall()
     for start, end, etype, text, text_id, tid, dom in rows:
         if etype == domain_create:
-            domains[dom] = text if text is not None else strings.get(text_id, "")
+            domains[(_pid(tid), dom)] = text if text is not None else strings.get(text_id, "")
     out = []
     for start, end, etype, text, text_id, tid, dom in rows:
         if etype in (push, startend) and end is not None:
             name = text if text is not None else strings.get(text_id, "")
-            out.append((name, domains.get(dom or 0, str(dom)), int(start), int(end), int(tid or 0)))
+            domain = "" if not dom else domains.get((_pid(tid), dom), str(dom))
+            out.append((name, domain, int(start), int(end), int(tid or 0)))
     return out
 
 
 def _api(con, tables, strings) -> list[tuple]:
     if "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
         return []
-    return [(int(s), int(e), strings.get(n, str(n)), int(c), int(t or 0)) for s, e, n, c, t in con.execute(
+    return [(int(s), int(e), strings.get(n, str(n)), _corr(c, t), int(t or 0)) for s, e, n, c, t in con.execute(
         "SELECT start, end, nameId, correlationId, globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME")]
 
 
 def _kernels(con, tables, strings) -> list[tuple]:
     if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
         return []
-    return [(int(s), int(e), "kernel", strings.get(short, strings.get(dem, "?")), int(c), int(st), int(dev), 0, "", "")
-            for s, e, dem, short, c, st, dev in con.execute(
-                "SELECT start, end, demangledName, shortName, correlationId, streamId, deviceId "
+    return [(int(s), int(e), "kernel", strings.get(short, strings.get(dem, "?")), _corr(c, p), int(st), int(dev), 0,
+             "", "") for s, e, dem, short, c, st, dev, p in con.execute(
+                "SELECT start, end, demangledName, shortName, correlationId, streamId, deviceId, globalPid "
                 "FROM CUPTI_ACTIVITY_KIND_KERNEL")]
 
 
@@ -114,13 +128,13 @@ def _memcpys(con, tables) -> list[tuple]:
     oper = _enum(con, "ENUM_CUDA_MEMCPY_OPER", tables)
     kind = _enum(con, "ENUM_CUDA_MEM_KIND", tables)
     out = []
-    for s, e, c, st, dev, nbytes, ck, src, dst in con.execute(
-            "SELECT start, end, correlationId, streamId, deviceId, bytes, copyKind, srcKind, dstKind "
+    for s, e, c, st, dev, nbytes, ck, src, dst, p in con.execute(
+            "SELECT start, end, correlationId, streamId, deviceId, bytes, copyKind, srcKind, dstKind, globalPid "
             "FROM CUPTI_ACTIVITY_KIND_MEMCPY"):
         direction = COPY_KIND.get(oper.get(ck, "").rsplit("_", 1)[-1], "other")
         host_side = src if direction.startswith("H") else dst if direction.endswith("H") else None
         host_mem = _mem_kind(kind.get(host_side, "")) if host_side is not None else ""
-        out.append((int(s), int(e), "memcpy", f"memcpy {direction}", int(c), int(st), int(dev), int(nbytes or 0),
+        out.append((int(s), int(e), "memcpy", f"memcpy {direction}", _corr(c, p), int(st), int(dev), int(nbytes or 0),
                     direction, host_mem))
     return out
 
@@ -133,9 +147,9 @@ def _mem_kind(name: str) -> str:
 def _memsets(con, tables) -> list[tuple]:
     if "CUPTI_ACTIVITY_KIND_MEMSET" not in tables:
         return []
-    return [(int(s), int(e), "memset", "memset", int(c), int(st), int(dev), int(nbytes or 0), "", "")
-            for s, e, c, st, dev, nbytes in con.execute(
-                "SELECT start, end, correlationId, streamId, deviceId, bytes FROM CUPTI_ACTIVITY_KIND_MEMSET")]
+    return [(int(s), int(e), "memset", "memset", _corr(c, p), int(st), int(dev), int(nbytes or 0), "", "")
+            for s, e, c, st, dev, nbytes, p in con.execute(
+                "SELECT start, end, correlationId, streamId, deviceId, bytes, globalPid FROM CUPTI_ACTIVITY_KIND_MEMSET")]
 
 
 def _meta(con, tables) -> dict:
