@@ -6,7 +6,7 @@ import pytest
 
 from app.analysis.kernel_metrics import attribute_stages, kernel_table
 from app.kernel.plan import get_plan_class
-from app.runtime.profiling.ncu import _hot_listing, _rule_ops, _rules_section, _verbose, hot_spots
+from app.runtime.profiling.ncu import _flag_speedups, _hot_listing, _rule_ops, _rules_section, _verbose, hot_spots
 from app.runtime.profiling.parsers.ncu_csv import parse_details, parse_raw, parse_source
 from app.runtime.profiling.parsers.ncu_rep import line_table, load_module, read_samples, short_path
 from tests.conftest import OWN_FIXTURES, fixture_text
@@ -36,12 +36,38 @@ def report(tmp_path_factory):
 
 def test_rule_gains_are_speedup_times_kernel_share(capture):
     raw, _, rules = capture
-    ops = _rule_ops(rules, raw)
+    ops = _rule_ops(rules, raw, kernel_table(raw, "join", STAGES, "NVIDIA H200"))
     assert ops and [o["gain_pct"] for o in ops] == sorted((o["gain_pct"] for o in ops), reverse=True)
     top = ops[0]
     rule = rules[(rules["rule_type"] == "OPT")].dropna(subset=["speedup_pct"]).sort_values("speedup_pct").iloc[-1]
     # No gain can exceed the rule's own speedup: it is scaled by the kernel's share of the iteration.
     assert 0 < top["gain_pct"] <= rule["speedup_pct"] and "est." in top["trigger"]
+
+
+def test_rule_gains_never_come_from_impossible_or_missing_readings(capture):
+    """An Estimated Speedup above 100% is not a reading: flagged in the rules table, ranked nowhere. A kernel
+    whose time is missing leaves every share unknown (the total they divide by is): gains None, ranked last,
+    never computed over the kernels that were timed. A rule of an unstaged kernel says so, never "nan"."""
+    raw, _, rules = capture
+    top = rules[rules["rule_type"] == "OPT"].dropna(subset=["speedup_pct"]).index[0]
+    bad = rules.copy()
+    bad.loc[top, "speedup_pct"] = 450.0
+    bad = _flag_speedups(bad)
+    kernels = kernel_table(raw, "join", STAGES, "NVIDIA H200")
+    ops = _rule_ops(bad, raw, kernels)
+    assert all(o["gain_pct"] <= 100 for o in ops) and "450" not in " ".join(o["trigger"] for o in ops)
+    row = next(r for r in _rules_section(bad).rows if r[3] == bad.loc[top, "rule"] and r[1] == bad.loc[top, "kernel"][:30])
+    assert row[4] == "Estimated Speedup=450% outside 0-100%, not used"
+    untimed = raw.copy()
+    untimed.loc[untimed.index[3], "duration_ns"] = float("nan")
+    ops = _rule_ops(rules, untimed, kernel_table(untimed, "join", STAGES, "NVIDIA H200"))
+    assert ops and all(o["gain_pct"] is None for o in ops)
+    outside = raw.copy()
+    outside["nvtx_stack"] = [[] for _ in range(len(outside))]
+    unstaged = rules.assign(stage=attribute_stages(rules.assign(nvtx_stack=[[]] * len(rules)), "join", STAGES))
+    ops = _rule_ops(unstaged, outside, kernel_table(outside, "join", STAGES, "NVIDIA H200"))
+    assert ops and all(" in unstaged kernel (" in o["name"] for o in ops)
+    assert all(r[0] == "-" for r in _rules_section(unstaged).rows)
 
 
 def test_rules_table_verbose_report_and_sass_listing(capture):

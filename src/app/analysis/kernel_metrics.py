@@ -22,6 +22,12 @@ L2_JUDGE_MIN_BYTES = 512 * 1024
 PERCENT = ("sm_pct", "dram_pct", "achieved_occupancy_pct", "l2_hit_pct")
 COUNTS = ("duration_us", "dram_bytes", "fp64_flops", "fp32_flops", "local_load_bytes", "local_store_bytes",
           "waves_per_sm", "registers")
+# The raw columns every kernel row should carry (annotation mode's metric set); one that is absent or
+# unreadable is listed by ncu's name in the report and left out of every sum, weight and conclusion.
+READINGS = ("duration_ns", "dram_read_bytes", "dram_write_bytes", "dfma", "dadd", "dmul", "ffma", "fadd", "fmul",
+            "sm_pct", "dram_pct", "achieved_occupancy_pct", "l2_hit_pct", "waves_per_sm", "registers",
+            "local_load_bytes", "local_store_bytes")
+DURATION = "gpu__time_duration.sum"
 
 
 def _num(v) -> float:
@@ -55,8 +61,36 @@ def flag_out_of_range(out: pd.DataFrame) -> pd.DataFrame:
                 flags[i].append(f"{col}={v:g} ({_metric_name(col)}) outside its physical range")
         bad = out[col].map(lambda v, ok=ok: v == v and not ok(v))
         out.loc[bad, col] = float("nan")
+    # A kernel takes time: a duration of zero would make every rate infinite.
+    if "duration_us" in out:
+        for i, v in enumerate(out["duration_us"].tolist()):
+            if v == 0:
+                flags[i].append(f"duration_us=0 ({DURATION}) outside its physical range")
+        out.loc[out["duration_us"] == 0, "duration_us"] = float("nan")
     out["flags"] = ["; ".join(f) for f in flags]
     return out
+
+
+def flag_above_peak(out: pd.DataFrame, device_name: str) -> None:
+    """A rate above the device's datasheet peak cannot have been achieved: the kernel's time or its bytes
+    (or FLOPs) were misread, and which one is unknown. Flag it with both readings and blank both, so
+    neither feeds a rate, a stage total, a weight or a class."""
+    _, sheet = match_device(device_name)
+    if sheet is None:
+        return
+    secs = out["duration_us"] / 1e6
+    checks = [("dram_bytes", 1e9, sheet["memory_gbps"], "GB/s", "dram__bytes_read/write.sum"),
+              ("fp64_flops", 1e12, sheet["peak_tflops"]["fp64"], "TFLOP/s fp64", "fp64 instruction counts"),
+              ("fp32_flops", 1e12, sheet["peak_tflops"]["fp32"], "TFLOP/s fp32", "fp32 instruction counts")]
+    for col, scale, peak, unit, metric in checks:
+        rate = out[col] / secs / scale
+        bad = rate > peak
+        for i in [i for i, b in enumerate(bad.tolist()) if b]:
+            note = (f"{DURATION}={out['duration_us'].iat[i] * 1e3:g} ns with {col}={out[col].iat[i]:g} ({metric}) is "
+                    f"{rate.iat[i]:,.1f} {unit}, above the {device_name}'s peak {peak:,.1f}: one of the two is wrong, "
+                    "neither is used")
+            out.iat[i, out.columns.get_loc("flags")] = "; ".join(x for x in (out["flags"].iat[i], note) if x)
+        out.loc[bad, ["duration_us", col]] = float("nan")
 
 
 def attribute_stages(df: pd.DataFrame, domain: str, stages: list[str]) -> pd.Series:
@@ -66,7 +100,8 @@ def attribute_stages(df: pd.DataFrame, domain: str, stages: list[str]) -> pd.Ser
         inner = [r for d, r in stack if d == domain and r in names]
         return inner[-1] if inner else None
 
-    return df["nvtx_stack"].map(stage_of)
+    # object dtype keeps None for a kernel outside every stage (a string dtype would turn it into NaN).
+    return pd.Series([stage_of(s) for s in df["nvtx_stack"]], index=df.index, dtype=object)
 
 
 def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: str,
@@ -76,6 +111,11 @@ def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: 
     if spec is None:
         _, spec = match_device(device_name)
     raw_duration = _col(df, "duration_ns")
+    raw = {c: _col(df, c) for c in READINGS}
+    if "dram_pct" not in df and "dram_pct_sol" in df:      # a full-set capture
+        raw["dram_pct"] = _col(df, "dram_pct_sol")
+    missing = [[_metric_name(c if c != "dram_pct" or "dram_pct" in df else "dram_pct_sol")
+                for c in READINGS if math.isnan(raw[c].iat[i])] for i in range(len(df))]
     out = pd.DataFrame({
         "stage": attribute_stages(df, domain, stages),
         "kernel": df["kernel"],
@@ -90,9 +130,12 @@ def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: 
         out[col] = _col(df, col)
     if "dram_pct" not in df and "dram_pct_sol" in df:      # a full-set capture
         out["dram_pct"] = _col(df, "dram_pct_sol")
+    out["missing"] = ["; ".join(m) for m in missing]
     out = flag_out_of_range(out)
+    flag_above_peak(out, device_name)
     out["l2_judged"] = out["l2_hit_pct"].notna() & (out["dram_bytes"] >= L2_JUDGE_MIN_BYTES)
-    out["local_spill_bytes"] = out["local_load_bytes"].fillna(0) + out["local_store_bytes"].fillna(0)
+    # Missing if either part is: a spill whose loads were not read is not a spill of its stores alone.
+    out["local_spill_bytes"] = out["local_load_bytes"] + out["local_store_bytes"]
     secs = out["duration_us"] / 1e6
     out["achieved_gbps"] = out["dram_bytes"] / secs / 1e9
     out["achieved_tflops_fp64"] = out["fp64_flops"] / secs / 1e12
@@ -123,40 +166,64 @@ def classify(r) -> str:
 
 
 def stage_table(kernels: pd.DataFrame, stages: list[str]) -> pd.DataFrame:
-    """Per stage: summed time, bytes and flops; time-weighted SM%, DRAM%, occupancy, L2 hit."""
+    """Per stage: summed time, bytes and flops; time-weighted SM%, DRAM%, occupancy, L2 hit. Any kernel
+    without a value leaves its stage without it (NaN): a partial sum or average would mislead."""
     rows = []
     for name in stages:
         k = kernels[kernels["stage"] == name]
-        t = k["duration_us"].sum()
-
-        def weighted(col):
-            # Any kernel without the value leaves the stage without it (a partial average would mislead).
-            return float((k[col] * k["duration_us"]).sum() / t) if t > 0 and k[col].notna().all() else float("nan")
-
-        def judged_l2():
-            # Over the kernels with enough traffic for the rate to mean something (L2_JUDGE_MIN_BYTES).
-            j = k[k["l2_judged"]] if "l2_judged" in k else k[k["l2_hit_pct"].notna()]
-            tj = j["duration_us"].sum()
-            return float((j["l2_hit_pct"] * j["duration_us"]).sum() / tj) if tj > 0 else float("nan")
 
         def total(col):
             return float(k[col].sum()) if k[col].notna().all() else float("nan")
 
+        t = total("duration_us")
+
+        def weighted(col):
+            return float((k[col] * k["duration_us"]).sum() / t) if t > 0 and k[col].notna().all() else float("nan")
+
+        def judged_l2():
+            # Over the kernels with enough traffic for the rate to mean something (L2_JUDGE_MIN_BYTES); one
+            # whose traffic or rate is missing may be such a kernel, so the stage's rate is missing too.
+            j = k[~(k["dram_bytes"] < L2_JUDGE_MIN_BYTES)]
+            tj = j["duration_us"].sum()
+            if not (tj > 0) or j["l2_hit_pct"].isna().any() or j["duration_us"].isna().any():
+                return float("nan")
+            return float((j["l2_hit_pct"] * j["duration_us"]).sum() / tj)
+
         rows.append({"stage": name, "kernels": len(k), "duration_us": t, "dram_bytes": total("dram_bytes"),
                      "fp64_flops": total("fp64_flops"), "sm_pct": weighted("sm_pct"),
                      "dram_pct": weighted("dram_pct"), "achieved_occupancy_pct": weighted("achieved_occupancy_pct"),
-                     "l2_hit_pct": judged_l2(), "local_spill_bytes": k["local_spill_bytes"].sum(),
-                     "waves_per_sm": k["waves_per_sm"].max() if len(k) else float("nan")})
+                     "l2_hit_pct": judged_l2(), "local_spill_bytes": total("local_spill_bytes"),
+                     "waves_per_sm": float(k["waves_per_sm"].max()) if len(k) and k["waves_per_sm"].notna().all()
+                     else float("nan"),
+                     "untimed_kernels": int(k["duration_us"].isna().sum())})
     st = pd.DataFrame(rows)
     secs = st["duration_us"] / 1e6
     st["achieved_gbps"] = st["dram_bytes"] / secs.where(secs > 0) / 1e9
     st["achieved_tflops_fp64"] = st["fp64_flops"] / secs.where(secs > 0) / 1e12
-    st["bottleneck"] = [classify(r) if r.kernels else "no kernels" for r in st.itertuples()]
+    st["bottleneck"] = [("no kernels" if not r.kernels else
+                         f"n/a ({DURATION} missing or flagged for {r.untimed_kernels} of {r.kernels} kernels)"
+                         if r.untimed_kernels else classify(r)) for r in st.itertuples()]
     return st
 
 
+def kernel_time(stages: pd.DataFrame) -> float:
+    """The stages' summed kernel time (us), NaN when any stage kernel's time is missing."""
+    return float(stages["duration_us"].sum()) if stages["duration_us"].notna().all() else float("nan")
+
+
+def kernel_time_text(stages: pd.DataFrame) -> str:
+    """The summed kernel time for a headline, or what is missing from it."""
+    t = kernel_time(stages)
+    if t == t:
+        return f"{t:,.1f} us of kernel time"
+    return (f"kernel time n/a ({DURATION} missing or flagged for {int(stages['untimed_kernels'].sum())} of "
+            f"{int(stages['kernels'].sum())} stage kernels)")
+
+
 def opportunities(stages: pd.DataFrame, total_us: float) -> list[dict]:
-    """Seed 004's Metric Interpretation table as rules; gain = share of time the stage could save."""
+    """Seed 004's Metric Interpretation table as rules; gain = share of time the stage could save. Where the
+    kernel time is missing (a stage's, or so the total's) the gain is None: the finding stands, its size is
+    unknown, and it ranks after every sized one."""
     ops = []
     for r in stages.itertuples():
         if not r.kernels or total_us <= 0:
@@ -178,5 +245,9 @@ def opportunities(stages: pd.DataFrame, total_us: float) -> list[dict]:
             ops.append((share * (1 - max(r.dram_pct, r.sm_pct) / 100),
                         f"Hide latency in {r.stage} (more independent work per thread, fewer dependent loads)",
                         f"sm_pct={r.sm_pct:.1f}, dram_pct={r.dram_pct:.1f}"))
-    ops.sort(key=lambda o: -o[0])
-    return [{"name": n, "gain_pct": g, "trigger": t} for g, n, t in ops]
+    return rank([{"name": n, "gain_pct": g if g == g else None, "trigger": t} for g, n, t in ops])
+
+
+def rank(ops: list[dict]) -> list[dict]:
+    """Largest estimated gain first; those whose gain is unknown (None) last, in their order."""
+    return sorted(ops, key=lambda o: (o["gain_pct"] is None, -(o["gain_pct"] or 0)))

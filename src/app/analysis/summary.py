@@ -37,16 +37,23 @@ def event_summary(trace: dict, roof: dict, findings: list[dict], ops: list[dict]
 
 
 def counter_summary(stages, kernels, ops: list[dict]) -> dict:
-    """annotation and ncu modes: ncu's own per-kernel metrics, summed or time-weighted over the iteration."""
-    dur = float(stages["duration_us"].sum())
+    """annotation and ncu modes: ncu's own per-kernel metrics of the stage kernels (those the stages' times
+    sum), summed or time-weighted. A kernel outside every stage counts in neither the time nor the rates."""
+    kernels = kernels[kernels["stage"].notna()]
     w = kernels["duration_us"]
     missing, totals = {}, {}
+    untimed = int(w.isna().sum())
+    dur = float(w.sum()) if not untimed and len(w) else None
+    if dur is None:
+        missing["duration_us"] = (f"gpu__time_duration.sum missing or flagged for {untimed} of {len(w)} stage "
+                                  "kernels" if untimed else "no stage kernels in this capture")
 
     def weighted(key: str, col: str):
-        if col not in kernels or kernels[col].isna().any() or not w.sum() > 0:
-            missing[key] = f"{col} missing for some kernels of this capture"
+        if col not in kernels or kernels[col].isna().any() or dur is None or not dur > 0:
+            missing[key] = (f"{col} missing for some kernels of this capture" if dur is not None
+                            else missing["duration_us"] + " (the weights)")
             return None
-        return float((kernels[col] * w).sum() / w.sum())
+        return float((kernels[col] * w).sum() / dur)
 
     top = stages[stages["kernels"] > 0].sort_values("duration_us", ascending=False)
     for key, cols in (("achieved_tflops", ("fp64_flops", "fp32_flops")), ("achieved_gbps", ("dram_bytes",))):
@@ -58,15 +65,19 @@ def counter_summary(stages, kernels, ops: list[dict]) -> dict:
             totals[key] = None
         else:
             totals[key] = float(sum(kernels[c].sum() for c in present))
+        if totals[key] is not None and not dur:
+            missing[key] = missing.get("duration_us", "no kernel time to divide by")
     flops, dram = totals["achieved_tflops"], totals["achieved_gbps"]
+    judged = dur is not None and len(top)
     return {
         "duration_us": dur,
         "achieved_tflops": flops / (dur * 1e-6) / 1e12 if flops is not None and dur else None,
         "achieved_gbps": dram / (dur * 1e-6) / 1e9 if dram is not None and dur else None,
-        "rates_from": "ncu-measured DRAM bytes and FLOPs over the summed kernel time",
+        "rates_from": "ncu-measured DRAM bytes and FLOPs of the stage kernels over their summed time",
         "occupancy_pct": weighted("occupancy_pct", "achieved_occupancy_pct"),
         "occupancy_kind": "achieved, time-weighted", "sm_pct": weighted("sm_pct", "sm_pct"),
-        "bottleneck": str(top.iloc[0]["bottleneck"]) if len(top) else "n/a",
+        # Which stage takes the most time is unknown while a stage kernel's time is.
+        "bottleneck": str(top.iloc[0]["bottleneck"]) if judged else "n/a",
         "issues": [f"{r.stage}: {r.bottleneck}" for r in top.head(3).itertuples()],
         "insights": [f"{o['name']} (trigger {o['trigger']})" for o in ops[:3]],
         "missing": missing,

@@ -1,6 +1,7 @@
 """Render report sections (plain data: title, text, columns/rows, items, note) with jinja2."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def fmt(v, digits: int = 1, suffix: str = "") -> str:
     if v is None:
         return "n/a"
     if isinstance(v, float):
-        return f"{v:,.{digits}f}{suffix}"
+        # A missing reading (NaN) reads "n/a", never "nan".
+        return f"{v:,.{digits}f}{suffix}" if math.isfinite(v) else "n/a"
     if isinstance(v, int):
         return f"{v:,}{suffix}"
     return f"{v}{suffix}"

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import math
 
-from app.analysis.kernel_metrics import L2_JUDGE_MIN_BYTES
+from app.analysis.kernel_metrics import DURATION, L2_JUDGE_MIN_BYTES, kernel_time, kernel_time_text
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
 
 
 def _pct(v) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) or math.isinf(v) else f"{v:.1f}"
 
 
 GAIN_NOTE = ("Gain = the stage's share of kernel time x an estimate of the part it could recover: "
@@ -20,9 +20,13 @@ RULE_NOTE = "Gain = NCU's estimated speedup for the rule x the kernel's share of
 
 def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: str,
                    gain_note: str = GAIN_NOTE) -> list[Section]:
-    total = stages["duration_us"].sum()
+    total = kernel_time(stages)
     by_time = stages[stages["kernels"] > 0].sort_values("duration_us", ascending=False)
-    if len(by_time):
+    if len(by_time) and total != total:
+        # Which stage takes the most time is unknown while one's time is: no bottleneck is named.
+        bottleneck = "n/a"
+        cause = f"Not judged: {kernel_time_text(stages)}; the stages' shares of the time are unknown."
+    elif len(by_time):
         top = by_time.iloc[0]
         kind = top["bottleneck"].split(" ")[0]
         bottleneck = kind.replace("-bound", "").capitalize() + "-bound" if "bound" in kind else kind
@@ -56,29 +60,39 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
                      f"Kernels outside any stage range: {outside}."),
         Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
         Section("Top 3 Opportunities (ranked by estimated impact)",
-                items=[f"{o['name']} — est. {o['gain_pct']:.0f}% gain — trigger: {o['trigger']}" for o in ops[:3]]
+                items=[f"{o['name']} — {_gain(o)} — trigger: {o['trigger']}" for o in ops[:3]]
                 or ["none triggered"], note=gain_note),
         Section("Kernels", columns=["Stage", "Kernel", "us", "GB/s", "TFLOP/s fp64", "FLOP/B", "% roofline",
                                     "SM%", "DRAM%", "Occ%", "L2 hit%", "regs", "waves/SM", "Bottleneck"],
                 rows=[[k.stage or "-", k.kernel[:40], fmt(k.duration_us), fmt(k.achieved_gbps),
-                       f"{k.achieved_tflops_fp64:.4f}", _pct(k.arithmetic_intensity) if k.arithmetic_intensity
-                       == k.arithmetic_intensity else "n/a", _pct(k.pct_of_roofline), _pct(k.sm_pct),
+                       fmt(k.achieved_tflops_fp64, 4), _pct(k.arithmetic_intensity), _pct(k.pct_of_roofline), _pct(k.sm_pct),
                        _pct(k.dram_pct), _pct(k.achieved_occupancy_pct), _l2(k), fmt(k.registers, 0),
                        _pct(k.waves_per_sm), k.bottleneck] for k in kernels.itertuples()],
                 note=f"L2 hit% marked * was measured on under {L2_JUDGE_MIN_BYTES // 1024} KiB of DRAM traffic: there "
                      "the rate reflects ncu's replay more than the kernel (the two counter modes disagree by up to "
                      "~40 points on such kernels), so no locality class or advice is drawn from it, and a stage's "
                      "L2 hit% is over its other kernels only."),
-        Section("Flagged values (impossible readings, used for no conclusion)",
-                columns=["Stage", "Kernel", "What was read"],
-                rows=[[k.stage or "-", k.kernel[:40], k.flags] for k in kernels.itertuples() if k.flags],
-                text=None if "flags" in kernels and kernels["flags"].astype(bool).any() else "None."),
+        _listing("Flagged values (impossible readings, used for no conclusion)", "What was read", kernels, "flags"),
+        _listing("Missing readings (shown as n/a, used for no conclusion)", "ncu metrics missing or unreadable",
+                 kernels, "missing"),
         Section("DRAM bytes: measured vs cost model",
                 columns=["Stage", "measured MB (ncu)", "cost-model minimum MB", "measured / model"],
                 rows=[_bytes_row(s) for s in trace["stages"]],
                 note="The cost model counts the minimum bytes a stage must move; host->device copies are not "
                      "DRAM kernel traffic, and L2-resident data never reaches DRAM."),
     ]
+
+
+def _gain(op: dict) -> str:
+    if op["gain_pct"] is None:
+        return f"est. gain unknown ({DURATION} missing or flagged: the time it could save is unknown)"
+    return f"est. {op['gain_pct']:.0f}% gain"
+
+
+def _listing(title: str, what: str, kernels, col: str) -> Section:
+    rows = [[k.stage or "-", k.kernel[:40], getattr(k, col)] for k in kernels.itertuples()
+            if col in kernels and getattr(k, col)]
+    return Section(title, columns=["Stage", "Kernel", what], rows=rows) if rows else Section(title, text="None.")
 
 
 def _bytes_row(stage: dict) -> list[str]:

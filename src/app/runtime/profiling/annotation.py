@@ -7,8 +7,9 @@ classes. Writes report.md, roofline.png and the tables as CSV.
 """
 from __future__ import annotations
 
-from app.analysis.kernel_metrics import kernel_table, opportunities, stage_table
+from app.analysis.kernel_metrics import kernel_table, kernel_time, kernel_time_text, opportunities, stage_table
 from app.analysis.summary import counter_summary
+from app.report.markdown import fmt
 from app.report.ncu_report import render_report, stage_sections
 from app.runtime.profiling import counters
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
@@ -31,14 +32,14 @@ class AnnotationMode(Mode):
             spec = counters.device_spec(run)
             kernels = kernel_table(raw, plan.kernel, names, device_name, spec)
             stages = stage_table(kernels, names)
-            ops = opportunities(stages, stages["duration_us"].sum())
+            ops = opportunities(stages, kernel_time(stages))
             trace = counters.measured_trace(plan, run, kernels, stages, self.name)
             trace["summary"] = counter_summary(stages, kernels, ops)
             files = counters.common_files(plan, run, trace, options, self.name)
             clock = f"ncu --clock-control {options.clock_control}"
             headline = counters.headline_prefix(trace) + (
-                f"One warm iteration under ncu on {device_name}: {stages['duration_us'].sum():,.1f} us of "
-                f"kernel time in {len(kernels) - trace['metadata']['kernels_outside_stages']} stage kernels.")
+                f"One warm iteration under ncu on {device_name}: {kernel_time_text(stages)} in "
+                f"{len(kernels) - trace['metadata']['kernels_outside_stages']} stage kernels.")
             sections = stage_sections(trace, stages, kernels, ops, spec, clock)
             pictures, picture_sections = counters.pictures(kernels, spec, device_name, plan)
             files |= pictures
@@ -48,8 +49,8 @@ class AnnotationMode(Mode):
             files["kernels.csv"] = kernels.to_csv(index=False)
             files["stages.csv"] = stages.to_csv(index=False)
             summary = "\n".join([f"{plan.kernel} {plan.version} under ncu (annotation) on {device_name}:"] +
-                                [f"  {r.stage:<28} {r.duration_us:>10,.1f} us  SM {r.sm_pct:5.1f}%  DRAM {r.dram_pct:5.1f}%"
-                                 f"  {r.bottleneck}" for r in stages.itertuples()])
+                                [f"  {r.stage:<28} {fmt(r.duration_us):>10} us  SM {fmt(r.sm_pct):>5}%  "
+                                 f"DRAM {fmt(r.dram_pct):>5}%  {r.bottleneck}" for r in stages.itertuples()])
             return Profile(trace=trace, files=files, summary=summary, ok=counters.verification_ok(trace))
 
 

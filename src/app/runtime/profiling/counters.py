@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from app.analysis.kernel_metrics import kernel_time
 from app.errors import BadParameter
 from app.kernel.plan import get_plan_class
 from app.report.sections import device_section, transfers_section, verification_section
@@ -34,7 +35,8 @@ def measured_trace(plan, run, kernels, stages, mode: str) -> dict:
         m = stages[stages["stage"] == spec.name].iloc[0]
         out_stages.append({
             "name": spec.name, "category": spec.category, "device": w["device"],
-            "elapsed_seconds": float(m["duration_us"]) / 1e6, "rows_in": w["rows_in"], "rows_out": w["rows_out"],
+            # None, not NaN (which JSON cannot hold), when a kernel's time is missing: the report names it.
+            "elapsed_seconds": _seconds(m["duration_us"]), "rows_in": w["rows_in"], "rows_out": w["rows_out"],
             "metadata": dict(w["meta"]) | w["counters"] | {"kernels": int(m["kernels"])},
             "ncu": {k: (None if v != v else float(v)) for k, v in m.items() if k not in ("stage", "bottleneck")}
                    | {"bottleneck": m["bottleneck"]},
@@ -45,7 +47,7 @@ def measured_trace(plan, run, kernels, stages, mode: str) -> dict:
         "schema": "app.trace/1", "kernel": plan.kernel, "version": plan.version, "mode": mode,
         "selected_runtime": sel["selected"], "requested_runtime": sel["requested"],
         "device": {"name": sel["device_name"]} | sel["info"],
-        "total_elapsed_seconds": float(stages["duration_us"].sum()) / 1e6,
+        "total_elapsed_seconds": _seconds(kernel_time(stages)),
         "timing": {"clock": "ncu gpu__time_duration per kernel, one warm iteration", "timed_runs": 1},
         "metadata": {"planner_selected_runtime": sel["planner"], "selection_reason": sel["reason"],
                      "params": plan.params, "nvtx": worker["nvtx"],
@@ -56,6 +58,10 @@ def measured_trace(plan, run, kernels, stages, mode: str) -> dict:
                      "tool": {"ncu": run.ncu, "version": run.ncu_version, "command": run.command}},
         "stages": out_stages,
     }
+
+
+def _seconds(us) -> float | None:
+    return float(us) / 1e6 if us == us else None
 
 
 def common_files(plan, run, trace, options, mode) -> dict:

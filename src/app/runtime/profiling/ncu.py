@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import re
 
-from app.analysis.kernel_metrics import attribute_stages, kernel_table, opportunities, stage_table
+from app.analysis.kernel_metrics import (attribute_stages, kernel_table, kernel_time, kernel_time_text,
+                                        opportunities, rank, stage_table)
 from app.analysis.summary import counter_summary
 from app.report.markdown import Section, fmt, render
 from app.report.ncu_report import GAIN_NOTE, RULE_NOTE, render_report, stage_sections
@@ -59,9 +60,10 @@ class NcuMode(Mode):
             rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
             headline = counters.headline_prefix(trace) + (
                 f"`ncu --set full` on one warm iteration on {device_name}: "
-                f"{stages['duration_us'].sum():,.1f} us of kernel time; {len(rules)} rule results.")
-            rule_ops = _rule_ops(rules, raw)
-            ops = rule_ops or opportunities(stages, stages["duration_us"].sum())
+                f"{kernel_time_text(stages)}; {len(rules)} rule results.")
+            rules = _flag_speedups(rules)
+            rule_ops = _rule_ops(rules, raw, kernels)
+            ops = rule_ops or opportunities(stages, kernel_time(stages))
             trace["summary"] = counter_summary(stages, kernels, ops)
             sections = stage_sections(trace, stages, kernels, ops,
                                       spec, f"ncu --clock-control {options.clock_control}",
@@ -124,7 +126,7 @@ def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section
             rows.append((kernels["duration_us"].iloc[kid], [stage or "-", data["kernel"][:30], fmt(
                 kernels["duration_us"].iloc[kid]), where_line, f"{top['share_pct']:.0f}%",
                 ", ".join(k for k, _ in top["reasons"][:2]) or "-", f"[{name}]({name})"]))
-    rows = [r for _, r in sorted(rows, key=lambda t: -t[0])][:8]
+    rows = [r for _, r in sorted(rows, key=lambda t: (t[0] != t[0], -(t[0] if t[0] == t[0] else 0)))][:8]
     return files, Section("Hot spots (CUDA source lines, by warp-stall samples)",
                           columns=["Stage", "Kernel", "us", "Hottest line", "Share of kernel's samples",
                                    "Top stall reasons", "Listing"], rows=rows,
@@ -134,20 +136,35 @@ def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section
                                "leaves the machine code unchanged.")
 
 
-def _rule_ops(rules, raw) -> list[dict]:
+def _flag_speedups(rules):
+    """An estimated speedup is the share of a kernel's time a rule could save: one outside 0-100% is not a
+    reading. It is kept in ``speedup_flag`` with its value, blanked, and ranks nothing."""
+    if not len(rules):
+        return rules
+    bad = rules["speedup_pct"].map(lambda v: v == v and not 0 <= v <= 100)
+    rules = rules.assign(speedup_flag=[f"Estimated Speedup={v:g}% outside 0-100%, not used" if b else ""
+                                       for v, b in zip(rules["speedup_pct"], bad)])
+    rules.loc[bad, "speedup_pct"] = float("nan")
+    return rules
+
+
+def _rule_ops(rules, raw, kernels) -> list[dict]:
     """NCU's own OPT rules with an estimated speedup, ranked by what they would save of the whole
-    iteration: the rule's speedup on its kernel times that kernel's share of the kernel time."""
+    iteration: the rule's speedup on its kernel times that kernel's share of the kernel time. The times are
+    the kernel table's (a missing or flagged one is NaN); with any missing, every share is unknown and so is
+    every gain (None), since the total they divide by is."""
     if not len(rules):
         return []
     opt = rules[(rules["rule_type"] == "OPT") & rules["speedup_pct"].notna()]
-    dur = dict(zip(raw["id"].astype(int).astype(str), raw["duration_ns"]))
-    total = raw["duration_ns"].sum() or 1.0
+    dur = dict(zip(raw["id"].astype(int).astype(str), kernels["duration_us"]))
+    total = float(kernels["duration_us"].sum()) if kernels["duration_us"].notna().all() else float("nan")
     ops = []
     for r in opt.itertuples():
-        gain = r.speedup_pct * dur.get(str(int(float(r.id))), 0.0) / total
-        ops.append({"name": f"{r.rule} in {r.stage or 'unstaged kernel'} ({r.kernel[:30]})", "gain_pct": gain,
+        gain = r.speedup_pct * dur.get(str(int(float(r.id))), float("nan")) / total if total > 0 else float("nan")
+        stage = r.stage if isinstance(r.stage, str) else "unstaged kernel"
+        ops.append({"name": f"{r.rule} in {stage} ({r.kernel[:30]})", "gain_pct": gain if gain == gain else None,
                     "trigger": f"ncu {r.rule} est. {r.speedup_type} speedup={r.speedup_pct:.1f}%"})
-    return sorted(ops, key=lambda o: -o["gain_pct"])
+    return rank(ops)
 
 
 def _rules_section(rules) -> Section:
@@ -155,8 +172,9 @@ def _rules_section(rules) -> Section:
         return Section("NCU rule results", text="No rule results.")
     r = rules.sort_values("speedup_pct", ascending=False, na_position="last")
     return Section("NCU rule results", columns=["Stage", "Kernel", "Type", "Rule", "Est. speedup", "Advice"],
-                   rows=[[x.stage or "-", x.kernel[:30], x.rule_type, x.rule,
-                          f"{x.speedup_pct:.1f}% ({x.speedup_type})" if x.speedup_pct == x.speedup_pct else "-",
+                   rows=[[x.stage if isinstance(x.stage, str) else "-", x.kernel[:30], x.rule_type, x.rule,
+                          f"{x.speedup_pct:.1f}% ({x.speedup_type})" if x.speedup_pct == x.speedup_pct else
+                          getattr(x, "speedup_flag", "") or "-",
                           x.rule_description[:160].replace("|", "/")] for x in r.itertuples()])
 
 

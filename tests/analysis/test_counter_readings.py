@@ -1,0 +1,128 @@
+"""Counter modes on this project's own annotation capture of join v2 (tests/fixtures/ncu), with single
+readings taken out or made impossible the ways ncu can deliver them (a column it did not collect, a cell
+left empty or "n/a", a kernel outside every range): each is named where it is missing, never summed as
+zero or skipped from a total, and no bottleneck, share or gain is drawn from it."""
+import math
+
+import pytest
+
+from app.analysis.kernel_metrics import kernel_table, kernel_time, kernel_time_text, opportunities, stage_table
+from app.analysis.summary import counter_summary
+from app.kernel.plan import get_plan_class
+from app.report.ncu_report import stage_sections
+from app.runtime.profiling.parsers.ncu_csv import parse_raw
+from tests.conftest import fixture_text
+
+STAGES = [s.name for s in get_plan_class("join", "v2")().stages]
+DEVICE = "NVIDIA H200"
+
+
+def raw():
+    return parse_raw(fixture_text("ncu/join.annotation.csv"))[0]
+
+
+def analyse(df):
+    kernels = kernel_table(df, "join", STAGES, DEVICE)
+    stages = stage_table(kernels, STAGES)
+    ops = opportunities(stages, kernel_time(stages))
+    return kernels, stages, ops
+
+
+def report(kernels, stages, ops) -> str:
+    trace = {"metadata": {"params": {"points": 20000}, "kernels_outside_stages": int(kernels["stage"].isna().sum())},
+             "device": {"name": DEVICE}, "stages": []}
+    out = []
+    for s in stage_sections(trace, stages, kernels, ops, None, "ncu --clock-control none"):
+        out += [s.title or "", s.text or "", str(s.rows), " ".join(o for o in (s.items or []))]
+    return "\n".join(out)
+
+
+def row(df, kernel):
+    (i,) = df.index[df["kernel"] == kernel].tolist()
+    return i
+
+
+def test_the_capture_as_made_has_every_reading():
+    kernels, stages, ops = analyse(raw())
+    assert (kernels["missing"] == "").all()
+    assert kernel_time(stages) == pytest.approx(kernels["duration_us"].sum())
+    assert all(o["gain_pct"] is not None for o in ops)
+    summary = counter_summary(stages, kernels, ops)
+    assert summary["duration_us"] == pytest.approx(kernel_time(stages)) and "duration_us" not in summary["missing"]
+
+
+@pytest.mark.parametrize("how", ["column", "empty", "n/a"])
+def test_a_kernel_without_its_time_leaves_its_stage_and_the_total_without_one(how):
+    df = raw()
+    i = row(df, "polygon_bounds")
+    if how == "column":
+        df = df.drop(columns=["duration_ns"])
+    else:
+        df["duration_ns"] = df["duration_ns"].astype(object)
+        df.loc[i, "duration_ns"] = "" if how == "empty" else "n/a"
+    kernels, stages, ops = analyse(df)
+    bounds = stages.set_index("stage").loc["bounds"]
+    assert math.isnan(bounds["duration_us"]) and math.isnan(bounds["sm_pct"])      # not 7.5 us of 25.1
+    assert bounds["bottleneck"].startswith("n/a (gpu__time_duration.sum missing or flagged for")
+    assert math.isnan(kernel_time(stages)) and "kernel time n/a (gpu__time_duration.sum" in kernel_time_text(stages)
+    assert "gpu__time_duration.sum" in kernels.loc[i, "missing"]
+    text = report(kernels, stages, ops)
+    assert "**Bottleneck:** n/a" in text and "nan" not in text.replace("n/a", "")
+    assert "est. gain unknown" in text
+    summary = counter_summary(stages, kernels, ops)
+    assert summary["duration_us"] is None and summary["achieved_gbps"] is None and summary["bottleneck"] == "n/a"
+    assert "gpu__time_duration.sum" in summary["missing"]["duration_us"]
+
+
+def test_a_rate_above_the_peak_is_flagged_and_its_readings_unused():
+    df = raw()
+    i = row(df, "refine")
+    df.loc[i, "duration_ns"] = 100.0          # 1.06 MB in 100 ns: 10.6 TB/s on a 4.8 TB/s card
+    kernels, stages, ops = analyse(df)
+    k = kernels.loc[i]
+    assert "above the NVIDIA H200's peak 4,800.0" in k["flags"] and "gpu__time_duration.sum=100 ns" in k["flags"]
+    assert math.isnan(k["duration_us"]) and math.isnan(k["dram_bytes"]) and math.isnan(k["achieved_gbps"])
+    assert stages.set_index("stage").loc["predicate_refine", "bottleneck"].startswith("n/a (")
+    df.loc[i, "duration_ns"] = 0.0            # a kernel takes time: every rate would be infinite
+    k = kernel_table(df, "join", STAGES, DEVICE).loc[i]
+    assert "duration_us=0" in k["flags"] and math.isnan(k["achieved_gbps"])
+
+
+def test_the_summary_divides_the_stage_kernels_bytes_by_their_own_time():
+    df = raw()
+    i = row(df, "refine")
+    df.at[i, "nvtx_stack"] = [("join", "profile")]       # launched outside every stage range
+    kernels, stages, ops = analyse(df)
+    assert kernels.loc[i, "stage"] is None
+    staged = kernels[kernels["stage"].notna()]
+    summary = counter_summary(stages, kernels, ops)
+    assert summary["achieved_gbps"] == pytest.approx(staged["dram_bytes"].sum() / staged["duration_us"].sum() / 1e3)
+    assert summary["duration_us"] == pytest.approx(staged["duration_us"].sum())
+    text = report(kernels, stages, ops)
+    assert "nan" not in text.replace("n/a", "")                              # the stage cell reads "-"
+
+
+def test_spills_waves_and_l2_with_a_part_missing_are_missing():
+    df = raw().drop(columns=["local_load_bytes"])
+    kernels, stages, ops = analyse(df)
+    refine = stages.set_index("stage").loc["predicate_refine"]
+    assert math.isnan(refine["local_spill_bytes"])                            # not its stores' 264,288 B alone
+    assert "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum" in kernels.loc[row(df, "refine"), "missing"]
+    assert not any("spills" in o["name"] for o in ops)
+
+    df = raw()
+    i = row(df, "point_extent")
+    df["waves_per_sm"] = df["waves_per_sm"].astype(object)
+    df.loc[i, "waves_per_sm"] = "n/a"
+    kernels, stages, ops = analyse(df)
+    assert math.isnan(stages.set_index("stage").loc["bounds", "waves_per_sm"])     # not the others' 0.01
+    assert not any(o["name"].startswith("Fill the GPU in bounds") for o in ops)
+
+    df = raw()
+    heavy = kernel_table(df, "join", STAGES, DEVICE)
+    i = heavy.index[(heavy["stage"] == "candidate_filter") & heavy["l2_judged"]][0]
+    df["l2_hit_pct"] = df["l2_hit_pct"].astype(object)
+    df.loc[i, "l2_hit_pct"] = ""
+    kernels, stages, ops = analyse(df)
+    assert math.isnan(stages.set_index("stage").loc["candidate_filter", "l2_hit_pct"])
+    assert not any(o["name"].startswith("Improve locality in candidate_filter") for o in ops)
