@@ -18,7 +18,7 @@ from app.kernel.plan import DEFAULTS, default_version, get_plan_class, kernels
 from app.report.writer import check_writable, profile_parent, write_profile
 from app.runtime import device as devmod
 from app.runtime.profiling import ProfileOptions, get_mode
-from app.runtime.timing import L2_MODES
+from app.runtime.timing import AUTO_MAX_RUNS, L2_MODES, WARMUP_MAX_RUNS
 
 USAGE = "python -m app.kernel {list | <kernel> [<version>]} [--prof_type MODE] [options] [kernel parameters]"
 
@@ -30,8 +30,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
              "nsys: timeline and wall-time accounting")
     add("--device", default="auto", choices=devmod.DEVICES, help="auto: GPU if usable; gpu: fail if not")
     add("--bench_runs", "--bench-runs", type=bench_runs_arg, default=None, metavar="{N,auto}",
-        help="timed runs (default 10); auto (event mode): until the median's 95%% interval is within 1%% or "
-             "10 s are spent; annotation and ncu profile one warm iteration and accept only 1")
+        help=f"timed runs (default 10, at most {MAX_BENCH_RUNS:,}); auto (event mode): until the median's 95%% "
+             "interval is within 1%% or 10 s are spent; annotation and ncu profile one warm iteration and accept "
+             "only 1")
     add("--l2", choices=L2_MODES, default="flush",
         help="event mode, GPU: flush (default) overwrites L2 before every timed run, so no run finds the previous "
              "run's data cached; keep leaves it warm")
@@ -48,8 +49,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
              "(default): pairs until the estimate's 95%% interval is within 0.5%% (at most 400, or about 1 s); "
              "quick: 30 pairs (sweeps use it: their points share one host's measurement window)")
     add("--warmup", type=warmup_arg, default="auto", metavar="{N,auto}",
-        help="discarded runs after the cold run: N, or auto (default): until the plan's time stops changing "
-             "(two windows of 5 runs within 2%%, after at least 0.5 s; at most 5 s)")
+        help=f"discarded runs after the cold run: N (at most {MAX_WARMUP:,}), or auto (default): until the plan's "
+             "time stops changing (two windows of 5 runs within 2%%, after at least 0.5 s; at most 5 s)")
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
     add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
     add("--json", action="store_true", help="print trace.json to stdout")
@@ -78,8 +79,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--worker-pace", action="store_true", help=argparse.SUPPRESS)
 
 
-def _count_or_auto(text: str, flag: str, least: int):
-    """A run count for ``flag``: a whole number of at least ``least``, or "auto"."""
+# Upper bounds of the run counts, refused at parse time: a count no one means (1000000000, a stray digit) would
+# otherwise run for days while each timed run's record grows memory (about 7 kB a run on the CPU) until the host
+# runs out. Ten times what "auto" ever runs (timing.AUTO_MAX_RUNS, WARMUP_MAX_RUNS = 20,000 for warm-up): 100,000
+# timed runs keep about 0.7 GB of records and write a trace.json of about 35 MB.
+MAX_BENCH_RUNS = 100_000
+MAX_WARMUP = 100_000
+
+
+def _count_or_auto(text: str, flag: str, least: int, most: int, why: str):
+    """A run count for ``flag``: a whole number from ``least`` to ``most`` (``why``: the reason for the bound), or
+    "auto"."""
     if text == "auto":
         return "auto"
     try:
@@ -88,15 +98,21 @@ def _count_or_auto(text: str, flag: str, least: int):
         raise argparse.ArgumentTypeError(f"expected a whole number of runs or 'auto', got {text!r}") from None
     if n < least:
         raise argparse.ArgumentTypeError(f"{flag} must be >= {least}")
+    if n > most:
+        raise argparse.ArgumentTypeError(f"{flag} must be at most {most:,}, got {n:,}: {why}")
     return n
 
 
 def bench_runs_arg(text: str):
-    return _count_or_auto(text, "--bench_runs", 1)
+    return _count_or_auto(text, "--bench_runs", 1, MAX_BENCH_RUNS,
+                          f"each timed run's per-stage times are kept in memory and written to trace.json "
+                          f"(--bench_runs auto stops by {AUTO_MAX_RUNS:,})")
 
 
 def warmup_arg(text: str):
-    return _count_or_auto(text, "--warmup", 0)
+    return _count_or_auto(text, "--warmup", 0, MAX_WARMUP,
+                          f"warm-up runs are discarded, more only add time (--warmup auto stops by "
+                          f"{WARMUP_MAX_RUNS:,})")
 
 
 def list_kernels() -> str:
@@ -251,11 +267,24 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
+def _ignore_signals_until_exit() -> None:
+    """The run is over and reported; this process only exits now. Its interpreter's teardown takes a tenth of a
+    second or more with every handler back at the default, where a SIGINT or SIGTERM would kill it with no word
+    (exit -2 or -15, the complete profile looking lost): from here on both are ignored and the process ends with
+    its own exit status. A signal already pending is raised by the first call, before anything changes, and is
+    reported as any other after the write."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line. ``argv`` None: this process's own (``python -m app.kernel``), which exits when main
+    returns; a caller in process (a test) passes its list and keeps its signal handlers as they were."""
+    exiting = argv is None
     argv = sys.argv[1:] if argv is None else argv
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        return _main(argv)
+        return _main(argv, exiting)
     except AppError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -269,10 +298,11 @@ def main(argv: list[str] | None = None) -> int:
                              else "no profile was written"), file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if not (exiting and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN):   # ignored until exit: stays so
+            signal.signal(signal.SIGTERM, previous)
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], exiting: bool = False) -> int:
     if argv and argv[0] == "list":
         extra = [a for a in argv[1:] if a not in ("-h", "--help")]
         if extra:       # an option meant for another command: say so rather than ignore it
@@ -334,7 +364,10 @@ def _main(argv: list[str]) -> int:
     profile = mode.profile(plan, options)
     out_dir = write_profile(parent, profile.files)
     try:
-        return _report_written(profile, out_dir, args)
+        code = _report_written(profile, out_dir, args)
+        if exiting:
+            _ignore_signals_until_exit()
+        return code
     except KeyboardInterrupt as exc:    # the profile is on disk: never claim otherwise
         exc.profile_dir = out_dir
         raise

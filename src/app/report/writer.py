@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -39,24 +40,32 @@ def write_profile(parent: Path, files: dict[str, str | bytes | dict | list]) -> 
     The files go to a hidden ``.<name>.partial-<pid>`` folder first, which is renamed
     into place once complete. Two runs finishing in the same second get distinct
     names (the rename is retried with the next free suffix, never overwriting), and
-    partial folders left by writers that were killed are removed here.
+    partial folders left by writers that were killed are removed here. When a signal
+    (or any error but the file system's) stops it before the rename, the folders this
+    call created on the way to ``parent`` go too, unless something else was put in them
+    meanwhile: an interrupted run leaves the output root as it found it.
     """
     check_writable(parent)
+    created: list[Path] = []          # the folders made here, outermost first
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputNotWritable(f"cannot create {parent} ({exc.strerror or exc}); "
-                                "pass --out DIR with a writable folder") from None
-    remove_stale_partials(parent)
+        make_folders(parent, created)
+    except BaseException as exc:      # KeyboardInterrupt too
+        if isinstance(exc, OSError):
+            raise OutputNotWritable(f"cannot create {parent} ({exc.strerror or exc}); "
+                                    "pass --out DIR with a writable folder") from None
+        remove_empty(created)
+        raise
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     tmp = parent / f".{stamp}.partial-{os.getpid()}"
     final = None
     try:
+        remove_stale_partials(parent)
         for rel, content in files.items():
             path = tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(content, (dict, list)):
-                path.write_text(json.dumps(content, indent=2, default=_json_default) + "\n")
+                path.write_text(json.dumps(finite_or_null(content), indent=2, default=_json_default,
+                                           allow_nan=False) + "\n")
             elif isinstance(content, bytes):
                 path.write_bytes(content)
             else:
@@ -70,11 +79,42 @@ def write_profile(parent: Path, files: dict[str, str | bytes | dict | list]) -> 
             shutil.rmtree(tmp, ignore_errors=True)
             if final is not None:
                 shutil.rmtree(final, ignore_errors=True)     # the name we claimed, still empty
+            if not isinstance(exc, OSError):
+                remove_empty(created)
         if isinstance(exc, OSError):
             raise OutputNotWritable(f"writing the profile under {parent} failed ({exc.strerror or exc}); "
                                     "check free space and permissions") from None
         raise
     return final
+
+
+def make_folders(path: Path, created: list[Path]) -> None:
+    """Create ``path`` and its missing parents, appending to ``created`` each folder this call made (outermost
+    first) as soon as it is made; one another process makes meanwhile is found existing and is not listed."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.is_dir():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            os.mkdir(p)
+        except FileExistsError:
+            if not p.is_dir():
+                raise
+            continue
+        created.append(p)
+
+
+def remove_empty(created: list[Path]) -> None:
+    """Remove the folders of ``created`` (outermost first, as make_folders lists them), innermost first, while
+    they are empty: one that holds anything (another run's profile, a file put there meanwhile) stays, and so do
+    the folders around it. Only folders this run created are ever in the list."""
+    for p in reversed(created):
+        try:
+            os.rmdir(p)               # removes only an empty folder
+        except OSError:
+            return
 
 
 def claim_folder(parent: Path, stamp: str) -> Path:
@@ -112,11 +152,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def finite_or_null(doc):
+    """``doc`` with every NaN or infinite float as None: JSON has no NaN, and a reading or interval that is
+    missing (NaN in memory) is null in the files, never a number a reader could take."""
+    if isinstance(doc, dict):
+        return {k: finite_or_null(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [finite_or_null(v) for v in doc]
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    return doc
+
+
 def _json_default(o):
     import numpy as np
 
     if isinstance(o, np.generic):
-        return o.item()
+        return finite_or_null(o.item())
     if isinstance(o, np.ndarray):
-        return o.tolist()
+        return finite_or_null(o.tolist())
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -42,8 +42,10 @@ def check_fits(plan, device: str, host_bytes: int | None = None, device_free: in
         return
     for what, count in fp.indices.items():
         if count > INDEX_LIMIT:
+            names = _drivers(plan, lambda f: f.indices[what], raised_only=True)
+            options = " or ".join(f"--{n}" for n in names)
             raise BadParameter(f"{what} = {count:,} exceeds the kernels' 32-bit index limit ({INDEX_LIMIT:,}); "
-                               f"use a smaller --{fp.scale}")
+                               f"use a smaller {options}")
     # On the CPU the "device" buffers live in host memory too.
     host_need = fp.host_bytes + (fp.device_bytes if device != "gpu" else 0)
     checks = [("host", host_need, available_host_bytes() if host_bytes is None else host_bytes)]
@@ -51,19 +53,52 @@ def check_fits(plan, device: str, host_bytes: int | None = None, device_free: in
         checks.append(("GPU", fp.device_bytes, free_device_bytes() if device_free is None else device_free))
     for where, need, have in checks:
         if have is not None and need > have:
+            scale = _drivers(plan, lambda f: _need(f, where, device))[0]
             raise BadParameter(f"these sizes need about {_gb(need)} of {where} memory and {_gb(have)} is free; "
-                               + _largest(plan, fp.scale, where, have, device))
+                               + _largest(plan, scale, where, have, device))
+
+
+def _need(fp, where: str, device: str) -> int:
+    return fp.device_bytes if where == "GPU" else fp.host_bytes + (fp.device_bytes if device != "gpu" else 0)
+
+
+def _with(plan, name: str, value):
+    return type(plan)({**plan.params, name: value})
+
+
+def _drivers(plan, measure, raised_only: bool = False) -> list[str]:
+    """The whole-number sizes that ``measure(footprint)`` grows with, the one raised furthest above its default
+    first (a tie: the plan's own scale first): the options a refusal names. The plan's scale alone would name
+    --polygons for --vertices 100000000. ``raised_only``: only those above their defaults, where any is."""
+    fp = plan.footprint()
+    now = measure(fp)
+    found = []
+    for order, p in enumerate(plan.params_spec):
+        if p.type is not int or p.choices:
+            continue
+        value = plan.params[p.name]
+        if measure(_with(plan, p.name, max(2 * value, value + 1)).footprint()) > now:
+            ratio = value / max(p.default, 1)
+            found.append((-ratio, p.name != fp.scale, order, p.name))
+    found.sort()
+    names = [name for *_, name in found] or [fp.scale]
+    if raised_only:
+        raised = [name for ratio, *_, name in found if -ratio > 1]
+        return raised or names
+    return names
 
 
 def _largest(plan, scale: str, where: str, have: int, device: str) -> str:
     """The largest value of ``scale`` that fits, the other sizes unchanged (the need is linear in it)."""
     def need(value):
-        fp = type(plan)({**plan.params, scale: value}).footprint()
-        return fp.device_bytes if where == "GPU" else fp.host_bytes + (fp.device_bytes if device != "gpu" else 0)
+        return _need(_with(plan, scale, value).footprint(), where, device)
 
+    spec = next(p for p in plan.params_spec if p.name == scale)
+    least = max(spec.minimum or 1, 1)           # --vertices starts at 3
     current = plan.params[scale]
-    at_one = need(1)
-    if at_one > have or current <= 1:
-        return f"even --{scale} 1 does not fit: reduce the other sizes"
-    per_unit = (need(current) - at_one) / (current - 1)
-    return f"use at most about --{scale} {int(1 + (have - at_one) / per_unit):,} (with the other sizes unchanged)"
+    at_least = need(least)
+    if at_least > have or current <= least:
+        return f"even --{scale} {least} does not fit: reduce the other sizes"
+    per_unit = (need(current) - at_least) / (current - least)
+    return (f"use at most about --{scale} {int(least + (have - at_least) / per_unit):,} "
+            "(with the other sizes unchanged)")
