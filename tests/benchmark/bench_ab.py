@@ -65,7 +65,9 @@ def against_fastest(times: dict[str, list[float]]) -> dict:
     for v, ts in times.items():
         ratios = [x / y for x, y in zip(ts, times[fastest]) if y > 0]
         mid, (lo, hi) = statistics.median(ratios), median_interval(ratios)
-        said = "fastest" if v == fastest else ("slower" if lo > 1 else "faster" if hi < 1 else "tie")
+        # Under six rounds there is no 95% interval (NaN) and nothing is judged.
+        said = "fastest" if v == fastest else ("slower" if lo > 1 else "faster" if hi < 1 else
+                                              "tie" if lo == lo else "not judged")
         out[v] = {"median": statistics.median(ts), "ci": median_interval(ts), "ratio": mid, "ratio_ci": (lo, hi),
                   "verdict": said}
     return {"fastest": fastest, "versions": out}
@@ -85,6 +87,9 @@ def default_text(default: str, verdicts: dict) -> str:
     if d["verdict"] == "faster":     # paired, faster; by median, not: the rounds disagree with the medians
         return (f"the default {default} is faster than {verdicts['fastest']} round by round ({ratio}), though "
                 f"{verdicts['fastest']}'s median is lower")
+    if d["verdict"] == "not judged":
+        return (f"the default {default} is not judged against {verdicts['fastest']} ({d['ratio']:.2f}x of its time): "
+                "a 95% interval of the rounds' ratios needs at least 6 rounds")
     return f"the default {default} ties with the fastest, {verdicts['fastest']} ({ratio})"
 
 
@@ -131,6 +136,8 @@ def lines(r: dict) -> list[str]:
         for m in MEASURES:
             x = r[m]["versions"][v]
             rel = "fastest" if x["verdict"] == "fastest" else (
+                f"{x['ratio']:.2f}x of {r[m]['fastest']}'s time, not judged: under 6 rounds"
+                if x["verdict"] == "not judged" else
                 f"{x['ratio']:.2f}x [{x['ratio_ci'][0]:.2f}-{x['ratio_ci'][1]:.2f}] of "
                 f"{r[m]['fastest']}'s time, {x['verdict']}")
             parts.append(f"{LABEL[m]} {ms(x['median'], x['ci'])} ({rel})")

@@ -175,6 +175,8 @@ def _line(r: dict) -> str:
 def _ratio(r: dict) -> str:
     """shapely / CPU plan: the median of the paired ratios, with its interval."""
     lo, hi = r["cpu_ratio_ci"]
+    if lo != lo:            # NaN: under six pairs no interval holds the median 95% of the time
+        return f"{r['cpu_ratio']:6.2f}x [no 95% interval: under 6 pairs]"
     return f"{r['cpu_ratio']:6.2f}x [{lo:.2f}-{hi:.2f}]"
 
 

@@ -99,7 +99,8 @@ def time_plan(plan, inputs, device: str, runs: int):
 
 def ms(value: float, ci=None) -> str:
     """A median in ms, with its ~95% interval in brackets when there is one."""
-    return f"{value * 1e3:.3f} ms" + (f" [{ci[0] * 1e3:.3f}-{ci[1] * 1e3:.3f}]" if ci else "")
+    # under six samples the interval is missing (NaN): none is printed
+    return f"{value * 1e3:.3f} ms" + (f" [{ci[0] * 1e3:.3f}-{ci[1] * 1e3:.3f}]" if ci and ci[0] == ci[0] else "")
 
 
 def e2e_text(r) -> str:

@@ -130,6 +130,8 @@ def paired(a: list[float], b: list[float], extra: int, bare_median: float) -> di
 def verdict(share_ci: tuple[float, float], target: float = TARGET) -> str:
     """Whether the interval puts the marks' cost under the target, over it, or cannot tell."""
     lo, hi = share_ci
+    if lo != lo:            # NaN: under six rounds there is no 95% interval
+        return "no 95% interval (under 6 rounds): not resolved"
     if hi <= target:
         return f"under the {target:.0%} target"
     if lo > target:

@@ -23,10 +23,13 @@ def test_each_version_is_judged_by_its_paired_ratios_to_the_fastest():
 
 
 def test_what_the_runs_say_of_the_default():
-    r = bench_ab.against_fastest({"v1": [1.0, 1.0, 1.0, 1.0], "v2": [2.0, 2.0, 2.0, 2.0]})
+    r = bench_ab.against_fastest({"v1": [1.0] * 6, "v2": [2.0] * 6})
     assert bench_ab.default_text("v1", r) == "the default v1 is the fastest"
     assert bench_ab.default_text("v2", r).startswith("the default v2 is SLOWER than v1: 2.00x [2.00-2.00]")
-    tie = bench_ab.against_fastest({"v1": [1.0, 1.1, 0.9, 1.0, 1.05], "v2": [1.05, 1.0, 0.95, 1.02, 1.0]})
+    few = bench_ab.against_fastest({"v1": [1.0] * 5, "v2": [2.0] * 5})
+    assert bench_ab.default_text("v2", few) == ("the default v2 is not judged against v1 (2.00x of its time): a 95% "
+                                                "interval of the rounds' ratios needs at least 6 rounds")
+    tie = bench_ab.against_fastest({"v1": [1.0, 1.1, 0.9, 1.0, 1.05, 1.0], "v2": [1.05, 1.0, 0.95, 1.02, 1.0, 1.0]})
     slow = "v2" if tie["fastest"] == "v1" else "v1"
     assert bench_ab.default_text(slow, tie).startswith(f"the default {slow} ties with the fastest")
     assert bench_ab.default_text("v7", r) == "the default v7 was not measured"

@@ -9,7 +9,7 @@ from tests.benchmark import bench_all
 
 
 def test_every_kernel_and_version_in_one_table(capsys):
-    assert bench_all.main(["--sizes", "join=2k:200;overlay=300:300", "--no-gpu", "--cpu-runs", "3"]) == 0
+    assert bench_all.main(["--sizes", "join=2k:200;overlay=300:300", "--no-gpu", "--cpu-runs", "6"]) == 0
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith(("join ", "overlay "))]
     assert len(table) == sum(len(kernels()[k]) for k in ("join", "overlay"))
@@ -76,7 +76,11 @@ def test_every_timed_cpu_plan_run_is_paired_with_a_shapely_run():
         calls.append(len(calls))
         return shapely_once()
 
-    out = bench_all.cpu_beside_shapely(plan, inputs, 4, shapely_logged)
-    assert len(calls) == 4 and out["cpu"] > 0 and out["shapely"] > 0
+    out = bench_all.cpu_beside_shapely(plan, inputs, 6, shapely_logged)
+    assert len(calls) == 6 and out["cpu"] > 0 and out["shapely"] > 0
     lo, hi = out["ratio_ci"]
     assert lo <= out["ratio"] <= hi
+    few = bench_all.cpu_beside_shapely(plan, inputs, 2, shapely_once)       # the default: two pairs
+    assert all(v != v for v in few["ratio_ci"])                             # no 95% interval: missing
+    assert bench_all._ratio({"cpu_ratio": few["ratio"], "cpu_ratio_ci": few["ratio_ci"]}).endswith(
+        "x [no 95% interval: under 6 pairs]")

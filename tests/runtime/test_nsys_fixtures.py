@@ -139,7 +139,7 @@ def test_report_and_trace_from_a_real_capture(kernel):
         assert timing[key]["samples"] == worker["pace"][raw] and len(worker["pace"][raw]) == 3, key
         assert timing[key]["median"] == pytest.approx(statistics.median(worker["pace"][raw]))
     assert "## Drift and the host's pace" in report
-    assert ("| drift over the traced iterations | not checked: 3 timed runs: the check compares thirds of at least 5 "
+    assert ("| drift over the traced iterations | not checked: 3 timed runs: the check compares thirds of at least 6 "
             "runs |") in report
     assert (f"| host launch pace before each traced iteration (an empty kernel, us a launch) | "
             f"{timing['launch_pace']['median'] * 1e6:.1f} median (the mean of 16 launches;") in report

@@ -2,6 +2,7 @@
 graph capturability and progress -- each checked against inputs whose right answer is known."""
 import io
 import json
+import math
 import random
 import time
 import weakref
@@ -163,9 +164,10 @@ def test_drift_is_flagged_in_real_captures_of_warming_runs_and_not_in_steady_one
     assert d["change"] < -0.2 and d["first_ci95"][0] > d["last_ci95"][1]
     steady = json.loads((data / "join_v3_100k_10k_h200.trace.json").read_text())["timing"]["total"]["samples"]
     assert stats.drift(steady)["significant"] is False
-    assert stats.drift(warming[:14]) == {"checked": False, "why": "14 timed runs: the check compares thirds of at "
-                                                                   "least 5 runs"}
-    assert stats.drift(warming[:15])["runs_per_third"] == 5
+    # each third's median needs its 95% interval, which needs six runs
+    assert stats.drift(warming[:17]) == {"checked": False, "why": "17 timed runs: the check compares thirds of at "
+                                                                   "least 6 runs"}
+    assert stats.drift(warming[:18])["runs_per_third"] == 6
 
 
 def test_only_the_last_runs_output_is_kept():
@@ -213,9 +215,20 @@ def test_the_overhead_is_also_given_a_mark_from_the_runs_own_count_of_marks():
                                           lambda: bare.run(plan, inputs, backend), _NoFlush(), pairs=5)
     assert out["extra_marks"] == len(plan.stages) - 1 == 5
     fake = timing.instrumentation_overhead(lambda: (None, RunRecord([], 1.1, 1.1, 7)),
-                                           lambda: (None, RunRecord([], 1.0, 1.0, 2)), _NoFlush(), pairs=4)
+                                           lambda: (None, RunRecord([], 1.0, 1.0, 2)), _NoFlush(), pairs=6)
     assert fake["extra_marks"] == 5 and fake["per_mark_seconds"] == pytest.approx(0.02)
     assert fake["per_mark_ci95"] == pytest.approx([0.02, 0.02])
+    few = timing.instrumentation_overhead(lambda: (None, RunRecord([], 1.1, 1.1, 7)),
+                                          lambda: (None, RunRecord([], 1.0, 1.0, 2)), _NoFlush(), pairs=5)
+    # five pairs have no 95% interval of their median: missing, never the five's range called one
+    assert all(math.isnan(v) for v in few["per_mark_ci95"] + few["overhead_ci95"])
+
+
+def test_an_interval_of_the_median_needs_six_samples():
+    """The widest interval, smallest to largest, holds the median with probability 1 - 2/2**n: 93.75% for five."""
+    assert all(math.isnan(v) for n in range(1, 6) for v in stats.median_interval([1.0 * i for i in range(n)]))
+    assert stats.median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0]) == (1.0, 6.0)
+    assert 1 - 2 / 2 ** 5 < 0.95 <= 1 - 2 / 2 ** stats.MIN_CI_SAMPLES
 
 
 def test_gpu_overhead_pairs_go_on_until_the_interval_is_narrow_or_time_runs_out(monkeypatch):

@@ -52,8 +52,11 @@ def check_points_are_real_profiles(sweep_dir: Path, table: list[dict]):
         assert float(r["e2e_host_out_us"]) == pytest.approx(trace["timing"]["end_to_end"]["median"] * 1e6)
         pace = trace["timing"]["host_pace"]           # the point's own process's host pace, as its trace has it
         assert float(r["host_pace_us"]) == pytest.approx(pace["median"] * 1e6)
-        assert [float(r["host_pace_ci95_lo_us"]), float(r["host_pace_ci95_hi_us"])] == pytest.approx(
-            [v * 1e6 for v in pace["median_ci95"]])
+        if pace["runs"] >= 6:
+            assert [float(r["host_pace_ci95_lo_us"]), float(r["host_pace_ci95_hi_us"])] == pytest.approx(
+                [v * 1e6 for v in pace["median_ci95"]])
+        else:               # too few runs for a 95% interval: missing in the trace and the table alike
+            assert pace["median_ci95"] == [None, None] and r["host_pace_ci95_lo_us"] == r["host_pace_ci95_hi_us"] == ""
         assert f"| {r['point']} | ok | " in (sweep_dir / "report.md").read_text().split("## Points")[1]
         assert f" | {float(r['host_pace_us']):,.1f} us | " in (sweep_dir / "report.md").read_text()
 

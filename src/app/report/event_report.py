@@ -6,13 +6,15 @@ syncs, Cold start, Verification, Device -- the evidence behind the first five.
 """
 from __future__ import annotations
 
+import math
+
 from app.analysis import advice
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render, us
 from app.report.sections import device_section, transfers_section, verification_section
 from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
-from app.runtime.stats import robust_of
+from app.runtime.stats import MIN_CI_SAMPLES, robust_of
 
 
 def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None,
@@ -64,18 +66,15 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             *([["host->device DMA alone: the build's staged bytes again, from their pinned buffers (us)",
                 _staging_dma(timing["staging_dma"])]] if "staging_dma" in timing else []),
             ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
-            ["95% interval of the median (us)", " – ".join(us(v) for v in timing["total"]["median_ci95"])
-             if "median_ci95" in timing["total"] else "n/a (not recorded in this trace)"],
-            ["total robust spread (1.4826 x MAD / median)", fmt(100 * robust_of(timing["total"]), 2, "%")
-             + (" (stable)" if timing["total"]["stable"] else
-                f" (UNSTABLE: > 2%; the runs followed {' and '.join(followed)}, see below)"
-                if followed else " (UNSTABLE: > 2%)")],
+            ["95% interval of the median (us)", _ci_text(timing["total"])],
+            ["total robust spread (1.4826 x MAD / median)", _robust_text(timing["total"], followed)],
             ["outlier runs (outside 1.5 x IQR)", f"{timing['total']['outliers']} of {timing['total']['runs']}"
              if "outliers" in timing["total"] else "n/a (not recorded in this trace)"],
             ["total rel. stdev (for reference; outliers inflate it)", fmt(100 * timing["total"]["rel_stdev"], 2, "%")],
-            ["sum of stages (us)", us(timing["stage_sum_seconds"])],
-            ["uncovered by stages (us)", f"{us(timing['uncovered_seconds'])} "
-                                         f"({fmt(100 * timing['uncovered_fraction'], 2, '%')})"],
+            ["sum of stages, run by run (median of each run's sum, us)", us(timing["stage_sum_seconds"])],
+            ["sum of the Duration column (each stage's own median, us)", _column_sum_text(trace)],
+            ["uncovered by stages, run by run (median of each run's total less its stages, us)",
+             f"{us(timing['uncovered_seconds'])} ({fmt(100 * timing['uncovered_fraction'], 2, '%')})"],
             ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
             ["runs", f"{timing['warmup_runs']} warm-up{_warmup_text(timing.get('warmup'))}, "
                      f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
@@ -142,6 +141,38 @@ def _host_cell(stage: dict) -> str:
     return us(stage["host_seconds"]) + (" (waits)" if waits else "")
 
 
+def _column_sum_text(trace: dict) -> str:
+    """The Stages table's column added up, and why it need not equal the runs' own sums: each stage's median
+    comes from a different run, so the gap is the runs' spread, while the uncovered row is the time no stage
+    timed."""
+    column = sum(s["elapsed_seconds"] for s in trace["stages"])
+    gap = column - trace["timing"]["stage_sum_seconds"]
+    return (f"{us(column)} ({'+' if gap >= 0 else '-'}{us(abs(gap))} from the runs' own sums: each stage's median "
+            "comes from its own run, so the two differ by the runs' spread, not by time left untimed)")
+
+
+def _ci_text(sp: dict) -> str:
+    if "median_ci95" not in sp:
+        return "n/a (not recorded in this trace)"
+    lo, hi = sp["median_ci95"]
+    if not _finite(lo, hi):
+        return (f"n/a ({sp['runs']} timed run{'s' if sp['runs'] != 1 else ''}: a 95% interval of the median needs "
+                f"at least {MIN_CI_SAMPLES})")
+    return f"{us(lo)} – {us(hi)}"
+
+
+def _robust_text(sp: dict, followed: list[str]) -> str:
+    if sp.get("runs", 0) < 2:
+        return "n/a (one timed run has no spread; stability not judged)"
+    return fmt(100 * robust_of(sp), 2, "%") + (
+        " (stable)" if sp["stable"] else
+        f" (UNSTABLE: > 2%; the runs followed {' and '.join(followed)}, see below)" if followed else " (UNSTABLE: > 2%)")
+
+
+def _finite(*values) -> bool:
+    return all(v is not None and math.isfinite(v) for v in values)
+
+
 def _spread_cell(sp: dict) -> str:
     if sp.get("runs", 0) < 2:
         return "n/a (1 run)"
@@ -165,7 +196,14 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
     if timing.get("instrumentation"):
         ins = timing["instrumentation"]
         ci = ins.get("overhead_ci95")
-        within = f", 95% interval {fmt(100 * ci[0], 2, '%')} to {fmt(100 * ci[1], 2, '%')}" if ci else ""
+        within = (f", 95% interval {fmt(100 * ci[0], 2, '%')} to {fmt(100 * ci[1], 2, '%')}" if ci and _finite(*ci)
+                  else f", no 95% interval ({ins['pairs']} pairs: it needs at least {MIN_CI_SAMPLES})" if ci else "")
+        if ci and _finite(*ci) and ci[0] <= 0:
+            within += (" (it reaches zero: the marks' cost is not resolved from the runs' noise"
+                       + ("; below zero the marked runs simply read faster" if ins["overhead_fraction"] < 0 else "")
+                       + ")")
+        elif ins["overhead_fraction"] < 0:
+            within += " (below zero: the marked runs read faster, so the marks' cost is not resolved)"
         # Traces made before the paired estimate carry no interval: theirs was a difference of medians.
         how = "median difference of" if ci else "difference of the medians of"
         # A mark's cost, with its interval: on the CPU a mark is a clock read, and the pairs' noise can dwarf it.
@@ -174,7 +212,7 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         if ins.get("per_mark_seconds") is not None:
             lo_m, hi_m = ins.get("per_mark_ci95") or (None, None)
             each = (f"; {us(ins['per_mark_seconds'])} us a mark" +
-                    (f" (95% interval {us(lo_m)} to {us(hi_m)} us)" if lo_m is not None else "") +
+                    (f" (95% interval {us(lo_m)} to {us(hi_m)} us)" if _finite(lo_m, hi_m) else "") +
                     f" for the {ins['extra_marks']} marks the bare plan does not record")
         rows.append(["instrumentation overhead (per-stage marks)",
                      f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within}{each} "
@@ -330,6 +368,8 @@ def _repeated_text(r: dict) -> str:
     (a, b), (c, d) = r["later_ci95"], r["timed_ci95"]
     level = (f"{us(r['later_median'])} (95% interval {us(a)} – {us(b)}) against the timed runs' "
              f"{us(r['timed_median'])} ({us(c)} – {us(d)}), {100 * r['change']:+.1f}%")
+    if not _finite(a, b, c, d):
+        return f"{level}: a side has too few runs for a 95% interval, so the two levels are not compared"
     if not r["apart"]:
         return f"{level}: their intervals overlap, so both batches ran at one level"
     return (f"{level}: their intervals do not overlap, so the machine ran at another speed a few seconds later. "

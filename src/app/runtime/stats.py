@@ -14,10 +14,14 @@ import statistics
 
 STABLE_REL_SPREAD = 0.02      # robust spread (1.4826 x MAD / median) at or under 2%: stable
 MAD_TO_SIGMA = 1.4826
-# The drift check compares thirds of the timed runs, five runs each at least. With three, each median's interval
-# is the third's whole range, and three runs all above three others happen by chance one time in ten (a
-# CPU profile of 10 runs on a busy 2-core host was flagged so); with five, one time in 126.
-DRIFT_MIN_RUNS = 15
+# The fewest samples with a 95% interval of their median: the widest interval there is, from the smallest to the
+# largest, holds the median with probability 1 - 2 / 2**n, 96.9% for six samples but 93.8% for five and 50% for
+# two. With fewer there is no 95% interval: it is missing (NaN), and nothing is judged from it.
+MIN_CI_SAMPLES = 6
+# The drift check compares thirds of the timed runs, each with its median's 95% interval, so six runs each at
+# least. (With three, each interval would be the third's whole range, and three runs all above three others
+# happen by chance one time in ten: a CPU profile of 10 runs on a busy 2-core host was flagged so.)
+DRIFT_MIN_RUNS = 3 * MIN_CI_SAMPLES
 
 
 def quartiles(vals: list[float]) -> tuple[float, float]:
@@ -35,11 +39,12 @@ def robust_rel_spread(vals: list[float]) -> float:
 
 
 def median_interval(vals: list[float], z: float = 1.96) -> tuple[float, float]:
-    """Distribution-free ~95% interval of the median from order statistics (ranks n/2 -/+ z*sqrt(n)/2)."""
+    """Distribution-free ~95% interval of the median from order statistics (ranks n/2 -/+ z*sqrt(n)/2); (NaN, NaN)
+    under MIN_CI_SAMPLES samples, where no interval holds the median that often."""
     s = sorted(vals)
     n = len(s)
-    if n < 3:
-        return s[0], s[-1]
+    if n < MIN_CI_SAMPLES:
+        return math.nan, math.nan
     half = z * math.sqrt(n) / 2
     lo = max(0, math.floor(n / 2 - half))
     hi = min(n - 1, math.ceil(n / 2 + half) - 1)
@@ -114,4 +119,6 @@ def repeated_later(timed: dict, later_median: float, later_ci95) -> dict:
     med, (lo, hi) = timed["median"], timed["median_ci95"]
     return {"timed_median": med, "timed_ci95": [lo, hi], "later_median": later_median,
             "later_ci95": list(later_ci95), "change": (later_median - med) / med if med > 0 else 0.0,
+            # With either interval missing (too few runs) nothing is judged: not apart, and ``compared`` says so.
+            "compared": all(math.isfinite(v) for v in (lo, hi, *later_ci95)),
             "apart": intervals_apart(later_ci95, (lo, hi))}
