@@ -62,7 +62,7 @@ def test_a_slowed_run_is_slower_and_fails_the_gate(runs, capsys):
     base, _, slow = runs
     assert main(["compare", str(base), str(slow), "--fail-on-regression", "5", "--floor", "20"]) == 1
     out = capsys.readouterr().out
-    assert "end to end: SLOWER" in out and "regression: end to end is +" in out
+    assert "whole plan (total): SLOWER" in out and "regression: the whole plan (total) is +" in out
     assert main(["compare", str(base), str(slow), "--json"]) == 0              # no gate asked: exit 0
     doc = json.loads(capsys.readouterr().out)
     by = {s["name"]: s for s in doc["stages"]}
@@ -121,7 +121,7 @@ def test_verdict_rules():
     noisy = list(1.0 + 0.2 * rng.standard_normal(20))
     assert verdict_of(noisy, [x * 1.08 for x in noisy])["verdict"] == "noise"  # below the runs' own spread
     one = verdict_of([1.0], [2.0])
-    assert one["verdict"] == "noise" and one["why"] == "the interval includes 0"
+    assert one["verdict"] == "noise" and one["why"].startswith("too few runs to judge: 1 and 1; need ≥ 6")
 
 
 def test_profiles_from_two_cards_of_one_model_are_compared_with_a_note(capsys):

@@ -55,7 +55,7 @@ def test_the_slowed_code_is_slower_across_processes_and_fails_the_gate(capsys):
     base, new = [SAME[n] for n in (2, 5, 8)], list(SLOWED.values())
     assert main(["compare", paths(*base), paths(*new), "--fail-on-regression", "5"]) == 1
     out = capsys.readouterr().out
-    assert "end to end: SLOWER" in out and "regression: end to end is +" in out
+    assert "whole plan (total): SLOWER" in out and "regression: the whole plan (total) is +" in out
     assert "processes: base 3 (medians " in out and "the interval resamples the processes, then their runs" in out
     r = compare_processes([load(p) for p in base], [load(p) for p in new])
     by = {s["name"]: s for s in r["stages"]}

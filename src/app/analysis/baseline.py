@@ -18,8 +18,12 @@ from app.errors import BadParameter
 MAX_BYTES = 64 << 20          # a trace of this tool is kilobytes; anything this large is not one
 
 
-def _fail(path, why: str, what: str = "--baseline"):
-    raise BadParameter(f"{what} {path}: {why}; pass a profile folder or its trace.json")
+# The fix for a trace this tool wrote that has since been damaged or edited: its figures cannot be trusted.
+DAMAGED = "the trace is damaged: profile again, or pass another profile folder or its trace.json"
+
+
+def _fail(path, why: str, what: str = "--baseline", fix: str = "pass a profile folder or its trace.json"):
+    raise BadParameter(f"{what} {path}: {why}; {fix}")
 
 
 def _finite(v) -> bool:
@@ -41,7 +45,7 @@ def read_trace(path: str, what: str = "--baseline") -> dict:
     try:
         with open(p, encoding="utf-8") as f:
             trace = json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:      # RecursionError: JSON nested past Python's stack
         _fail(path, f"not a readable profile trace ({exc})", what)
     _check_shape(path, trace, what)
     return trace
@@ -78,6 +82,9 @@ def latest_profile(parent, device_name: str | None) -> str:
 
 
 def _check_shape(path, trace, what: str = "--baseline") -> None:
+    """Every field a comparison, a report's vs Baseline section or a devlog entry reads, of the type it reads: a trace
+    that is damaged or hand-edited is refused here in one line, before any work, never met later as a traceback or
+    as a change of "+inf%"."""
     if not isinstance(trace, dict):
         _fail(path, "not a profile trace (the JSON is not an object)", what)
     for key in ("kernel", "version"):
@@ -90,16 +97,44 @@ def _check_shape(path, trace, what: str = "--baseline") -> None:
     if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
         _fail(path, "field 'stages' is missing or not a list of stages", what)
     for s in stages:
-        if not isinstance(s.get("name"), str) or not _finite(s.get("elapsed_seconds")) or s["elapsed_seconds"] < 0:
-            _fail(path, f"stage {s.get('name')!r} has no finite elapsed_seconds ({s.get('elapsed_seconds')!r})", what)
+        # A stage's time is its median run's: 0 or less is no time a change can be measured from.
+        if not isinstance(s.get("name"), str) or not _finite(s.get("elapsed_seconds")) or s["elapsed_seconds"] <= 0:
+            _fail(path, f"stage {s.get('name')!r} has no finite elapsed_seconds above 0 ({s.get('elapsed_seconds')!r})",
+                  what, DAMAGED)
     if not isinstance(trace.get("device", {}), dict) or not isinstance(trace.get("metadata", {}), dict):
         _fail(path, "fields 'device' and 'metadata' must be objects", what)
-    spreads = [trace.get("timing", {}).get("total")] + [s.get("spread") for s in stages] \
-        if isinstance(trace.get("timing", {}), dict) else [None]
-    for sp in spreads:
-        samples = sp.get("samples") if isinstance(sp, dict) else None
+    for key in ("params", "tool"):
+        if not isinstance(trace.get("metadata", {}).get(key) or {}, dict):
+            _fail(path, f"field 'metadata.{key}' must be an object", what, DAMAGED)
+    timing = trace.get("timing", {})
+    if not isinstance(timing, dict):
+        _fail(path, f"field 'timing' is {_shown(timing)}, not an object", what, DAMAGED)
+    for key in ("total", "host_pace", "launch_pace"):
+        if not isinstance(timing.get(key) or {}, dict):
+            _fail(path, f"field 'timing.{key}' is {_shown(timing[key])}, not an object", what, DAMAGED)
+    for sp, whose in [(timing.get("total"), "the whole plan")] + [(s.get("spread"), f"stage {s['name']!r}")
+                                                                  for s in stages]:
+        if sp is not None and not isinstance(sp, dict):
+            _fail(path, f"the spread of {whose} is {_shown(sp)}, not an object", what, DAMAGED)
+        samples = (sp or {}).get("samples")
         if samples is not None and not (isinstance(samples, list) and all(_finite(v) and v >= 0 for v in samples)):
-            _fail(path, "its timing samples are not a list of finite non-negative numbers", what)
+            _fail(path, "its timing samples are not a list of finite non-negative numbers", what, DAMAGED)
+        if samples and sorted(samples)[len(samples) // 2] == 0:          # the median is 0: no time to compare
+            _fail(path, f"the timing samples of {whose} have a median of 0 s", what, DAMAGED)
+    for key in ("host_pace", "launch_pace"):
+        # The host's pace is a fixed loop's or launch's time: a sample of 0 or less, or not finite, is no pace.
+        samples = (timing.get(key) or {}).get("samples")
+        bad = ([v for v in samples if not (_finite(v) and v > 0)] if isinstance(samples, list)
+               else [samples] if samples is not None else [])
+        if bad:
+            _fail(path, f"field 'timing.{key}.samples' must be a list of finite positive numbers (seconds), and "
+                        f"holds {_shown(bad[0])}", what, DAMAGED)
+
+
+def _shown(v, limit: int = 60) -> str:
+    """A value as a message quotes it: JSON, cut short."""
+    text = json.dumps(v)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # What every note on two profiles that may come from two machines ends with (here and in a devlog entry).

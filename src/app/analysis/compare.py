@@ -2,10 +2,12 @@
 
 The change is the ratio of medians minus one; its 95% interval comes from a
 bootstrap of both sides' timed-run samples (numpy only, a fixed seed so a
-comparison is reproducible). The verdict is ``noise`` when the interval includes
-zero, or when the change is smaller than either run's own robust spread
+comparison is reproducible). The verdict is ``noise`` when a side has fewer than
+``MIN_RUNS`` runs (no interval of a median means anything then), when the interval
+includes zero, or when the change is smaller than either run's own robust spread
 (1.4826 x MAD / median) or the floor ``threshold`` -- two runs of identical code
-must not read as a regression.
+must not read as a regression. A stage that only one side timed is listed apart,
+with no verdict.
 
 Beside the verdict, the host's pace in each profile (event mode times a fixed Python loop, and on a GPU a few
 launches of an empty kernel, before every timed run; nsys mode before every traced iteration): where the host
@@ -14,23 +16,30 @@ verdict -- it cannot tell how much of the change is the machine's.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from app.runtime.stats import robust_rel_spread
 
 RESAMPLES = 4000
 DEFAULT_FLOOR = 0.05
+# The fewest runs a side for a verdict. The median lies outside the runs' whole range [min, max] with probability
+# 2 x 0.5^n: 6.25% at n = 5, 3.1% at n = 6. So below 6 runs not even the widest order-statistic interval of a median
+# holds it 95% of the time, and a bootstrap interval, which is narrower, holds it less often still (from 2 runs a
+# side each resampled median takes one of three values, so a slight difference reads as a resolved change).
+MIN_RUNS = 6
 
 
 def samples_of(trace: dict, stage: str | None = None) -> list[float]:
     """Timed-run samples (seconds) of one stage, or of the whole plan; [median] for traces without them."""
     if stage is None:
-        spread, median = trace.get("timing", {}).get("total", {}), trace["total_elapsed_seconds"]
+        spread, median = (trace.get("timing") or {}).get("total"), trace["total_elapsed_seconds"]
     else:
         s = next((x for x in trace["stages"] if x["name"] == stage), None)
         if s is None:
             return []
-        spread, median = s.get("spread", {}), s["elapsed_seconds"]
+        spread, median = s.get("spread"), s["elapsed_seconds"]
     vals = spread.get("samples") if isinstance(spread, dict) else None
     return [float(v) for v in vals] if vals else [float(median)]
 
@@ -71,10 +80,36 @@ def process_change_interval(base: list[list[float]], new: list[list[float]],
     return change, float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
+def too_few_runs(base_runs: int, new_runs: int) -> str | None:
+    """Why a verdict cannot be drawn from this many runs a side (``MIN_RUNS``), or None."""
+    if min(base_runs, new_runs) >= MIN_RUNS:
+        return None
+    return (f"too few runs to judge: {base_runs} and {new_runs}; need ≥ {MIN_RUNS}: profile again with "
+            f"--bench_runs {MIN_RUNS} or more")
+
+
+def _unjudged(base_median: float, new_median: float) -> str | None:
+    """Why two medians give no change to judge (BASE's not above 0, NEW's below 0, or either not finite), or None."""
+    for side, m, least in (("BASE", base_median, "above 0"), ("NEW", new_median, "0 or more")):
+        if not math.isfinite(m) or m < 0 or (side == "BASE" and m == 0):
+            return f"out of range: {side}'s median is {m * 1e6:g} us (a time {least} is needed), so no change is judged"
+    return None
+
+
+def _no_verdict(base_median: float, new_median: float, why: str) -> dict:
+    """A row that draws no conclusion: the change where the medians give one, no interval, verdict noise."""
+    change = None if _unjudged(base_median, new_median) else 100 * (new_median / base_median - 1)
+    return {"base_median_us": base_median * 1e6, "new_median_us": new_median * 1e6, "change_pct": change,
+            "ci_pct": [None, None], "verdict": "noise", "why": why}
+
+
 def verdict_of(base: list[float], new: list[float], floor: float = DEFAULT_FLOOR) -> dict:
+    medians = float(np.median(base)), float(np.median(new))
+    why = _unjudged(*medians) or too_few_runs(len(base), len(new))
+    if why:
+        return _no_verdict(*medians, why) | {"samples": [len(base), len(new)]}
     own = max(robust_rel_spread(list(base)), robust_rel_spread(list(new)), floor)
-    return _verdict(*change_interval(base, new), own, float(np.median(base)), float(np.median(new))) | {
-        "samples": [len(base), len(new)]}
+    return _verdict(*change_interval(base, new), own, *medians) | {"samples": [len(base), len(new)]}
 
 
 def process_verdict(base: list[list[float]], new: list[list[float]], floor: float = DEFAULT_FLOOR) -> dict:
@@ -83,11 +118,17 @@ def process_verdict(base: list[list[float]], new: list[list[float]], floor: floa
     if len(base) == 1 and len(new) == 1:
         return verdict_of(base[0], new[0], floor) | {"processes": [1, 1]}
     medians = [[float(np.median(x)) for x in sets] for sets in (base, new)]
-    own = max([robust_rel_spread(list(x)) for x in base + new] + [floor])
-    return _verdict(*process_change_interval(base, new), own, float(np.median(medians[0])),
-                    float(np.median(medians[1]))) | {
-        "samples": [sum(map(len, base)), sum(map(len, new))], "processes": [len(base), len(new)],
-        "process_medians_us": [[1e6 * m for m in side] for side in medians]}
+    samples = [sum(map(len, base)), sum(map(len, new))]
+    figures = float(np.median(medians[0])), float(np.median(medians[1]))
+    # Counted a side, as `samples` is: every run of a side enters its figure and its interval.
+    why = _unjudged(*figures) or too_few_runs(*samples)
+    if why:
+        verdict = _no_verdict(*figures, why)
+    else:
+        own = max([robust_rel_spread(list(x)) for x in base + new] + [floor])
+        verdict = _verdict(*process_change_interval(base, new), own, *figures)
+    return verdict | {"samples": samples, "processes": [len(base), len(new)],
+                      "process_medians_us": [[1e6 * m for m in side] for side in medians]}
 
 
 def _verdict(change: float, lo: float, hi: float, own: float, base_median: float, new_median: float) -> dict:
@@ -107,17 +148,43 @@ def compare_traces(base: dict, new: dict, floor: float = DEFAULT_FLOOR) -> dict:
 
 def compare_processes(base: list[dict], new: list[dict], floor: float = DEFAULT_FLOOR) -> dict:
     """compare_traces for profiles of each side's code made in several processes (see process_change_interval),
-    the host's pace too."""
-    stages = []
-    for s in new[0]["stages"]:
-        b, n = ([samples_of(t, s["name"]) for t in side] for side in (base, new))
+    the host's pace too. A stage not in every profile of both sides (renamed, or another kernel's under --force) is
+    listed in ``one_side_stages`` with no verdict, never dropped."""
+    stages, one_side = [], []
+    for name in dict.fromkeys(s["name"] for t in new + base for s in t["stages"]):   # NEW's order first
+        b, n = ([samples_of(t, name) for t in side] for side in (base, new))
         if all(b) and all(n):
-            stages.append({"name": s["name"]} | process_verdict(b, n, floor))
+            stages.append({"name": name} | process_verdict(b, n, floor))
+        else:
+            one_side.append(_one_side(name, b, n))
     total = process_verdict([samples_of(t) for t in base], [samples_of(t) for t in new], floor)
     pace, launch = (process_pace_change([pace_samples(t, key) for t in base], [pace_samples(t, key) for t in new])
                     for key in ("host_pace", "launch_pace"))
-    return {"verdict": total["verdict"], "total": total, "stages": stages, "floor_pct": 100 * floor,
-            "host_pace": pace, "launch_pace": launch, "caution": machine_caution(total, pace, launch)}
+    notes = [ONE_PROCESS_NOTE] if min(len(base), len(new)) == 1 else []
+    return {"verdict": total["verdict"], "total": total, "stages": stages, "one_side_stages": one_side,
+            "floor_pct": 100 * floor, "min_runs": MIN_RUNS, "host_pace": pace, "launch_pace": launch,
+            "caution": machine_caution(total, pace, launch), "notes": notes}
+
+
+# Said whenever a side is one profile: its interval holds that process's runs only, not the host's change between
+# processes, which on a lent host is often larger than the code's change.
+ONE_PROCESS_NOTE = ("a side of one process cannot show how much its host changes from one process to the next, so "
+                    "the interval leaves that change out: profile each side again in three or more processes, the two "
+                    "in turns, and compare them as sets (compare BASE1,BASE2,BASE3 NEW1,NEW2,NEW3)")
+
+
+def _one_side(name: str, base: list[list[float]], new: list[list[float]]) -> dict:
+    """A stage missing from some profiles: where it is (``only_in`` BASE or NEW, or None when both sides have it
+    in some of their profiles), each side's median where it has one (None where absent), and no verdict."""
+    have = [sum(1 for x in side if x) for side in (base, new)]
+    only = "BASE" if not have[1] else "NEW" if not have[0] else None
+    where = f"only in {only}" if only else "not in every profile"
+    if any(0 < h < len(side) for h, side in zip(have, (base, new))) or not only:
+        where += f" (in {have[0]} of {len(base)} BASE and {have[1]} of {len(new)} NEW profiles)"
+    medians = [float(np.median([np.median(x) for x in side if x])) * 1e6 if h else None
+               for h, side in zip(have, (base, new))]
+    return {"name": name, "only_in": only, "profiles_with_it": have, "base_median_us": medians[0],
+            "new_median_us": medians[1], "verdict": None, "why": f"{where}: nothing to compare it with"}
 
 
 def machine_caution(total: dict, pace: dict | None, launch: dict | None) -> str | None:
@@ -156,6 +223,11 @@ def samples_change(base: list[float], new: list[float]) -> dict | None:
     own runs can tell."""
     if not base or not new:
         return None
+    if min(len(base), len(new)) < MIN_RUNS:
+        # as for the plan's runs: under MIN_RUNS timings a side, no interval and nothing resolved
+        b, n = float(np.median(base)), float(np.median(new))
+        return {"base_median_us": b * 1e6, "new_median_us": n * 1e6, "change_pct": 100 * (n / b - 1) if b > 0 else None,
+                "ci_pct": [None, None], "resolved": False, "why": too_few_runs(len(base), len(new))}
     return _pace_result(float(np.median(base)), float(np.median(new)), *change_interval(base, new))
 
 
@@ -177,6 +249,7 @@ def process_pace_change(base: list[list[float]], new: list[list[float]]) -> dict
 
 
 def regression(result: dict, fail_pct: float | None) -> bool:
-    """True when end to end is ``slower`` by more than ``fail_pct`` percent (the CI gate)."""
+    """True when the whole plan's total is ``slower`` by more than ``fail_pct`` percent (the CI gate); never on
+    ``noise``, so never on too few runs."""
     t = result["total"]
     return fail_pct is not None and t["verdict"] == "slower" and t["change_pct"] > fail_pct

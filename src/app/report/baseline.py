@@ -21,22 +21,39 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
     result = compare_traces(baseline, trace)
     card = other_card(baseline, trace)
     same = same_cpu_stages([baseline, trace])
-    rows = []
+    rows, reasons = [], []
     for name, r in [("total (us)", result["total"])] + [(f"{s['name']} (us)", s) for s in result["stages"]]:
         lo, hi = r["ci_pct"]
-        rows.append([name, fmt(r["base_median_us"]), fmt(r["new_median_us"]), f"{r['change_pct']:+.1f}%",
-                     f"[{lo:+.1f}%, {hi:+.1f}%]" if math.isfinite(lo) else "one sample: no interval", r["verdict"]])
+        if lo is None and r["why"] not in reasons:       # no interval: said once, under the verdict
+            reasons.append(r["why"])
+        rows.append([name, fmt(r["base_median_us"]), fmt(r["new_median_us"]),
+                     "--" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%",
+                     f"[{lo:+.1f}%, {hi:+.1f}%]" if lo is not None and math.isfinite(lo)
+                     else "none (too few runs)" if r["why"].startswith("too few runs") else "none", r["verdict"]])
+    for r in result["one_side_stages"]:      # a stage of one side alone: listed, no verdict
+        rows.append([f"{r['name']} (us)", _absent(r["base_median_us"]), _absent(r["new_median_us"]), "--", "--",
+                     r["why"].split(":")[0].replace("BASE", "the baseline").replace("NEW", "this profile")])
     return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} "
                                         f"({baseline.get('mode')} mode) on {baseline.get('device', {}).get('name')}; "
-                                        f"end to end: **{result['verdict']}**." + mismatch_warning(baseline) + note
+                                        f"whole plan (the total): **{result['verdict']}**."
+                                        + "".join(f" No interval: {why}." for why in reasons)
+                                        + mismatch_warning(baseline) + note
                                         + (f" Note: {card}." if card else "")
                                         + (f" Note: {same}." if same else "")
                                         + (f" **Caution:** {result['caution']}." if result.get("caution") else ""),
                    columns=["Metric", "Previous", "Current", "Change", "95% interval", "Verdict"], rows=rows,
-                   note="Medians of the timed runs. Noise = the bootstrap interval of the change includes 0, or the "
-                        f"change is below the runs' own spread or {result['floor_pct']:g}%. "
+                   note="Medians of the timed runs; the total is each profile's total, median of its timed runs, not "
+                        "its 'end to end, host arrays in and out' where the Timing section gives one. Noise = the "
+                        "bootstrap interval of the change includes 0, or the change is below the runs' own spread or "
+                        f"{result['floor_pct']:g}%, or a side has fewer than {result['min_runs']} runs. "
+                        + "".join(f"Each side is one profile: {n}. " for n in result["notes"])
                         + _pace_note(result.get("host_pace"), result.get("launch_pace")) +
                         "`python -m app.kernel compare BASE NEW` gives the same table.")
+
+
+def _absent(v) -> str:
+    """A side's median, or 'absent' where that side did not time the stage."""
+    return "absent" if v is None else fmt(v)
 
 
 def _pace_note(pace: dict | None, launch: dict | None) -> str:

@@ -11,6 +11,7 @@ plan ran on each (``compare`` refuses such a pair for the same reason).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
@@ -39,12 +40,74 @@ def _entries(text: str) -> list[dict]:
             entry = json.loads(m.group(1))
         except ValueError:
             continue
+        if not isinstance(entry, dict):
+            continue
+        _clean(entry)
         if "device" not in entry:      # written before markers named the device: its Performance line does
             named = PERFORMANCE_DEVICE.findall(text, start, m.start())
             entry["device"] = named[-1] if named else None
         out.append(entry)
         start = m.end()
     return out
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _clean(entry: dict) -> None:
+    """A marker's figures as the next entry reads them: a value edited into something that is no time or rate (a
+    string, 0, NaN) is dropped, so the comparison says "--" rather than failing or printing "+inf%"."""
+    for key in ("duration_us", "achieved_tflops", "achieved_gbps"):
+        if key in entry and not _positive(entry[key]):
+            entry.pop(key)
+    if not isinstance(entry.get("key"), str):
+        entry.pop("key", None)
+    for key in ("samples", "host_pace_samples", "launch_pace_samples"):
+        if key in entry and not (isinstance(entry[key], list) and entry[key] and all(map(_positive, entry[key]))):
+            entry.pop(key)
+
+
+# The summary fields an entry prints, each a number (or null: missing, and said so) or, for the rest, its type.
+_NUMBERS = ("duration_us", "achieved_tflops", "achieved_gbps", "occupancy_pct", "sm_pct")
+_TYPES = {"missing": dict, "issues": list, "insights": list, "bottleneck": str, "occupancy_kind": str,
+          "rates_from": str}
+
+
+def _summary(trace: dict, profile: str) -> dict:
+    """The profile's summary, checked field by field: one line naming the field where it is not what is printed."""
+    summary = trace.get("summary")
+    if not isinstance(summary, dict):
+        raise BadParameter(f"devlog {profile}: this profile has no summary (made by an older version of the tool); "
+                           "profile again to log it")
+    for key in _NUMBERS:
+        v = summary.get(key)
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                  and v >= 0):
+            raise BadParameter(f"devlog {profile}: field 'summary.{key}' is {json.dumps(v)[:60]}, not a finite number "
+                               "of 0 or more; the trace is damaged: profile again to log it")
+    for key, kind in _TYPES.items():
+        if summary.get(key) is not None and not isinstance(summary[key], kind):
+            raise BadParameter(f"devlog {profile}: field 'summary.{key}' is not {'an' if kind is dict else 'a'} "
+                               f"{kind.__name__.replace('dict', 'object').replace('str', 'string')}; the trace is "
+                               "damaged: profile again to log it")
+    return summary
+
+
+def _params(path: Path, profile: str) -> dict:
+    """The profile's params.json ({} where there is none), read for its clock state: one line where it is not a
+    JSON object with ``clocks`` an object."""
+    if not path.is_file():
+        return {}
+    try:
+        params = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise BadParameter(f"devlog {profile}: {path} is not readable JSON ({exc}); the profile is damaged: "
+                           "profile again to log it") from None
+    if not isinstance(params, dict) or not isinstance(params.get("clocks") or {}, dict):
+        raise BadParameter(f"devlog {profile}: {path} is not a profile's parameters (a JSON object with 'clocks' an "
+                           "object); the profile is damaged: profile again to log it")
+    return params
 
 
 def _value(v, unit: str, digits: int = 1, why: str | None = None) -> str:
@@ -137,12 +200,8 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     """(devlog path, appended?) -- False when this profile's entry is already there."""
     trace = read_trace(profile, "devlog")
     folder = Path(profile) if Path(profile).is_dir() else Path(profile).parent
-    summary = trace.get("summary")
-    if not isinstance(summary, dict):
-        raise BadParameter(f"devlog {profile}: this profile has no summary (made by an older version of the tool); "
-                           "profile again to log it")
-    params_file = folder / "params.json"
-    params = json.loads(params_file.read_text()) if params_file.is_file() else {}
+    summary = _summary(trace, profile)
+    params = _params(folder / "params.json", profile)
     path = devlog_path(trace["kernel"], file)
     key = "/".join(folder.resolve().parts[-4:])              # mode/kernel/params/timestamp
     text = _read(path, "--file F")
@@ -166,11 +225,14 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     duration_vs = _vs(summary.get("duration_us"), prev.get("duration_us"), True)
     pace_rows, paces = _pace_rows(trace, record, prev)
     caution = None
+    unjudged = ""
     if prev.get("samples") and duration_vs != "--":
-        # The same verdict as `compare`: a change inside the runs' own noise is called noise; and its caution where
-        # the host's own pace changed the same way as the plan.
+        # The same verdict as `compare`: a change inside the runs' own noise is called noise, and so is one from too
+        # few runs (the reason goes under the table); and its caution where the host's own pace changed the same
+        # way as the plan.
         total = verdict_of(prev["samples"], record["samples"])
         duration_vs += f" ({total['verdict']})"
+        unjudged = f"the duration's verdict is noise, {total['why']}" if total["ci_pct"][0] is None else ""
         caution = machine_caution(total, paces["host_pace"], paces["launch_pace"])
     # Entries of one card model may come from different machines: the marker records the card, and a comparison
     # across cards says so under the table. Where the card is not to be had (an older marker, its profile gone),
@@ -199,7 +261,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         params=", ".join(f"{k}={v}" for k, v in (trace.get("metadata", {}).get("params") or {}).items()),
         rows=rows, bottleneck=summary.get("bottleneck") or "n/a", issues=summary.get("issues") or [],
         insights=summary.get("insights") or [], profile=key, previous=prev.get("key"),
-        card_note=f"Against the previous entry: {card}." if card else "",
+        card_note=" ".join(f"Against the previous entry: {x}." for x in (card, unjudged) if x),
         caution=f"Caution: {caution}." if caution else "",
         rates_note=f"Rates: {summary['rates_from']}." if summary.get("rates_from") else "",
         marker=f"<!-- app-kernel devlog entry {json.dumps(record, sort_keys=True)} -->")

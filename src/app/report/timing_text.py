@@ -91,5 +91,7 @@ def host_pace_change(pace: dict) -> str:
 def pace_change_text(pace: dict) -> str:
     """The change alone, for a table that gives both values apart (a devlog entry): "+4.9% [+1.2%, +8.8%]"."""
     lo, hi = pace["ci_pct"]
-    return (f"{pace['change_pct']:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]"
-            + ("" if pace["resolved"] else ", the same within its interval"))
+    change = "--" if pace["change_pct"] is None else f"{pace['change_pct']:+.1f}%"
+    if lo is None:          # too few timings a side for an interval: nothing resolved
+        return f"{change}, not judged (too few timings a side for an interval)"
+    return f"{change} [{lo:+.1f}%, {hi:+.1f}%]" + ("" if pace["resolved"] else ", the same within its interval")

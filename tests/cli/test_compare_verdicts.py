@@ -1,0 +1,190 @@
+"""compare's verdicts and rows on real CPU profiles: a side of one process is said to be one; too few runs are
+noise and never fail the gate; the whole plan's row is named for what it is; a stage of one side is listed, never
+dropped; a damaged trace is one line, never a traceback."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.analysis.compare import MIN_RUNS, compare_processes, process_verdict, verdict_of
+from app.kernel.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+# Tiny plans: a profile takes about a second. The slowed profiles sleep 20 ms in candidate_filter, a stage of well
+# under a millisecond here, so their change is far beyond any noise: only the number of runs can make it "noise".
+JOIN = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--warmup", "0", "--no-verify"]
+SLOW = {"APP_INJECT_STAGE_DELAY": "candidate_filter=0.02"}
+
+
+def profile(out: Path, runs: int, env=None, args=JOIN) -> Path:
+    """One real event-mode profile in its own process (the stage-delay hook is read when the process starts)."""
+    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
+    r = subprocess.run([sys.executable, "-m", "app.kernel", *args, "--bench_runs", str(runs), "--out", str(out)],
+                       capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return Path(r.stdout.strip().splitlines()[-1].split("profile: ")[1])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verdicts")
+    return {"base2": profile(root / "a", 2), "slow2": profile(root / "b", 2, SLOW),
+            "base6": profile(root / "c", 6), "slow6": profile(root / "d", 6, SLOW)}
+
+
+def compare(capsys, *argv):
+    code = main(["compare", *map(str, argv)])
+    return code, capsys.readouterr().out
+
+
+def test_one_process_a_side_carries_the_caveat(runs, capsys):
+    """Each side one profile: the interval cannot hold the host's change between processes, and that is said, in
+    the text and in the JSON's notes; with three processes a side it is not."""
+    code, out = compare(capsys, runs["base6"], runs["slow6"])
+    assert code == 0 and "note: a side of one process cannot show how much its host changes" in out
+    code, out = compare(capsys, runs["base6"], runs["slow6"], "--json")
+    notes = json.loads(out)["notes"]
+    assert len(notes) == 1 and notes[0].startswith("a side of one process cannot show")
+    code, out = compare(capsys, ",".join(str(runs[k]) for k in ("base2", "base6", "slow2")),
+                        ",".join(str(runs[k]) for k in ("slow6", "base6", "base2")), "--json")
+    assert json.loads(out)["notes"] == []
+
+
+def test_too_few_runs_are_noise_and_never_fail_the_gate(runs, capsys):
+    """2 runs a side: candidate_filter 20 ms slower is still no verdict, the reason is given, the gate holds. The
+    same change over 6 runs a side is slower and fails the gate."""
+    code, out = compare(capsys, runs["base2"], runs["slow2"], "--fail-on-regression", "5")
+    assert code == 0 and "whole plan (total): NOISE, too few runs to judge: 2 and 2; need ≥ 6" in out
+    assert "regression" not in out and "(too few runs)" in out
+    code, out = compare(capsys, runs["base2"], runs["slow2"], "--json", "--fail-on-regression", "5")
+    doc = json.loads(out)
+    assert code == 0 and doc["regression"] is False and doc["min_runs"] == MIN_RUNS
+    for row in [doc["total"]] + doc["stages"]:
+        assert row["verdict"] == "noise" and row["why"].startswith("too few runs to judge: 2 and 2; need ≥ 6")
+        assert row["ci_pct"] == [None, None] and row["samples"] == [2, 2]
+    by = {s["name"]: s for s in doc["stages"]}
+    assert by["candidate_filter"]["change_pct"] > 1000           # the change is shown, no verdict drawn from it
+    code, out = compare(capsys, runs["base2"], runs["slow6"], "--json")
+    assert json.loads(out)["total"]["why"].startswith("too few runs to judge: 2 and 6")
+    code, out = compare(capsys, runs["base6"], runs["slow6"], "--json", "--fail-on-regression", "5")
+    doc = json.loads(out)
+    assert code == 1 and doc["verdict"] == "slower" and doc["regression"] is True
+    assert {s["name"]: s for s in doc["stages"]}["candidate_filter"]["verdict"] == "slower"
+
+
+def test_the_run_minimum_counts_a_sides_runs():
+    a = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0]
+    assert verdict_of(a, [2 * x for x in a])["verdict"] == "slower"
+    five = verdict_of(a[:5], [2 * x for x in a])
+    assert five["verdict"] == "noise" and five["why"].startswith("too few runs to judge: 5 and 6; need ≥ 6")
+    one = verdict_of([1.0], [2.0])
+    assert one["verdict"] == "noise" and one["ci_pct"] == [None, None] and one["change_pct"] == pytest.approx(100)
+    # several processes a side: every run of the side counts, as the JSON's `samples` does
+    assert process_verdict([a[:3], a[3:]], [[2 * x for x in a[:3]]] * 2)["verdict"] == "slower"
+    assert process_verdict([a[:2], a[2:4]], [[2 * x for x in a[:3]]] * 2)["why"].startswith(
+        "too few runs to judge: 4 and 6")
+
+
+def test_the_whole_plan_row_is_each_profiles_total_and_is_not_called_end_to_end(runs, capsys):
+    """The row is the trace's total (the report's 'total, median of timed runs'), not the report's 'end to end, host
+    arrays in and out', a figure of other runs: compare names it so, and calls nothing else end to end."""
+    code, out = compare(capsys, runs["base6"], runs["slow6"])
+    total = json.loads((runs["base6"] / "trace.json").read_text())["total_elapsed_seconds"] * 1e6
+    row = next(line for line in out.splitlines() if line.startswith("whole plan (total) "))
+    assert row.split()[3] == f"{total:,.1f}"
+    report = (runs["base6"] / "report.md").read_text()
+    assert f"| total, median of timed runs (us): host arrays in, result on the device | {total:,.1f} |" in report
+    assert [line for line in out.splitlines() if "end to end" in line] == [
+        "whole plan (total): each profile's 'total, median of timed runs' (host arrays in, result on the device), "
+        "not its report's 'end to end, host arrays in and out', which other runs time"]
+    code, out = compare(capsys, runs["base6"], runs["slow6"], "--fail-on-regression", "5")
+    assert code == 1 and "regression: the whole plan (total) is +" in out
+
+
+def test_stages_of_one_side_are_listed_not_dropped(runs, capsys, tmp_path):
+    """A stage renamed in NEW: the old name is only in BASE, the new only in NEW, each with its median and no
+    verdict, in the text and the JSON. Across profiles of several processes, a stage missing from one is named."""
+    trace = json.loads((runs["slow6"] / "trace.json").read_text())
+    stage = next(s for s in trace["stages"] if s["name"] == "candidate_filter")
+    stage["name"] = "candidate_filter_v2"
+    renamed = tmp_path / "renamed.trace.json"
+    renamed.write_text(json.dumps(trace))
+    code, out = compare(capsys, runs["base6"], renamed)
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("candidate_filter")}
+    assert rows["candidate_filter_v2"].endswith("only in NEW") and " absent " in rows["candidate_filter_v2"]
+    assert f"{stage['elapsed_seconds'] * 1e6:,.1f}" in rows["candidate_filter_v2"]
+    assert rows["candidate_filter"].endswith("only in BASE")
+    code, out = compare(capsys, runs["base6"], renamed, "--json")
+    doc = json.loads(out)
+    one = {s["name"]: s for s in doc["one_side_stages"]}
+    assert one["candidate_filter_v2"]["only_in"] == "NEW" and one["candidate_filter_v2"]["verdict"] is None
+    assert one["candidate_filter_v2"]["base_median_us"] is None
+    assert one["candidate_filter_v2"]["new_median_us"] == pytest.approx(stage["elapsed_seconds"] * 1e6)
+    assert one["candidate_filter"]["only_in"] == "BASE" and one["candidate_filter"]["new_median_us"] is None
+    assert "candidate_filter" not in {s["name"] for s in doc["stages"]}
+    base = [json.loads((runs[k] / "trace.json").read_text()) for k in ("base6", "base2")]
+    r = compare_processes(base, [base[0], trace])
+    (gap,) = [s for s in r["one_side_stages"] if s["name"] == "candidate_filter"]
+    assert gap["only_in"] is None and gap["profiles_with_it"] == [2, 1]
+    assert gap["why"].startswith("not in every profile (in 2 of 2 BASE and 1 of 2 NEW profiles)")
+
+
+def test_another_kernel_forced_lists_every_stage(runs, capsys, tmp_path):
+    """join against overlay, --force: no stage in common but the first; every other is listed on its side."""
+    overlay = profile(tmp_path, 2, args=["overlay", "--left", "100", "--right", "100", "--device", "cpu",
+                                         "--warmup", "0", "--no-verify"])
+    code, out = compare(capsys, runs["base2"], overlay, "--force", "--json")
+    doc = json.loads(out)
+    names = {s["name"] for t in (runs["base2"], overlay) for s in json.loads((t / "trace.json").read_text())["stages"]}
+    assert {s["name"] for s in doc["stages"] + doc["one_side_stages"]} == names
+    assert {s["only_in"] for s in doc["one_side_stages"]} == {"BASE", "NEW"}
+
+
+@pytest.mark.parametrize("mutate,fragment", [
+    (lambda t: t.update(timing=None), "field 'timing' is null, not an object"),
+    (lambda t: t["timing"].update(host_pace={"samples": ["x"]}), "field 'timing.host_pace.samples' must be a list"),
+    (lambda t: t["timing"].update(host_pace=5), "field 'timing.host_pace' is 5, not an object"),
+    (lambda t: t["timing"]["host_pace"].update(samples=[-1e-3] * 6), "holds -0.001"),
+    (lambda t: t["timing"]["host_pace"].update(samples=[3e-5] * 5 + [float("inf")]), "holds Infinity"),
+    (lambda t: t["stages"][1].update(elapsed_seconds=0.0), "has no finite elapsed_seconds above 0 (0.0)"),
+    (lambda t: t["stages"][1].update(elapsed_seconds=-2.0), "has no finite elapsed_seconds above 0 (-2.0)"),
+    (lambda t: t["stages"][1]["spread"].update(samples=[0.0] * 6), "have a median of 0 s"),
+])
+def test_a_damaged_trace_is_one_line(runs, capsys, tmp_path, mutate, fragment):
+    trace = json.loads((runs["base6"] / "trace.json").read_text())
+    mutate(trace)
+    bad = tmp_path / "bad.trace.json"
+    bad.write_text(json.dumps(trace))
+    for argv in (["compare", str(bad), str(runs["slow6"])], ["compare", str(runs["slow6"]), str(bad), "--json"],
+                 ["devlog", str(bad), "--file", str(tmp_path / "log.md")]):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert len(err) == 1 and f" {bad}: " in err[0] and fragment in err[0], err
+        assert "profile again" in err[0] and captured.out == ""
+    assert not (tmp_path / "log.md").exists()
+
+
+def test_a_damaged_trace_exits_2_with_no_traceback(runs, tmp_path):
+    trace = json.loads((runs["base6"] / "trace.json").read_text()) | {"timing": None}
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    r = subprocess.run([sys.executable, "-m", "app.kernel", "compare", str(tmp_path), str(runs["slow6"])],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (f"error: BASE {tmp_path}: field 'timing' is null, not an object; the trace is damaged: "
+                                "profile again, or pass another profile folder or its trace.json")
+
+
+def test_one_run_a_side_is_valid_json(tmp_path, capsys):
+    """One timed run a side: no verdict, and the host pace's unbounded interval is null, not JSON's missing
+    Infinity."""
+    assert main([*JOIN, "--bench_runs", "1", "--out", str(tmp_path)]) == 0
+    (d,) = tmp_path.glob("profiles/event/join/*/*")
+    capsys.readouterr()
+    code, out = compare(capsys, d, d, "--json")
+    doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert doc["total"]["why"].startswith("too few runs to judge: 1 and 1")
+    assert doc["host_pace"]["ci_pct"] == [None, None]
