@@ -188,3 +188,15 @@ def test_one_run_a_side_is_valid_json(tmp_path, capsys):
     doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert doc["total"]["why"].startswith("too few runs to judge: 1 and 1")
     assert doc["host_pace"]["ci_pct"] == [None, None]
+
+
+def test_the_hosts_pace_from_too_few_timings_is_not_judged():
+    """One or two pace timings a side: no interval (it had printed [-inf%, +inf%]) and nothing resolved."""
+    from app.analysis.compare import samples_change
+    from app.report.timing_text import pace_change_text
+
+    few = samples_change([50e-6], [60e-6, 61e-6])
+    assert few["ci_pct"] == [None, None] and few["resolved"] is False and few["change_pct"] == pytest.approx(21.0)
+    assert pace_change_text(few) == "+21.0%, not judged (too few timings a side for an interval)"
+    enough = samples_change([50e-6] * 6, [60e-6] * 6)
+    assert enough["resolved"] is True and "[" in pace_change_text(enough)
