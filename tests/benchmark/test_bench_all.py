@@ -45,7 +45,7 @@ def test_bad_sizes_name_the_format():
 
 @pytest.mark.gpu
 def test_on_a_gpu_each_row_has_its_graph_replay_and_says_which_inputs_it_serves(capsys):
-    assert bench_all.main(["--sizes", "join=20k:2k", "--runs", "3", "--cpu-runs", "1"]) == 0
+    assert bench_all.main(["--sizes", "join=20k:2k", "--runs", "6", "--cpu-runs", "1"]) == 0
     table = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("join ")}
     assert "graph replay" in table["v3"] and "(new data of these counts)" in table["v3"]
     assert "(these sizes only)" in table["v1"] and "(these sizes only)" in table["v2"]

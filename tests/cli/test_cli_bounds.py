@@ -105,3 +105,16 @@ def test_a_memory_refusal_names_the_raised_size_and_a_value_that_fits():
         check_fits(plan("join", vertices=most + 5), "cpu", host_bytes=have)
     with pytest.raises(BadParameter, match="even --vertices 3 does not fit: reduce the other sizes"):
         check_fits(plan("join", points=10, polygons=10_000, vertices=100_000), "cpu", host_bytes=10**6)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["ab", "HEAD", "HEAD", "--processes", "100000", "--out", "OUT", "--", "join"], "--processes 100,000: at most 100"),
+    (["sweep", "join", "--grid", "points=1k", "--workers", "100000", "--out", "OUT"], "--workers 100,000: at most 256"),
+])
+def test_process_counts_past_the_limit_are_refused(tmp_path, capsys, argv, fragment):
+    """ab's processes are whole profiles run in turns, a sweep's local workers processes of this machine: a
+    count no one means is one line, exit 2, before anything starts."""
+    assert main([str(tmp_path / "out") if a == "OUT" else a for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+    assert not (tmp_path / "out").exists()

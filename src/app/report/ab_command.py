@@ -21,6 +21,9 @@ from app.errors import BadParameter, OneLineParser
 from app.report.compare_command import run_compare
 
 
+# Each process is a whole profile of each revision, run in turns: a count past this is a typo, not a plan.
+MAX_PROCESSES = 100
+
 def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m app.kernel ab", allow_abbrev=False,
                       description="Profile one command at two git revisions of this checkout, in turns, in fresh "
@@ -30,7 +33,7 @@ def parser() -> OneLineParser:
     p.add_argument("base", metavar="BASE_REV", help="the earlier revision (anything git rev-parse takes)")
     p.add_argument("new", metavar="NEW_REV", help="the later revision")
     p.add_argument("--processes", type=int, default=3, metavar="N",
-                   help="profiles of each revision, each in its own process (default 3; at least 2)")
+                   help=f"profiles of each revision, each in its own process (default 3; 2 to {MAX_PROCESSES})")
     p.add_argument("--out", metavar="DIR", help="where the profiles go (default out/ab/<timestamp>)")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     p.add_argument("--fail-on-regression", metavar="PCT", help="as compare's: exit 1 when NEW is slower by more")
@@ -72,6 +75,9 @@ def run_ab(argv: list[str]) -> int:
     if args.processes < 2:
         raise BadParameter("--processes expects a whole number >= 2: one process a side cannot show how much the "
                            "host changes from one process to the next")
+    if args.processes > MAX_PROCESSES:
+        raise BadParameter(f"--processes {args.processes:,}: at most {MAX_PROCESSES} (each is a whole profile of each "
+                           "revision, run one after another; a dozen a side already resolves a host's spread)")
     if "--out" in command or any(a.startswith("--out=") for a in command):
         raise BadParameter("ab: give --out before --, not in the command: ab keeps each revision's profiles apart")
     root = _git(["rev-parse", "--show-toplevel"], os.getcwd())

@@ -63,6 +63,9 @@ def _parser(kernel: str | None) -> OneLineParser:
     return p
 
 
+# Local worker processes are started on this machine: thousands would exhaust it before a point ran.
+MAX_WORKERS = 256
+
 def _positive(text: str) -> int:
     try:
         n = int(text)
@@ -70,6 +73,9 @@ def _positive(text: str) -> int:
         n = 0
     if n < 1:
         raise BadParameter(f"--workers expects a whole number >= 1, got {text!r}")
+    if n > MAX_WORKERS:
+        raise BadParameter(f"--workers {n:,}: at most {MAX_WORKERS:,} (each local worker is a process of its own; "
+                           "for more, start a Dask scheduler and its workers and pass --cluster tcp://HOST:PORT)")
     return n
 
 
