@@ -118,3 +118,13 @@ def test_process_counts_past_the_limit_are_refused(tmp_path, capsys, argv, fragm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kw", [{"bench_runs": 10 ** 9}, {"bench_runs": 0}, {"bench_runs": 2.5}, {"bench_runs": True},
+                                {"warmup": 10 ** 11}, {"warmup": -1}])
+def test_the_python_api_refuses_the_same_counts(kw):
+    """app.kernel.profile builds its options without the CLI's parser: the same bounds hold there."""
+    from app.kernel import profile
+
+    with pytest.raises(BadParameter, match=f"{next(iter(kw))}="):
+        profile("join", points=300, polygons=30, device="cpu", **kw)

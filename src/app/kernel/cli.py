@@ -18,6 +18,7 @@ from app.kernel.plan import DEFAULTS, default_version, get_plan_class, kernels
 from app.report.writer import check_writable, profile_parent, write_profile
 from app.runtime import device as devmod
 from app.runtime.profiling import ProfileOptions, get_mode
+from app.runtime.profiling.base import MAX_BENCH_RUNS, MAX_WARMUP
 from app.runtime.timing import AUTO_MAX_RUNS, L2_MODES, WARMUP_MAX_RUNS
 
 USAGE = "python -m app.kernel {list | <kernel> [<version>]} [--prof_type MODE] [options] [kernel parameters]"
@@ -77,14 +78,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--worker-collect", choices=("none", "cupti"), default="none", help=argparse.SUPPRESS)
     add("--worker-tiling", help=argparse.SUPPRESS)
     add("--worker-pace", action="store_true", help=argparse.SUPPRESS)
-
-
-# Upper bounds of the run counts, refused at parse time: a count no one means (1000000000, a stray digit) would
-# otherwise run for days while each timed run's record grows memory (about 7 kB a run on the CPU) until the host
-# runs out. Ten times what "auto" ever runs (timing.AUTO_MAX_RUNS, WARMUP_MAX_RUNS = 20,000 for warm-up): 100,000
-# timed runs keep about 0.7 GB of records and write a trace.json of about 35 MB.
-MAX_BENCH_RUNS = 100_000
-MAX_WARMUP = 100_000
 
 
 def _count_or_auto(text: str, flag: str, least: int, most: int, why: str):

@@ -12,6 +12,13 @@ from dataclasses import dataclass, field
 from app.errors import BadParameter
 
 DEFAULT_BENCH_RUNS = 10
+# Upper bounds of the run counts: a count no one means (1000000000, a stray digit) would run for days while each
+# timed run's record grows memory (about 7 kB a run on the CPU) until the host runs out. Ten times what "auto"
+# ever runs (timing.AUTO_MAX_RUNS; WARMUP_MAX_RUNS = 20,000 for warm-up): 100,000 timed runs keep about 0.7 GB of
+# records and write a trace.json of about 35 MB. The CLI refuses them as it parses; ProfileOptions for a caller
+# in Python (app.kernel.profile).
+MAX_BENCH_RUNS = 100_000
+MAX_WARMUP = 100_000
 
 
 @dataclass
@@ -34,6 +41,14 @@ class ProfileOptions:
     l2: str = "flush"                 # --l2 flush|keep: event mode's L2 policy between timed runs
     graph: bool = False               # --graph: event mode says whether the plan is CUDA-graph capturable
     overhead: str = "precise"         # --overhead precise|quick: event mode's pairs for the marks' cost
+
+    def __post_init__(self):
+        for name, least, most in (("bench_runs", 1, MAX_BENCH_RUNS), ("warmup", 0, MAX_WARMUP)):
+            value = getattr(self, name)
+            if value is None or value == "auto":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+                raise BadParameter(f"{name}={value!r}: expected a whole number from {least} to {most:,}, or 'auto'")
 
     def refuse_event_only(self, mode: str) -> None:
         """--l2 keep, --graph and --overhead shape event mode's runs; another mode refuses them rather than ignore
