@@ -1,6 +1,8 @@
 """--baseline is checked before any profiling starts: bad files, wrong fields, unlike profiles."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -210,3 +212,113 @@ def test_same_cpu_stages_only_for_cpu_runs_of_different_versions_of_one_code():
     assert same_cpu_stages([t("v3", runtime="gpu"), t("v4", runtime="gpu")]) == ""  # the GPU runs their own kernels
     assert same_cpu_stages([t("v1"), t("v4", runtime="gpu")]) == ""
     assert (stages_ran(t("v4", "v1")), stages_ran(t("v2"))) == ("v1", "v2")
+
+
+# A real profile (join v4 100k x 10k on an H200, tests/data/event/README.md) with every timing field a check reads:
+# the spreads' samples, the host's pace and the launch pace.
+REAL = os.path.join(os.path.dirname(__file__), "..", "data", "event", "join_v4_100k_10k_h200_launch_pace.trace.json")
+
+
+def real():
+    with open(REAL, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _set(path, value):
+    """An edit of a real trace: the field at ``path`` (keys and list indices) set to ``value``."""
+    def edit(t):
+        d = t
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+        return t
+    return edit
+
+
+@pytest.mark.parametrize("edit,why", [
+    (_set(["metadata", "params"], [1]), "field 'metadata.params' must be an object"),
+    (_set(["metadata", "tool"], "nsys"), "field 'metadata.tool' must be an object"),
+    (_set(["timing"], [1, 2]), "field 'timing' is [1, 2], not an object"),
+    (_set(["timing"], list(range(30))),                      # a long value: its first 60 characters, the end cut
+     "field 'timing' is [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16..., not an object"),
+    (_set(["timing", "host_pace"], 5), "field 'timing.host_pace' is 5, not an object"),
+    (_set(["timing", "launch_pace"], "fast"), "field 'timing.launch_pace' is \"fast\", not an object"),
+    (_set(["timing", "total", "samples"], [0.0, 0.0, 1e-3]),
+     "the timing samples of the whole plan have a median of 0 s"),
+    (_set(["stages", 1, "spread", "samples"], [0.0, 1e-5, 0.0]),
+     "the timing samples of stage 'bounds' have a median of 0 s"),
+    (_set(["stages", 1, "spread"], [1e-5]), "the spread of stage 'bounds' is [1e-05], not an object"),
+    (_set(["timing", "host_pace", "samples"], [7e-5, 0.0]),
+     "field 'timing.host_pace.samples' must be a list of finite positive numbers (seconds), and holds 0.0"),
+    (_set(["timing", "launch_pace", "samples"], [9e-6, -1.0, 0.0]),
+     "field 'timing.launch_pace.samples' must be a list of finite positive numbers (seconds), and holds -1.0"),
+    (_set(["timing", "launch_pace", "samples"], [9e-6, "9us"]),
+     "field 'timing.launch_pace.samples' must be a list of finite positive numbers (seconds), and holds \"9us\""),
+    (_set(["timing", "launch_pace", "samples"], 9e-6),
+     "field 'timing.launch_pace.samples' must be a list of finite positive numbers (seconds), and holds 9e-06"),
+])
+@pytest.mark.parametrize("what", ["--baseline", "devlog"])
+def test_a_damaged_trace_is_refused_in_one_exact_line(tmp_path, edit, why, what):
+    """Each damaged field of a real trace is named with its bad value, after the option (or command) and the file
+    that brought it, then the fix for a damaged trace: the host's pace and the launch pace are checked alike."""
+    from app.analysis.baseline import DAMAGED, read_trace
+    from app.errors import BadParameter
+
+    assert read_trace(REAL, what)["timing"]["launch_pace"]["samples"]        # the real trace itself is accepted
+    p = write(tmp_path, edit(real()))
+    with pytest.raises(BadParameter) as err:
+        read_trace(str(p), what)
+    assert str(err.value) == f"{what} {p}: {why}; {DAMAGED}"
+
+
+def test_load_baseline_refuses_an_unlike_trace_unless_forced(tmp_path):
+    """Not forced unless asked: the real 100k x 10k profile is no baseline for a 300 x 30 run, and with force=True
+    it is one, marked with what differs."""
+    from app.analysis.baseline import load_baseline
+    from app.errors import BadParameter
+    from app.kernel.plan import get_plan_class
+
+    p = str(write(tmp_path, real()))
+    run = get_plan_class("join", "v4")({"points": 300, "polygons": 30})
+    differs = "other parameters (points=100000 vs 300, polygons=10000 vs 30)"
+    with pytest.raises(BadParameter) as err:
+        load_baseline(p, run, "NVIDIA H200")
+    assert str(err.value) == (f"--baseline {p} was measured for {differs}; compare like with like, or pass --force to "
+                              "compare anyway (the report will say so)")
+    assert load_baseline(p, run, "NVIDIA H200", force=True)["_mismatch"] == differs
+    assert "_mismatch" not in load_baseline(p, get_plan_class("join", "v4")({}), "NVIDIA H200")
+    assert load_baseline(None, run) is None and load_baseline("", run) is None
+
+
+# Reads a trace and finds the latest profile in a process whose locale encoding is ASCII (no UTF-8 mode, no
+# coercion of the C locale): as a Windows user's cp1252, not UTF-8.
+ASCII_LOCALE = """
+import json, locale, sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from app.analysis.baseline import latest_profile, read_trace
+print(json.dumps([locale.getpreferredencoding(False), read_trace(sys.argv[2])["device"]["name"],
+                  latest_profile(Path(sys.argv[2]).parent, json.loads(sys.argv[3]))]))
+"""
+
+
+def test_a_trace_is_read_as_utf8_whatever_the_locale(tmp_path):
+    """JSON is UTF-8: a trace holding text beyond ASCII (a hand-edited device name here) is read, and found as the
+    latest profile of its device, the same under a locale whose encoding is not UTF-8."""
+    from pathlib import Path
+
+    from app.analysis.baseline import latest_profile, read_trace
+
+    name = "NVIDIA H200 \u00ablent\u00bb"
+    folder = tmp_path / "20261126-100000"
+    folder.mkdir()
+    (folder / "trace.json").write_text(json.dumps(_set(["device", "name"], name)(real()), ensure_ascii=False),
+                                       encoding="utf-8")
+    assert read_trace(str(folder))["device"]["name"] == name and latest_profile(tmp_path, name) == str(folder)
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    src = Path(__file__).resolve().parents[2] / "src"
+    done = subprocess.run([sys.executable, "-c", ASCII_LOCALE, str(src), str(folder), json.dumps(name)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    encoding, read, latest = json.loads(done.stdout)
+    assert (read, latest) == (name, str(folder)), encoding

@@ -133,3 +133,49 @@ def test_an_uncreatable_output_folder_and_a_failed_write_name_the_fix(tmp_path, 
                                                 r"permissions$"):
         write_profile(tmp_path / "out", {"trace.json": {}})
     assert not list((tmp_path / "out").iterdir())              # nothing half-written left behind
+
+
+def test_nan_infinities_and_numpy_values_are_written_as_strict_json(tmp_path):
+    """JSON has no NaN: a missing reading (NaN in memory, a plain float or numpy's) is null in the file, and numpy
+    numbers and arrays are written as plain JSON numbers and lists; the file parses without NaN or Infinity."""
+    import numpy as np
+
+    doc = {"median": float("nan"), "ci95": (float("-inf"), 1.5, float("inf")), "runs": np.int64(3),
+           "mean": np.float32(0.5), "lost": np.float32("nan"), "samples": np.array([2.0, np.nan]),
+           "stages": [{"elapsed_seconds": np.float64("nan")}]}
+    out = write_profile(tmp_path, {"trace.json": doc})
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    assert json.loads((out / "trace.json").read_text(), parse_constant=refuse) == {
+        "median": None, "ci95": [None, 1.5, None], "runs": 3, "mean": 0.5, "lost": None, "samples": [2.0, None],
+        "stages": [{"elapsed_seconds": None}]}
+
+
+# No process has this id: Linux gives out ids up to 2^22 at most.
+DEAD = 2**31 - 1
+
+
+def test_a_stale_partial_removal_that_fails_does_not_stop_the_write(tmp_path):
+    """A name left by a dead writer that cannot be removed as a folder (a file by that name: removing it fails) is
+    passed over: the dead writer's real partial folder beside it is still removed and the profile is written."""
+    stray = tmp_path / f".20260101-000000.partial-{DEAD}"
+    stray.write_text("")
+    stale = tmp_path / f".20260101-000001.partial-{DEAD}"
+    (stale / "tiling").mkdir(parents=True)
+    out = write_profile(tmp_path, {"trace.json": {"n": 1}})
+    assert json.loads((out / "trace.json").read_text()) == {"n": 1}
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, stray.name])
+
+
+def test_an_interrupt_after_the_claimed_name_was_removed_meanwhile_still_leaves_nothing(tmp_path, monkeypatch):
+    """The empty folder a run claimed may be gone when it cleans up after a signal (an empty-folder sweep ran
+    meanwhile): the signal still reaches the caller, and every folder this run made is removed."""
+    def swept_then_interrupted(src, dst):
+        os.rmdir(dst)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(writer.os, "rename", swept_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_profile(tmp_path / "profiles" / "event", {"trace.json": {}})
+    assert list(tmp_path.iterdir()) == []

@@ -116,3 +116,52 @@ def test_footprint_covers_a_measured_run():
     """join 1M x 100k on the CPU peaked at 538 MB resident (measured with /usr/bin/time -v)."""
     fp = plan("join", points=1_000_000, polygons=100_000).footprint()
     assert fp.host_bytes + fp.device_bytes >= 538e6
+
+
+@pytest.mark.parametrize("kernel,params,message", [
+    ("join", {"vertices": 300_000},           # --polygons stays at its default: only --vertices is named
+     "polygon vertices = 3,000,010,000 exceeds the kernels' 32-bit index limit (2,147,483,647); use a smaller "
+     "--vertices"),
+    ("join", {"points": 1_000, "polygons": 200_000_000},
+     "polygon vertices = 3,400,000,000 exceeds the kernels' 32-bit index limit (2,147,483,647); use a smaller "
+     "--polygons"),
+    ("overlay", {"left": 70_000_000, "right": 70_000_000},
+     "segments = 2,380,000,000 exceeds the kernels' 32-bit index limit (2,147,483,647); use a smaller --left or "
+     "--right"),
+])
+def test_the_index_limit_names_the_sizes_raised_above_their_defaults(kernel, params, message):
+    with pytest.raises(BadParameter) as err:
+        check_fits(plan(kernel, **params), "gpu", host_bytes=10**15, device_free=10**15)
+    assert str(err.value) == message
+
+
+def test_the_largest_vertices_that_fit_start_at_its_minimum_of_3():
+    """--vertices has a minimum of 3: the advice is never a count below it, and where 3 does not fit either the
+    refusal says so. On the CPU overlay needs 1 kB a vertex of either layer: 200 kB (v + 1) for 100 x 100 polygons
+    of v vertices."""
+    p = plan("overlay", left=100, right=100, vertices=1_000_000)
+    need = "these sizes need about 200.0 GB of host memory and "
+    with pytest.raises(BadParameter) as err:
+        check_fits(p, "cpu", host_bytes=799_999)                    # --vertices 3 needs 800,000 B
+    assert str(err.value) == need + "0.0 GB is free; even --vertices 3 does not fit: reduce the other sizes"
+    with pytest.raises(BadParameter) as err:
+        check_fits(p, "cpu", host_bytes=800_000)
+    assert str(err.value) == need + "0.0 GB is free; use at most about --vertices 3 (with the other sizes unchanged)"
+    with pytest.raises(BadParameter) as err:
+        check_fits(p, "cpu", host_bytes=10**9)
+    assert str(err.value) == need + ("1.0 GB is free; use at most about --vertices 4,999 (with the other sizes "
+                                     "unchanged)")
+    check_fits(plan("overlay", left=100, right=100, vertices=4_999), "cpu", host_bytes=10**9)
+    with pytest.raises(BadParameter, match="even --vertices 3 does not fit"):
+        check_fits(plan("overlay", left=100, right=100, vertices=3), "cpu", host_bytes=799_999)
+
+
+def test_the_sizes_a_need_grows_with_are_listed_most_raised_first():
+    """Every whole-number size the need grows with (not --seed), the one furthest above its default first, a tie in
+    the parameters' order; only the raised ones when asked, or all where none is raised."""
+    from app.runtime.memory import _drivers
+
+    p = plan("join", points=10**9, polygons=10_000)
+    assert _drivers(p, lambda f: f.host_bytes) == ["points", "polygons", "vertices"]
+    assert _drivers(p, lambda f: f.device_bytes, raised_only=True) == ["points"]
+    assert _drivers(p, lambda f: f.indices["polygon vertices"], raised_only=True) == ["polygons", "vertices"]
