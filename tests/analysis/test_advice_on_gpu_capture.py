@@ -31,7 +31,7 @@ def test_transfer_dominated_plan_is_called_transfer_bound(big):
     findings = advice.stage_findings(big, roof)
     line, cause = advice.overall(big, findings, roof)
     assert line == "Transfer-bound (host->device copy)"
-    assert cause.startswith("owned_buffer_build copies 50.6 MB at") and "latency-bound" in cause
+    assert cause.startswith("owned_buffer_build copies 49.7 MB at 5.5 GB/s") and "latency-bound" in cause   # h2d_bytes, the bytes its rate is of
     ops = advice.opportunities(big, roof, findings)
     assert ops[0]["trigger"].startswith("h2d_share=90%, h2d_gbps=5.")
     assert all(o["gain_pct"] is None or o["gain_pct"] >= 0 for o in ops)
@@ -377,3 +377,56 @@ def test_a_stage_the_other_marks_measurably_inflate_says_so_in_its_key_issue():
     old = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())      # made before: nothing said
     assert not any("marks add" in f["key_issue"]
                    for f in advice.stage_findings(old, plan_roofline(old["device"]["name"], "gpu", old["stages"])))
+
+
+def _edited(name: str, stage: str, **changes) -> dict:
+    """A real H200 trace with one stage's measured time or cost-model figures changed as an impossible reading
+    would have them."""
+    trace = json.loads((DATA / name).read_text())
+    s = next(x for x in trace["stages"] if x["name"] == stage)
+    for key, value in changes.items():
+        (s["cost"] if key in ("bytes", "flops") else s)[key] = value
+    return trace
+
+
+PARAMS = {"command_line": "python -m app.kernel join", "clocks": {"locked": False, "detail": "not locked"}}
+
+
+@pytest.mark.parametrize("stage,changes,flag", [
+    ("predicate_refine", {"elapsed_seconds": 1e-6}, "of the 4,800 GB/s peak: the time or the cost model is wrong"),
+    ("output_sort", {"bytes": -1e6}, "cannot be negative"),
+    ("candidate_filter", {"elapsed_seconds": 0.0}, "is not a measurement"),
+])
+def test_an_impossible_roofline_figure_is_flagged_and_draws_no_conclusion(stage, changes, flag):
+    """The cost model counts the least a stage must move: above the peak, or with a time that is no measurement,
+    the time or the model is wrong. The stage is flagged, classed nothing, advised nothing, and the end-to-end
+    point, a sum over it, is not given (it had read 611 GB/s over a zero time, and a report with every stage at
+    zero had crashed)."""
+    trace = _edited("join_v4_100k_10k_h200_launch_pace.trace.json", stage, **changes)
+    roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
+    point = roof["stages"][stage]
+    assert any(flag in f for f in point["flags"]) and point["dram_pct"] is None and point["pct_of_roofline"] is None
+    assert roof["end_to_end"] is None and roof["end_to_end_why"] == f"not summed: {stage} flagged"
+    findings = {f["stage"]: f for f in advice.stage_findings(trace, roof)}
+    assert findings[stage]["bottleneck"] == "n/a (flagged)" and flag in findings[stage]["key_issue"]
+    assert not any(stage in o["name"] for o in advice.opportunities(trace, roof, list(findings.values())))
+    md = build_report(trace, PARAMS, roof, None)
+    assert f"No end-to-end point: not summed: {stage} flagged." in md and "flagged: " in md
+
+
+def test_a_compute_bound_stage_is_told_about_its_arithmetic_and_the_compute_roof():
+    """Above the ridge the compute roof applies (the report had always said memory), and a compute-bound stage's
+    cause and advice are its FLOPs (it had been told to cut bytes, at DRAM 0.4%)."""
+    trace = _edited("join_v4_100k_10k_h200_launch_pace.trace.json", "output_sort", flops=2.8e9)
+    roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
+    p = roof["stages"]["output_sort"]
+    assert 60 <= p["flop_pct"] <= 100 and p["dram_pct"] < 60 and p["bound_by"] == "compute"
+    findings = advice.stage_findings(trace, roof)
+    assert next(f for f in findings if f["stage"] == "output_sort")["bottleneck"] == "compute-bound"
+    ops = [o for o in advice.opportunities(trace, roof, findings) if "output_sort" in o["name"]]
+    assert ops and ops[0]["name"].startswith("Cut the arithmetic of output_sort") and \
+        ops[0]["trigger"] == f"flop_pct={p['flop_pct']:.1f}"
+    md = build_report(trace, PARAMS, roof, None)
+    e = roof["end_to_end"]
+    assert e["arithmetic_intensity"] > roof["ridge_flop_per_byte"]
+    assert "above the ridge: the compute roof is the one that applies." in md

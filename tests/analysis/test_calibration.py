@@ -48,6 +48,10 @@ def test_a_roofline_uses_them():
     ({"memory_gbps": -1.0}, "no valid 'memory_gbps'"),
     ({"fp64_tflops": float("nan")}, "no valid 'fp64_tflops'"),
     ({"uuid": "GPU-other"}, "records GPU-other"),
+    # peaks no H200 has: ten times its datasheet's, or a fiftieth of it (a broken or shared run)
+    ({"memory_gbps": 48000.0}, "its memory_gbps 48,000.0 is 10.00x the datasheet's 4,800.0, outside 0.2-1.05x"),
+    ({"fp64_tflops": 340.0}, "its fp64_tflops 340.0 is 10.00x the datasheet's 34.0"),
+    ({"memory_gbps": 1.0}, "its memory_gbps 1.0 is 0.00x the datasheet's 4,800.0"),
 ])
 def test_a_bad_cache_file_is_ignored_with_the_reason(cache, change, why):
     path = calibration.save(CAL)
@@ -82,3 +86,12 @@ def test_calibrate_without_a_gpu_is_one_line(monkeypatch, capsys):
     assert main(["calibrate"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a usable one: CUDA reports no devices" in err[0]
+
+
+def test_a_calibration_of_another_model_is_not_this_cards(cache):
+    """A cache entry under this UUID that names another model (copied between machines, say) is not used."""
+    calibration.save(CAL | {"name": "NVIDIA H100 80GB HBM3", "memory_gbps": 3000.0, "fp64_tflops": 30.0,
+                            "fp32_tflops": 60.0})
+    _, spec = calibration.spec_for("NVIDIA H200", UUID)
+    assert spec["memory_gbps"] == 4800.0
+    assert "it was measured on a NVIDIA H100 80GB HBM3, not a NVIDIA H200" in spec["peaks_source"]

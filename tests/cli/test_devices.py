@@ -15,7 +15,12 @@ def test_lists_every_model_with_its_peaks(capsys):
     h200 = next(r for r in doc["devices"] if r["model"] == "H200")
     assert h200["memory_gbps"] == table["devices"]["H200"]["memory_gbps"] and h200["peaks"] == "datasheet"
     assert main(["devices"]) == 0
-    assert "fp64 TFLOP/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fp64 TFLOP/s" in out
+    # every digit of the table: L40S's fp64 peak is 1.431, not "1.4"
+    for model, spec in table["devices"].items():
+        line = next(x for x in out.splitlines() if x[2:].startswith(model + " "))
+        assert f"{spec['peak_tflops']['fp64']:,.10g}" in line.split()[-7:], (model, line)
 
 
 @pytest.mark.parametrize("name,marked,fragment", [

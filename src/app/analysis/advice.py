@@ -40,6 +40,8 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
         if s["cost"]["kind"] == "host_link":
             where = "host->device" if s["device"] == "gpu" else "host copy"
             bneck, issue = "transfer", f"{m.get('owned_bytes', m.get('h2d_bytes', 0)) / 1e6:.1f} MB {where}"
+        elif point and point["flags"]:
+            bneck, issue = "n/a (flagged)", "flagged: " + "; ".join(point["flags"])
         else:
             bneck = classify(dram, flop)
             issues = []
@@ -102,7 +104,7 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
                                    + (f", dma_alone_gbps={link[0]:.1f}" if link else "")})
             continue
         point = roof.get("stages", {}).get(f["stage"]) if roof.get("available") else None
-        if not point:
+        if not point or point["flags"]:
             continue
         target = point["roofline_seconds"] / ATTAINABLE
         saved = s["elapsed_seconds"] - target
@@ -115,6 +117,9 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
         elif f["bottleneck"] == "latency-bound":
             name = f"Fuse or enlarge the launches of {f['stage']} (too little work per launch to fill the GPU)"
             trigger = f"dram_pct={point['dram_pct']:.1f}"
+        elif f["bottleneck"] == "compute-bound":
+            name = f"Cut the arithmetic of {f['stage']} (fewer or cheaper operations per element)"
+            trigger = f"flop_pct={point['flop_pct']:.1f}"
         else:
             name = f"Cut bytes moved in {f['stage']} (narrower types, fewer passes)"
             trigger = f"dram_pct={point['dram_pct']:.1f}"
@@ -178,16 +183,26 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
         link = _dma_alone(trace, stage)
         bound = (f"; the same bytes sent alone from its pinned staging buffers run at {link[0]:.1f} GB/s, so the "
                  "host's copy into those buffers is the bound" if link else "")
+        copied = stage["metadata"].get("h2d_bytes", 0) / 1e6     # the bytes the rate beside it is of
         return ("Transfer-bound (host->device copy)",
-                f"{t['stage']} copies {t['key_issue'].split(' host')[0]} at {_gbps(stage):.1f} GB/s and takes "
+                f"{t['stage']} copies {copied:.1f} MB at {_gbps(stage):.1f} GB/s and takes "
                 f"{t['share_pct']:.0f}% of the plan{bound}. The device stages after it take {rest * 1e6:,.0f} us "
                 f"together and are {top['bottleneck']}, led by {top['stage']}.")
+    if top["bottleneck"] == "n/a (flagged)":
+        return ("unclassified (flagged values)",
+                f"{top['stage']} takes {top['share_pct']:.0f}% of the plan, but its roofline figures are impossible "
+                f"({top['key_issue'].removeprefix('flagged: ')}), so no bottleneck is drawn from them.")
     if top["bottleneck"] == "n/a":
         why = roof.get("why", "no roofline")
         return ("unclassified (no roofline)",
                 f"{top['stage']} takes {top['share_pct']:.0f}% of the plan; without device peaks ({why}) "
                 "its bottleneck cannot be classified.")
     kind = top["bottleneck"].split("-")[0].capitalize()
+    if top["bottleneck"] == "compute-bound":
+        cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and runs its minimum FLOPs at "
+                 f"{top['flop_pct']:.1f}% of peak {roof.get('precision', 'fp64')} throughput (its bytes at "
+                 f"{top['dram_pct']:.1f}% of peak DRAM bandwidth).")
+        return f"{kind}-bound", cause
     cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and moves its minimum bytes at "
              f"{top['dram_pct']:.1f}% of peak DRAM bandwidth.")
     if top["bottleneck"] == "latency-bound":

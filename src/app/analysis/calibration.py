@@ -48,6 +48,11 @@ def load(uuid: str | None) -> tuple[dict | None, str | None]:
             return None, f"{path} has no valid {key!r}; run calibrate again"
     if doc["uuid"] != uuid:
         return None, f"{path} records {doc['uuid']}, not {uuid}"
+    _, sheet = match_device(doc["name"])
+    why = _implausible(doc, {"memory_gbps": sheet["memory_gbps"], "fp64_tflops": sheet["peak_tflops"].get("fp64"),
+                             "fp32_tflops": sheet["peak_tflops"].get("fp32")}) if sheet else None
+    if why:
+        return None, f"{path}: {why}"
     return doc, None
 
 
@@ -61,6 +66,8 @@ def spec_for(device_name: str, uuid: str | None = None) -> tuple[str | None, dic
     cal, why = load(uuid)
     spec["datasheet"] = {"memory_gbps": spec["memory_gbps"], "fp64_tflops": spec["peak_tflops"].get("fp64"),
                          "fp32_tflops": spec["peak_tflops"].get("fp32")}
+    if cal is not None and match_device(cal["name"])[0] != key:
+        cal, why = None, f"it was measured on a {cal['name']}, not a {device_name}; run calibrate again"
     if cal is None:
         spec["peaks_source"] = "datasheet" + (f" (calibration ignored: {why})" if why else "")
         return key, spec
@@ -69,6 +76,23 @@ def spec_for(device_name: str, uuid: str | None = None) -> tuple[str | None, dic
     spec["peaks_source"] = f"calibrated on this GPU, {cal['uuid'][:12]}…, at {cal['measured_at']}"
     spec["calibration"] = cal
     return key, spec
+
+
+# A measured peak above the datasheet's cannot be (the datasheet's is the hardware's own bound; a few percent of
+# clock rounding aside), and one under a fifth of it measured something else (a throttled or shared card, a
+# broken run): neither is used as a roof, and the roofline says why.
+PLAUSIBLE = (0.2, 1.05)
+
+
+def _implausible(cal: dict, sheet: dict) -> str | None:
+    """Why a calibration's peaks cannot be this model's, or None."""
+    lo, hi = PLAUSIBLE
+    for key in ("memory_gbps", "fp64_tflops", "fp32_tflops"):
+        ref = sheet.get(key)
+        if ref and not lo * ref <= cal[key] <= hi * ref:
+            return (f"its {key} {cal[key]:,.1f} is {cal[key] / ref:.2f}x the datasheet's {ref:,.1f}, outside "
+                    f"{lo:g}-{hi:g}x: not a peak of this card; run calibrate again")
+    return None
 
 
 def cached() -> list[dict]:

@@ -26,6 +26,27 @@ def roofline_point(bytes_: float, flops: float, seconds: float, spec: dict, prec
     out["dram_pct"] = 100 * out["achieved_gbps"] * 1e9 / peak_bw if seconds > 0 else None
     out["flop_pct"] = 100 * flops / seconds / peak_fl if seconds > 0 and peak_fl else None
     out["pct_of_roofline"] = 100 * out["roofline_seconds"] / seconds if seconds > 0 else None
+    out["flags"] = _flags(out, spec, precision)
+    if out["flags"]:        # shown with the reason, used for no class, gain or advice
+        out |= {"dram_pct": None, "flop_pct": None, "pct_of_roofline": None}
+    return out
+
+
+def _flags(p: dict, spec: dict, precision: str) -> list[str]:
+    """What makes a point impossible: a cost model's negative bytes or FLOPs, a time that is not positive, or a
+    rate above the device's peak -- the cost model counts the least a stage must move or compute, so it cannot
+    run faster than the peak: its time or its cost is wrong."""
+    out = []
+    if p["bytes"] < 0 or p["flops"] < 0:
+        out.append(f"the cost model's {p['bytes']:g} bytes and {p['flops']:g} FLOPs cannot be negative")
+    if not p["seconds"] > 0:
+        out.append(f"a time of {p['seconds'] * 1e6:g} us is not a measurement")
+    if (p["dram_pct"] or 0) > 100:
+        out.append(f"its minimum bytes at {p['achieved_gbps']:,.1f} GB/s, {p['dram_pct']:.1f}% of the "
+                   f"{spec['memory_gbps']:,.0f} GB/s peak: the time or the cost model is wrong")
+    if (p["flop_pct"] or 0) > 100:
+        out.append(f"its minimum FLOPs at {p['achieved_tflops']:,.2f} TFLOP/s, {p['flop_pct']:.1f}% of the "
+                   f"{precision} peak: the time or the cost model is wrong")
     return out
 
 
@@ -46,11 +67,16 @@ def plan_roofline(device_name: str, selected: str, stages: list[dict], precision
             continue
         per_stage[s["name"]] = roofline_point(cost["bytes"], cost["flops"], s["elapsed_seconds"], spec, precision)
         tot_b, tot_f, tot_t = tot_b + cost["bytes"], tot_f + cost["flops"], tot_t + s["elapsed_seconds"]
+    flagged = [name for name, p in per_stage.items() if p["flags"]]
+    # A sum over a flagged stage (a time that is no measurement, an impossible rate) is no end-to-end figure.
+    end = roofline_point(tot_b, tot_f, tot_t, spec, precision) if tot_t > 0 and not flagged else None
     return {
         "available": True, "device_model": key, "precision": precision,
         "peak_gbps": spec["memory_gbps"], "peak_tflops": spec["peak_tflops"].get(precision),
         "ridge_flop_per_byte": ridge_points(spec).get(precision), "ridge_points": ridge_points(spec),
         "sources": spec["sources"], "peaks_source": spec["peaks_source"], "stages": per_stage,
-        "end_to_end": roofline_point(tot_b, tot_f, tot_t, spec, precision) if tot_t > 0 else None,
+        "end_to_end": end,
+        "end_to_end_why": (f"not summed: {', '.join(flagged)} flagged" if flagged else
+                           "no device stage took any time" if end is None else None),
         "scope": "stages after the host->device copy",
     }

@@ -206,7 +206,8 @@ def _devices_command(argv: list[str]) -> int:
           f"{'boost MHz':>9}  peaks")
     for r in rows:
         cells = [r["fp64_tflops"], r["fp32_tflops"], r["memory_gbps"], r["sm_count"], r["l2_mib"], r["boost_clock_mhz"]]
-        fmt = [f"{c:,.1f}" if isinstance(c, float) else (str(c) if c is not None else "missing") for c in cells]
+        # every digit devices.json holds (1.431 TFLOP/s fp64 is not "1.4"), thousands grouped
+        fmt = [f"{c:,.10g}" if isinstance(c, float) else (str(c) if c is not None else "missing") for c in cells]
         print(f"{'*' if r['present'] else ' '} {r['model']:<22} {fmt[0]:>12} {fmt[1]:>12} {fmt[2]:>8} {fmt[3]:>5} "
               f"{fmt[4]:>7} {fmt[5]:>9}  {r['peaks']}")
         if r.get("calibrated"):

@@ -121,16 +121,24 @@ def _roofline(roof):
         return Section("Roofline (cost model)", text=f"No roofline: {roof['why']}.")
     e = roof["end_to_end"]
     rows = [[name, fmt(p["bytes"] / 1e6, 2), fmt(p["flops"] / 1e6, 2), fmt(p["arithmetic_intensity"], 3),
-             fmt(p["achieved_gbps"]), fmt(p["achieved_tflops"], 4), fmt(p["pct_of_roofline"])]
-            for name, p in list(roof["stages"].items()) + [("end to end", e)]]
+             fmt(p["achieved_gbps"]), fmt(p["achieved_tflops"], 4),
+             "flagged: " + "; ".join(p["flags"]) if p.get("flags") else fmt(p["pct_of_roofline"])]
+            for name, p in list(roof["stages"].items()) + ([("end to end", e)] if e else [])]
+    if e:
+        below = (e["arithmetic_intensity"] or 0) < roof["ridge_flop_per_byte"]
+        where = (f"End to end the plan runs at {fmt(e['arithmetic_intensity'], 3)} FLOP/byte, "
+                 f"{'below' if below else 'above'} the ridge: the {'memory' if below else 'compute'} roof is the one "
+                 "that applies.")
+    else:
+        where = f"No end-to-end point: {roof.get('end_to_end_why') or 'not recorded'}."
     return Section("Roofline (cost model)",
                    text=f"{roof['device_model']}: {roof['peak_gbps']:,.0f} GB/s, {roof['peak_tflops']:,.1f} TFLOP/s "
-                        f"{roof['precision']}, peaks {roof.get('peaks_source', 'datasheet')}; ridge point {roof['ridge_flop_per_byte']:.1f} FLOP/byte. Scope: "
-                        f"{roof['scope']}. End to end the plan runs at {fmt(e['arithmetic_intensity'], 3)} "
-                        f"FLOP/byte, {'below' if (e['arithmetic_intensity'] or 0) < roof['ridge_flop_per_byte'] else 'above'}"
-                        " the ridge: the memory roof is the one that applies.",
+                        f"{roof['precision']}, peaks {roof.get('peaks_source', 'datasheet')}; ridge point "
+                        f"{roof['ridge_flop_per_byte']:.1f} FLOP/byte. Scope: {roof['scope']}. {where}",
                    columns=["Stage", "min MB", "MFLOP", "FLOP/B", "GB/s", "TFLOP/s", "% of roofline"], rows=rows,
-                   note="Bytes and flops are the plan's cost model (minimum traffic), not counters.")
+                   note="Bytes and flops are the plan's cost model (minimum traffic), not counters. A figure the "
+                        "cost model cannot reach (above the peak) or a time that is no measurement is flagged, and "
+                        "no class or advice is drawn from it.")
 
 
 def _host_cell(stage: dict) -> str:
