@@ -164,20 +164,23 @@ def _leftovers(mark: str) -> list[int]:
 
 
 def test_ctrl_c_keeps_finished_points_stops_the_cluster_and_resume_runs_the_rest(tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the whole process group, the sweep, its Dask workers and their profiles. The
+    sweep stops the cluster; the workers ignore the signal and print no traceback of theirs."""
     mark = uuid.uuid4().hex
     grid = ["--grid", "points=1k,2k,3k,4k", "--polygons", "100", "--device", "cpu", "--bench_runs", "2"]
     proc = subprocess.Popen([sys.executable, "-m", "app.kernel", "sweep", "join", "v1", *grid, "--workers", "2",
                              "--out", str(tmp_path)], env=env(SWEEP_TEST_MARK=mark), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default, start_new_session=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         found = list((tmp_path / "sweeps").glob("join/*/*/results.csv"))
         if found and len(rows(found[0].parent)) >= 1:
             break
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)                # the group, as a terminal's Ctrl-C
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     d = folder(tmp_path)
     done = rows(d)
     assert 1 <= len(done) < 4 and {r["status"] for r in done} == {"ok"}
@@ -195,6 +198,11 @@ def test_ctrl_c_keeps_finished_points_stops_the_cluster_and_resume_runs_the_rest
     for point, profile in first.items():             # finished points were not run again
         assert next(r["profile"] for r in table if r["point"] == point) == profile
         assert len(list((d / "points" / point).iterdir())) == 1
+    report = (d / "report.md").read_text()           # both runs that made the table, each with its own command
+    assert "- Ran on: Dask LocalCluster, 2 worker processes; wall time " in report
+    assert "; interrupted; command " in report
+    assert "- Resumed on: sequential (one point at a time); wall time " in report
+    assert f"command `python -m app.kernel sweep --resume {d} --workers 1`." in report
 
 
 def test_a_failing_point_is_retried_once_on_the_other_worker_and_listed(tmp_path):

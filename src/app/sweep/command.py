@@ -5,7 +5,6 @@ interrupted or crashed sweep keeps every finished point and ``--resume`` runs th
 """
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import time
@@ -16,9 +15,10 @@ from app.kernel.cli import bench_runs_arg, warmup_arg
 from app.kernel.plan import get_plan_class
 from app.report.writer import check_writable, claim_folder
 from app.runtime import device as devmod
+from app.runtime.stats import MIN_CI_SAMPLES
 from app.runtime.timing import L2_MODES
 from app.sweep import engine
-from app.sweep.results import DONE, read_rows, to_frame, write_results
+from app.sweep.results import DONE, read_rows, read_runs, to_frame, write_atomic, write_results, write_runs
 from app.sweep.spec import SPEC_FILE, SweepSpec, check_points, load_spec, parse_grid, parse_versions
 
 USAGE = ("python -m app.kernel sweep KERNEL [VERSIONS] --grid NAME=V1,V2,... [--grid ...] [--cluster "
@@ -26,7 +26,7 @@ USAGE = ("python -m app.kernel sweep KERNEL [VERSIONS] --grid NAME=V1,V2,... [--
 
 
 def _parser(kernel: str | None) -> OneLineParser:
-    p = OneLineParser(help_command="python -m app.kernel sweep --help", prog="python -m app.kernel sweep",
+    p = OneLineParser(help_command="python -m app.kernel sweep", prog="python -m app.kernel sweep",
                       usage=USAGE, allow_abbrev=False,
                       description="Profile a grid of parameter values for one or more versions, side by side on "
                                   "Dask workers, then fit how time grows with each axis and find where versions "
@@ -54,7 +54,8 @@ def _parser(kernel: str | None) -> OneLineParser:
         help="a point still running after this is stopped and counts as failed (default 1800)")
     add("--out", default="out", metavar="DIR", help="output root (default out/)")
     add("--resume", metavar="SWEEP_DIR", help="a sweep folder to finish: its points already done are skipped; the "
-        "rest run with the kernel, grid and profiling options the sweep was started with (its sweep.json)")
+        "rest run with the kernel, grid and profiling options the sweep was started with (its sweep.json); "
+        "other ones given here are refused")
     if kernel is not None:
         for param in get_plan_class(kernel).params_spec:
             metavar = "{" + ",".join(map(str, param.choices)) + "}" if param.choices else param.type.__name__.upper()
@@ -108,11 +109,41 @@ def _spec(kernel, versions_text, args) -> SweepSpec:
     plan_cls = get_plan_class(kernel, versions[0])
     fixed = {p.name: p.parse(fixed[p.name]) for p in plan_cls.params_spec if p.name in fixed}
     spec = SweepSpec(kernel, versions, axes, fixed, args.prof_type, args.device, args.bench_runs, args.warmup, args.l2)
-    check_points(spec)
+    check_points(spec, local=args.cluster in engine.CLUSTERS)
     return spec
 
 
-def _plan(args, kernel, versions_text):
+# The options that make a sweep's data what it is: a --resume takes them from sweep.json, never from its own line.
+_SPEC_OPTIONS = ("prof_type", "device", "bench_runs", "warmup", "l2")
+
+
+def _resume_changes(parser, args, versions_text, spec: SweepSpec) -> list[str]:
+    """The options of a --resume's line that differ from the sweep's own (as `--name value`): finishing a sweep with
+    other options would mix two kinds of data in one table and report. An option left at its default is not
+    "given": the sweep's own value is used."""
+    changed = []
+    if versions_text is not None and parse_versions(spec.kernel, versions_text) != spec.versions:
+        changed.append(f"the version list {versions_text}")
+    for name in _SPEC_OPTIONS:
+        value = getattr(args, name)
+        if value != parser.get_default(name) and value != getattr(spec, name):
+            changed.append(f"--{name} {value}")
+    params = {p.name: p for p in get_plan_class(spec.kernel, spec.versions[0]).params_spec}
+    for key, value in vars(args).items():
+        name = key[len("param_"):]
+        if key.startswith("param_") and value is not None and name in params:
+            if params[name].parse(value) != spec.fixed.get(name, params[name].default):
+                changed.append(f"--{name} {value}")
+    return changed
+
+
+def _spec_options(spec: SweepSpec, parser) -> str:
+    given = [f"--{n} {getattr(spec, n)}" for n in _SPEC_OPTIONS if getattr(spec, n) != parser.get_default(n)]
+    given += [f"--{n} {v}" for n, v in spec.fixed.items()]
+    return " ".join(given) or "the default options"
+
+
+def _plan(parser, args, kernel, versions_text):
     """(spec, the folder of a --resume or None, rows already there) -- nothing is created yet."""
     if args.resume:
         folder = Path(args.resume)
@@ -122,6 +153,11 @@ def _plan(args, kernel, versions_text):
         if args.grid and parse_grid(spec.kernel, spec.versions, args.grid) != spec.axes:
             raise BadParameter(f"--resume {folder} was started with another grid; drop --grid to finish it, or start "
                                "a new sweep")
+        changed = _resume_changes(parser, args, versions_text, spec)
+        if changed:
+            raise BadParameter(f"--resume {folder} was started with {_spec_options(spec, parser)}: drop "
+                               f"{', '.join(changed)} to finish it with those, or start a new sweep")
+        check_points(spec, local=args.cluster in engine.CLUSTERS)
         return spec, folder, read_rows(folder)
     if kernel is None:
         raise BadParameter(f"name a kernel (python -m app.kernel list), or --resume SWEEP_DIR; usage: {USAGE}")
@@ -143,15 +179,22 @@ def run_sweep(argv: list[str]) -> int:
     if kernel in ("-h", "--help") or (not argv):
         _parser(None).print_help()
         return 0
-    args = _parser(kernel).parse_args(rest)
+    parser = _parser(kernel)
+    args = parser.parse_args(rest)
     if args.cluster not in engine.CLUSTERS and ":" not in args.cluster:
         raise BadParameter(f"--cluster {args.cluster!r}: use local, local-cuda or a scheduler address "
                            "(tcp://HOST:PORT)")
     if not (args.point_timeout > 0 and args.point_timeout < float("inf")):
         raise BadParameter("--point-timeout must be a finite number of seconds > 0")
-    spec, folder, rows = _plan(args, kernel, versions_text)
+    spec, folder, rows = _plan(parser, args, kernel, versions_text)
+    runs = read_runs(folder) if folder is not None else []
+    if rows and not runs:                       # points from a run that kept no runs.json: said, not left out
+        runs = [{"runner": None}]
     done = {r["point"] for r in rows if r.get("status") in DONE}
     todo = [p for p in spec.points() if p["id"] not in done]
+    if todo and len(spec.versions) > 1 and isinstance(spec.bench_runs, int) and spec.bench_runs < MIN_CI_SAMPLES:
+        print(f"sweep: warning: --bench_runs {spec.bench_runs} gives no point a 95% interval (it takes "
+              f"{MIN_CI_SAMPLES} runs): which version is faster will be unresolved, possibly noise", file=sys.stderr)
     run = {"command": "python -m app.kernel sweep " + shlex.join(argv), "runner": "-", "wall_seconds": 0.0}
     t0 = time.perf_counter()
     runner = None
@@ -174,7 +217,8 @@ def run_sweep(argv: list[str]) -> int:
             print("interrupted: no point had run; nothing was written", file=sys.stderr)
             return 143 if isinstance(exc, Terminated) else 130
         run["wall_seconds"] = time.perf_counter() - t0
-        _write_report(spec, folder, rows, run)
+        run["interrupted"] = True
+        _write_report(spec, folder, rows, _with_run(runs, run, todo))
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
         print(f"{what}: {sum(r['status'] in DONE for r in rows)} finished points are kept in {folder}; "
               f"`python -m app.kernel sweep --resume {folder}` runs the rest", file=sys.stderr)
@@ -187,27 +231,32 @@ def run_sweep(argv: list[str]) -> int:
         runner.close()
     run["wall_seconds"] = time.perf_counter() - t0
     run["close_seconds"] = run["wall_seconds"] - run["start_seconds"] - run.get("points_seconds", 0.0)
-    _write_report(spec, folder, rows, run)
+    _write_report(spec, folder, rows, _with_run(runs, run, todo))
     bad = [r for r in rows if r["status"] != "ok"]
-    print(f"sweep: {len(rows)} points, {len(rows) - len(bad)} ok, {len(bad)} failed or wrong, "
-          f"{run['wall_seconds']:,.1f} s\nreport: {folder / 'report.md'}")
+    print(f"sweep: {len(rows)} point{'s' if len(rows) != 1 else ''}, {len(rows) - len(bad)} ok, {len(bad)} failed "
+          f"or wrong, {run['wall_seconds']:,.1f} s\nreport: {folder / 'report.md'}")
     for r in bad:
         print(f"  {r['point']}: {r['status']}: {r.get('error', '')}")
     return 1 if bad else 0
 
 
-def _write_report(spec, folder: Path, rows: list[dict], run: dict) -> None:
+def _with_run(runs: list[dict], run: dict, todo: list) -> list[dict]:
+    """The sweep's runs with this one added where it ran points: a --resume with nothing left to run changes no
+    number, and the report keeps describing the runs that made them."""
+    return runs + [run] if todo else runs
+
+
+def _write_report(spec, folder: Path, rows: list[dict], runs: list[dict]) -> None:
     from app.sweep.report import sweep_files
 
     if rows:
         write_results(folder, rows, list(spec.axes))
+    write_runs(folder, runs)
     stages = [s.name for s in get_plan_class(spec.kernel, spec.versions[-1]).stages]
     for v in spec.versions[:-1]:
         stages += [s.name for s in get_plan_class(spec.kernel, v).stages if s.name not in stages]
-    for name, content in sweep_files(spec, to_frame(rows, list(spec.axes)), stages, run).items():
-        tmp = folder / f".{name}.tmp-{os.getpid()}"
-        tmp.write_bytes(content if isinstance(content, bytes) else content.encode())
-        os.replace(tmp, folder / name)
+    for name, content in sweep_files(spec, to_frame(rows, list(spec.axes)), stages, runs).items():
+        write_atomic(folder / name, content if isinstance(content, bytes) else content.encode())
 
 
 def _progress(total: int):

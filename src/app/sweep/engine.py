@@ -161,7 +161,7 @@ def open_runner(cluster: str, workers: int | None):
     if cluster == "local":
         n = workers or 2
         lc = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
-        return DaskRunner(Client(lc), lc, f"Dask LocalCluster, {n} worker processes")
+        return DaskRunner(_quiet(Client(lc)), lc, f"Dask LocalCluster, {n} worker processes")
     if cluster == "local-cuda":
         try:
             from dask_cuda import LocalCUDACluster
@@ -169,7 +169,7 @@ def open_runner(cluster: str, workers: int | None):
             raise BadParameter(f"--cluster local-cuda needs dask-cuda ({exc}): {DASK_HINT}") from None
         kwargs = {"n_workers": workers} if workers else {}
         lc = LocalCUDACluster(threads_per_worker=1, dashboard_address=None, **kwargs)
-        client = Client(lc)
+        client = _quiet(Client(lc))
         n = len(client.scheduler_info()["workers"])
         return DaskRunner(client, lc, f"dask-cuda LocalCUDACluster, {n} workers, one per GPU")
     try:
@@ -180,6 +180,15 @@ def open_runner(cluster: str, workers: int | None):
     _check_workers(client, cluster)
     n = len(client.scheduler_info()["workers"])
     return DaskRunner(client, None, f"Dask scheduler {cluster}, {n} workers at start")
+
+
+def _quiet(client):
+    """Workers this sweep started ignore SIGINT (app.sweep.workers): a Ctrl-C stops them through the sweep, without
+    a traceback of theirs. Registered with the scheduler, so a worker restarted after a crash gets it too."""
+    from app.sweep.workers import IgnoreSigint
+
+    client.register_plugin(IgnoreSigint())
+    return client
 
 
 def _check_workers(client, address: str) -> None:

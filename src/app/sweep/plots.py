@@ -6,7 +6,9 @@ scaling.png  time against the main axis, log-log: one panel per version (columns
 speedup.png  the first version's time over each later version's (above 1: the later one is faster)
              against the main axis, one line per value of the other axes.
 
-Only ``ok`` points are drawn; a missing time is a gap in its line, never a zero.
+Only ``ok`` points are drawn; a missing time is a gap in its line, never a zero. An axis is logarithmic
+only where every value on it is a positive number: a grid with a 0 (``points=0``, ``seed=0``) gets a
+linear x axis, and one over names (``layout=uniform,clustered``) a categorical one.
 """
 from __future__ import annotations
 
@@ -19,13 +21,16 @@ from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from app.kernel.plan import human  # noqa: E402
 from app.report.plots import png_bytes  # noqa: E402
+from app.sweep.scaling import numeric_axes  # noqa: E402
 
 MAX_ROWS = 4
 
 
 def main_axis(frame: pd.DataFrame, axes: list[str]) -> str:
-    """The axis with the most values (the first given on a tie): the pictures' x axis."""
-    return max(axes, key=lambda a: (frame[a].nunique(), -axes.index(a)))
+    """The numeric axis with the most values (the first given on a tie), else the axis with the most values: the
+    pictures' x axis. A size, not a layout, is what time is drawn against."""
+    numeric = numeric_axes(frame, axes)
+    return max(axes, key=lambda a: (a in numeric, frame[a].nunique(), -axes.index(a)))
 
 
 def _combos(frame: pd.DataFrame, others: list[str]) -> list[tuple]:
@@ -70,7 +75,7 @@ def scaling_png(frame: pd.DataFrame, axes: list[str], versions: list[str], stage
                     ax.plot(sub[x], sub[f"{stage}_us"], "-", marker=".", color=colors(i % 10), lw=1, label=stage)
             if "floor_us" in sub and sub["floor_us"].notna().any():
                 ax.plot(sub[x], sub["floor_us"], "--", color="grey", lw=1, label="memory-roof floor")
-            _log_axes(ax, ok[x])
+            _scales(ax, ok[x], _times(ok, stages))
             ax.set_title(f"{version}  {_label(others, combo)}", fontsize=9)
             if r == len(combos) - 1:
                 ax.set_xlabel(x)
@@ -109,7 +114,7 @@ def speedup_png(frame: pd.DataFrame, axes: list[str], versions: list[str], title
             sub = _select(rows[rows["version"] == v], others, combo).sort_values(x)
             ax.plot(sub[x], sub["speedup"], "-o", ms=4, label=f"{versions[0]}/{v}  {_label(others, combo)}")
     ax.axhline(1.0, color="black", lw=1)
-    _log_axes(ax, rows[x])
+    _scales(ax, rows[x], rows["speedup"])
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))     # ratios span less than a decade
     ax.set_xlabel(x)
     ax.set_ylabel(f"time {versions[0]} / time of the later version")
@@ -119,13 +124,24 @@ def speedup_png(frame: pd.DataFrame, axes: list[str], versions: list[str], title
     return _save(fig)
 
 
-def _log_axes(ax, xs) -> None:
-    """Log-log, ticks at the grid's own values, plain labels (100k, 0.5) rather than powers of ten."""
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(sorted(set(xs)))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(int(v)) if v >= 1 and v == int(v) else f"{v:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+def _times(ok: pd.DataFrame, stages: list[str]) -> pd.Series:
+    cols = [c for c in ["e2e_us", "floor_us", *(f"{s}_us" for s in stages)] if c in ok]
+    return pd.concat([pd.to_numeric(ok[c], errors="coerce") for c in cols]) if cols else pd.Series(dtype=float)
+
+
+def _scales(ax, xs, ys) -> None:
+    """Log-log where the values allow (ticks at the grid's own values, plain labels: 100k, 0.5); linear where an
+    axis holds a value <= 0, which a log axis cannot place; categories where the x values are names."""
+    xs = pd.Series(list(xs))
+    numeric = pd.api.types.is_numeric_dtype(xs) and not pd.api.types.is_bool_dtype(xs)
+    if numeric:
+        if (xs > 0).all():
+            ax.set_xscale("log")
+        ax.set_xticks(sorted(set(xs)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(int(v)) if v >= 1 and v == int(v) else f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if (pd.Series(list(ys)).dropna() > 0).any():
+        ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.grid(True, which="both", alpha=0.3)
 

@@ -28,9 +28,18 @@ from pathlib import Path
 # A point waits this long for its device's lock: points routed to one device take turns.
 LOCK_WAIT_SECONDS = 3600
 _TAIL = 2000
+# Set in a worker the sweep started, which ignores SIGINT (app.sweep.workers): its profile children get it back.
+_SIGINT_TO_CHILDREN = False
+
+
+def restore_sigint_in_children() -> None:
+    global _SIGINT_TO_CHILDREN
+    _SIGINT_TO_CHILDREN = True
 
 
 def _die_with_parent() -> None:           # runs in the child between fork and exec (Linux)
+    if _SIGINT_TO_CHILDREN:               # an ignored signal stays ignored across exec: a Ctrl-C stops the profile
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         import ctypes
 
@@ -66,8 +75,11 @@ def sweep_environment() -> dict:
     child gets the sweep's values back (None: unset)."""
     names = {"MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
     try:
+        import importlib
+
         import dask
-        import distributed  # noqa: F401  (registers the distributed.* config)
+
+        importlib.import_module("distributed")          # registers the distributed.* config
 
         for key in ("pre-spawn-environ", "environ"):
             names |= set(dask.config.get(f"distributed.nanny.{key}", default={}) or {})

@@ -9,8 +9,8 @@ import pandas as pd
 
 from app.kernel.plan import human, same_cpu_code
 from app.sweep.plots import scaling_png, speedup_png
-from app.runtime.stats import STABLE_REL_SPREAD
-from app.sweep.scaling import FASTER_THAN_MODEL, best_per_size, crossovers, exponents
+from app.runtime.stats import MIN_CI_SAMPLES, STABLE_REL_SPREAD
+from app.sweep.scaling import FASTER_THAN_MODEL, best_per_size, crossovers, exponents, numeric_axes, usable
 
 UNSTABLE_PCT = 100 * STABLE_REL_SPREAD        # the profiles' own threshold for an unstable measurement
 
@@ -34,8 +34,9 @@ def _slope(fit: dict) -> str:
     return s + (f" [{fit['lo']:.2f}, {fit['hi']:.2f}]" if fit["lo"] is not None else " (no interval: too few points)")
 
 
-def sweep_files(spec, frame: pd.DataFrame, stages: list[str], run: dict) -> dict:
-    """report.md, scaling.png and speedup.png for the table ``frame``."""
+def sweep_files(spec, frame: pd.DataFrame, stages: list[str], runs: list[dict]) -> dict:
+    """report.md, scaling.png and speedup.png for the table ``frame``; ``runs``: how it was run (the first run,
+    then each --resume that ran points)."""
     axes, versions = list(spec.axes), spec.versions
     title = f"{spec.kernel} {', '.join(versions)} over {' x '.join(axes)} ({spec.prof_type} mode)"
     files, lines = {}, [f"# Sweep: {title}", ""]
@@ -45,19 +46,17 @@ def sweep_files(spec, frame: pd.DataFrame, stages: list[str], run: dict) -> dict
               f"{f', {total - len(frame)} not run' if len(frame) < total else ''}).",
               f"- Grid: {'; '.join(f'{a} = ' + ', '.join(human(v) for v in vals) for a, vals in spec.axes.items())}"
               + (f"; fixed: {_grid(spec.fixed)}" if spec.fixed else "") + ".",
-              f"- Ran on: {run.get('runner', '?')}; wall time {run.get('wall_seconds', float('nan')):,.1f} s"
-              + (f" (start {run['start_seconds']:,.1f} s, points {run['points_seconds']:,.1f} s, shutdown "
-                 f"{run['close_seconds']:,.1f} s)" if "close_seconds" in run else "") + ".",
-              f"- Command: `{run.get('command', '')}`"]
+              ] + _runs(runs)
     lines += _devices(frame)
     lines += _same_code_on_cpu(spec.kernel, versions, frame)
+    lines += _no_intervals(frame, versions)
     lines += ["- Times are medians of each point's timed runs, end to end (host arrays in). Each point is an "
               "ordinary profile under `points/`, taken under the lock of the device it ran on.", ""]
     lines += _failures(frame)
     if frame.empty or not (frame["status"] == "ok").any():
         lines += ["No point finished with a verified result: nothing to fit.", ""]
         return {"report.md": "\n".join(lines)}
-    lines += _best(frame, axes)
+    lines += _best(frame, axes, versions)
     lines += _crossovers(frame, axes, versions)
     lines += _exponents(frame, axes, versions, stages)
     for name, png in (("scaling.png", scaling_png(frame, axes, versions, stages, title)),
@@ -68,6 +67,38 @@ def sweep_files(spec, frame: pd.DataFrame, stages: list[str], run: dict) -> dict
     lines += _points(frame, axes)
     files["report.md"] = "\n".join(lines)
     return files
+
+
+def _run_line(run: dict) -> str:
+    wall = run.get("wall_seconds")
+    text = f"{run.get('runner', '?')}; wall time " + (f"{wall:,.1f} s" if isinstance(wall, (int, float)) else "missing")
+    if "close_seconds" in run:
+        text += (f" (start {run['start_seconds']:,.1f} s, points {run['points_seconds']:,.1f} s, shutdown "
+                 f"{run['close_seconds']:,.1f} s)")
+    return text + ("; interrupted" if run.get("interrupted") else "") + f"; command `{run.get('command', '')}`."
+
+
+def _runs(runs: list[dict]) -> list[str]:
+    """The first run, then each --resume that ran points: every number below came from one of them."""
+    if not runs or runs[0].get("runner") is None:
+        first = "- Ran on: not recorded (this sweep's folder was written before runs.json was kept)."
+    else:
+        first = f"- Ran on: {_run_line(runs[0])}"
+    return [first] + [f"- Resumed on: {_run_line(r)}" for r in runs[1:]]
+
+
+def _no_intervals(frame: pd.DataFrame, versions: list[str]) -> list[str]:
+    """Points without a 95% interval of their median (under MIN_CI_SAMPLES timed runs) cannot rank versions: said
+    once, up front, where two or more versions are compared."""
+    ok = usable(frame)
+    if len(versions) < 2 or ok.empty or "e2e_ci95_lo_us" not in ok:
+        return []
+    bare = ok[ok["e2e_ci95_lo_us"].isna() | ok["e2e_ci95_hi_us"].isna()]
+    if bare.empty:
+        return []
+    return [f"- **{len(bare)} of {len(ok)} points have no 95% interval** of their end-to-end median (a point needs "
+            f"{MIN_CI_SAMPLES} timed runs for one; give --bench_runs {MIN_CI_SAMPLES} or more): where either of two "
+            "versions has none, which is faster is unresolved below, possibly noise."]
 
 
 def _devices(frame: pd.DataFrame) -> list[str]:
@@ -112,25 +143,32 @@ def _failures(frame: pd.DataFrame) -> list[str]:
     return out
 
 
-def _best(frame, axes) -> list[str]:
-    rows = best_per_size(frame, axes)
+def _best(frame, axes, versions=None) -> list[str]:
+    rows = best_per_size(frame, axes, versions=versions)
     out = ["## Best version per size", "", "| " + " | ".join(axes) + " | best | end to end | runner-up | "
            "runner-up slower by |", "|" + "---|" * (len(axes) + 4)]
     for r in rows:
         cells = [human(_int(r["grid"][a])) for a in axes]
+        # the versions with no time here: a best without a runner-up beat nothing
+        others = ", ".join(f"{v} {_WHY.get(why, why)}" for v, why in r.get("others", {}).items())
         if "runner_up" in r:
-            gap = f"{(r['ratio'] - 1) * 100:.1f}%" + (" (tie: the 95% intervals overlap)" if r["tie"] else "")
+            gap = f"{(r['ratio'] - 1) * 100:.1f}%" + _TIE[r["tie"]]
             slower = [f"its host CPU ran {r['host_slower_pct']:.1f}% slower, by a fixed Python loop"
                       if r.get("host_slower_pct") is not None else None,
                       f"its launches took {r['launch_slower_pct']:.1f}% longer, by an empty kernel's"
                       if r.get("launch_slower_pct") is not None else None]
             if any(slower):
                 gap += f" ({'; '.join(x for x in slower if x)}: part of the gap may be the host's)"
-            cells += [r["best"], _us(r["time_us"]), r["runner_up"], gap]
+            cells += [r["best"], _us(r["time_us"]), r["runner_up"] + (f" ({others})" if others else ""), gap]
         else:
-            cells += [r["best"], _us(r["time_us"]), "-", "-"]
+            cells += [r["best"], _us(r["time_us"]), others or "-", "-"]
         out.append("| " + " | ".join(cells) + " |")
     return out + [""]
+
+
+_TIE = {True: " (tie: the 95% intervals overlap)", False: "",
+        None: f" (unresolved, possibly noise: no 95% interval, fewer than {MIN_CI_SAMPLES} timed runs)"}
+_WHY = {"wrong": "wrong (output differs from shapely's)"}
 
 
 def _crossovers(frame, axes, versions) -> list[str]:
@@ -138,8 +176,13 @@ def _crossovers(frame, axes, versions) -> list[str]:
         return []
     found = crossovers(frame, axes, versions)
     out = ["## Crossovers", ""]
+    skipped = _not_numeric(frame, axes, "no crossing is placed along it; the versions are compared at each of its "
+                                        "values")
+    if not numeric_axes(frame, axes):
+        return out + ["No axis of this grid is numeric: there is no size between two values to cross at.", ""]
     if not found:
-        return out + ["None inside the grid: the same version is faster at every size measured.", ""]
+        return out + ["None inside the grid: the same version has the lower median at every size measured.",
+                      *skipped, ""]
     unclear = [c for c in found if not c["clear"]]
     for c in found:
         if not c["clear"]:
@@ -149,17 +192,33 @@ def _crossovers(frame, axes, versions) -> list[str]:
         out.append(f"- Along {c['axis']}{fixed}: {c['faster_below']} is faster up to {lo} "
                    f"(by {100 * (c['ratio_below'] - 1):.1f}%), {c['faster_above']} from {hi} "
                    f"(by {100 * (c['ratio_above'] - 1):.1f}%); they cross near {c['axis']} = {human(round(c['at']))}.")
-    if unclear:
-        more = " more" if len(unclear) < len(found) else ""
-        out.append(f"- {len(unclear)}{more} crossing{'s' if len(unclear) > 1 else ''} within the run spread (the two "
-                   "versions' 95% intervals overlap at one end), so possibly noise: " + "; ".join(
-                       f"{c['axis']} {human(_int(c['between'][0]))}-{human(_int(c['between'][1]))}"
-                       + (f" at {_grid(c['fixed'])}" if c["fixed"] else "") for c in unclear) + ".")
-    return out + [""]
+    reasons = {"overlap": "the two versions' 95% intervals overlap at one end",
+               "no interval": f"a point at one end has no 95% interval: fewer than {MIN_CI_SAMPLES} timed runs"}
+    listed = len(found) - len(unclear)
+    for why, text in reasons.items():
+        these = [c for c in unclear if c.get("why", "overlap") == why]
+        if not these:
+            continue
+        more = " more" if listed else ""
+        listed += len(these)
+        out.append(f"- {len(these)}{more} crossing{'s' if len(these) > 1 else ''} not resolved ({text}), so possibly "
+                   "noise: " + "; ".join(f"{c['axis']} {human(_int(c['between'][0]))}-{human(_int(c['between'][1]))}"
+                                         + (f" at {_grid(c['fixed'])}" if c["fixed"] else "") for c in these) + ".")
+    return out + skipped + [""]
+
+
+def _not_numeric(frame, axes, what: str) -> list[str]:
+    """A line per axis whose values are not numbers (a layout, a predicate): said, not silently left out."""
+    return [f"- {a} is not numeric: {what}." for a in axes if a not in numeric_axes(frame, axes)]
 
 
 def _exponents(frame, axes, versions, stages) -> list[str]:
     fits = exponents(frame, axes, versions, stages)
+    if not numeric_axes(frame, axes):
+        return ["## Scaling exponents", "", "No axis of this grid is numeric: no growth to fit.", ""]
+    if not fits:
+        return ["## Scaling exponents", "", "Nothing to fit: a growth needs two or more values above 0 of an axis, "
+                "with `ok` points at each.", ""]
     out = ["## Scaling exponents", "",
            "Time grows as n^b along each axis (the other axes held fixed). b is a least-squares log-log slope "
            "over all sizes, with its 95% interval; \"top\" is the slope between the two largest sizes, where "
@@ -175,7 +234,9 @@ def _exponents(frame, axes, versions, stages) -> list[str]:
         out += [""] + [f"- {f['version']}: end-to-end time grows as n^{f['slope']:.2f} in {f['axis']}"
                        + (f" (n^{f['top_slope']:.2f} at the top of the range)" if f["top_slope"] is not None else "")
                        + "." for f in headline]
-    return out + [""]
+    skipped = _not_numeric(frame, axes, "no growth is fitted along it; the fits along the other axes take one "
+                                        "intercept per value of it")
+    return out + [""] + (skipped + [""] if skipped else [])
 
 
 def _points(frame, axes) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 RESULTS = "results.csv"
+RUNS = "runs.json"                # each run of the sweep: the first, then the --resume runs that ran points
 DONE = ("ok", "wrong")            # statuses --resume does not run again
 _FIRST = ["point", "version", "status", "verified", "e2e_us", "e2e_spread_pct", "e2e_ci95_lo_us", "e2e_ci95_hi_us",
           "e2e_host_out_us", "after_build_us", "floor_us", "host_pace_us", "host_pace_ci95_lo_us",
@@ -100,15 +101,43 @@ def to_frame(rows: list[dict], axes: list[str]) -> pd.DataFrame:
 
 def write_results(sweep_dir: Path, rows: list[dict], axes: list[str]) -> Path:
     """Rewrite results.csv atomically: a reader (or a Ctrl-C) never sees half a table."""
-    path = Path(sweep_dir) / RESULTS
-    fd, tmp = tempfile.mkstemp(dir=sweep_dir, prefix=".results-", suffix=".csv")
-    with os.fdopen(fd, "w") as f:
-        to_frame(rows, axes).to_csv(f, index=False)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)               # mkstemp's 0600 would hide the table from the user's group
-    os.replace(tmp, path)
+    data = to_frame(rows, axes).to_csv(index=False).encode()
+    return write_atomic(Path(sweep_dir) / RESULTS, data)
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write ``path`` through a temporary file beside it, replaced in one step. A Ctrl-C or SIGTERM (Terminated,
+    raised in whatever line runs) between the two removes the temporary file: a sweep folder keeps no stray
+    ``.name-XXXX`` to confuse a reader or a later --resume."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)           # mkstemp's 0600 would hide the file from the user's group
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:               # already replaced: the new file is whole
+            pass
+        raise
     return path
+
+
+def read_runs(sweep_dir: Path) -> list[dict]:
+    """How the sweep was run so far: its first run, then every --resume that ran points (command, runner, wall
+    time). None recorded (a folder from before runs.json): an empty list, and the report says so."""
+    try:
+        runs = json.loads((Path(sweep_dir) / RUNS).read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+
+
+def write_runs(sweep_dir: Path, runs: list[dict]) -> Path:
+    return write_atomic(Path(sweep_dir) / RUNS, (json.dumps(runs, indent=2) + "\n").encode())
 
 
 def read_rows(sweep_dir: Path) -> list[dict]:

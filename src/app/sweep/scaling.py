@@ -8,7 +8,13 @@ where launch and host overheads no longer hide the work. The same fit of the cos
 minimum bytes gives the growth the model expects; a stage whose interval lies above it by
 more than ``FASTER_THAN_MODEL`` is flagged.
 
-Only points with status ``ok`` and a positive time enter a fit.
+Only points with status ``ok`` and a positive time enter a fit, and only along an axis whose values are
+numbers (``numeric_axes``): a layout or a predicate has no n to grow with, and no value between two of
+its values where versions could cross. Such an axis still splits the fits along the other axes.
+
+Whether one version beats another is decided by their 95% intervals of the median, which a point
+has only with ``app.runtime.stats.MIN_CI_SAMPLES`` timed runs or more. Without one on either side the order is the
+medians' alone and is called unresolved (``tie`` None, a crossing not ``clear``), never clear.
 """
 from __future__ import annotations
 
@@ -34,6 +40,12 @@ def t975(df: int) -> float:
 
 def usable(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"] if "status" in frame else frame
+
+
+def numeric_axes(frame: pd.DataFrame, axes: list[str]) -> list[str]:
+    """The axes whose values are numbers: the only ones a growth can be fitted along or a crossing placed on."""
+    return [a for a in axes if a in frame and pd.api.types.is_numeric_dtype(frame[a])
+            and not pd.api.types.is_bool_dtype(frame[a])]
 
 
 def fit_exponent(frame: pd.DataFrame, axis: str, column: str, others: list[str]) -> dict | None:
@@ -82,7 +94,7 @@ def exponents(frame: pd.DataFrame, axes: list[str], versions: list[str], stages:
     rows = []
     for version in versions:
         sub = frame[frame["version"] == version]
-        for axis in axes:
+        for axis in numeric_axes(frame, axes):
             others = [a for a in axes if a != axis and sub[a].nunique() > 1]
             for what, col, model_col in [("end to end", "e2e_us", None), ("after build", "after_build_us", None)] + \
                     [(s, f"{s}_us", f"{s}_bytes") for s in stages]:
@@ -98,20 +110,24 @@ def exponents(frame: pd.DataFrame, axes: list[str], versions: list[str], stages:
     return rows
 
 
-def best_per_size(frame: pd.DataFrame, axes: list[str], column: str = "e2e_us") -> list[dict]:
-    """The fastest version at each grid combination; a tie where its 95% interval meets the runner-up's.
+def best_per_size(frame: pd.DataFrame, axes: list[str], column: str = "e2e_us", versions: list[str] | None = None
+                  ) -> list[dict]:
+    """The fastest version at each grid combination; a tie where its 95% interval meets the runner-up's, unresolved
+    (``tie`` None) where either has none.
 
     ``host_slower_pct``: where the runner-up's host CPU was measurably slower (its fixed loop's 95% interval lies
     above the best's), by how much; ``launch_slower_pct`` the same for an empty kernel's launch (GPU points). Each
     point runs in its own process, and a process on a slow host can lose by that much with the same code: the
-    lead may be the host's, not the version's."""
-    frame = usable(frame).dropna(subset=[column])
+    lead may be the host's, not the version's. ``others``: version -> why it has no time there ("failed",
+    "wrong", "no time", or, of ``versions``, "not run"), so a best without a runner-up is not read as unopposed."""
+    timed = usable(frame).dropna(subset=[column])
     rows = []
-    for key, g in frame.groupby(axes, sort=True):
+    for key, g in timed.groupby(axes, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         g = g.sort_values(column)
         best = g.iloc[0]
-        row = {"grid": dict(zip(axes, key)), "best": best["version"], "time_us": best[column]}
+        row = {"grid": dict(zip(axes, key)), "best": best["version"], "time_us": best[column],
+               "others": _without_time(frame, dict(zip(axes, key)), set(g["version"]), versions)}
         if len(g) > 1:
             second = g.iloc[1]
             row |= {"runner_up": second["version"], "ratio": second[column] / best[column],
@@ -119,6 +135,20 @@ def best_per_size(frame: pd.DataFrame, axes: list[str], column: str = "e2e_us") 
                     "launch_slower_pct": _host_slower(best, second, "launch_pace")}
         rows.append(row)
     return rows
+
+
+def _without_time(frame: pd.DataFrame, grid: dict, timed: set, versions: list[str] | None) -> dict:
+    here = frame
+    for name, value in grid.items():
+        here = here[here[name] == value]
+    out = {}
+    for r in here.itertuples():
+        if r.version not in timed:
+            out[r.version] = r.status if r.status != "ok" else "no time"
+    for v in versions or []:
+        if v not in timed and v not in out:
+            out[v] = "not run"
+    return out
 
 
 def _host_slower(best, second, key: str = "host_pace") -> float | None:
@@ -132,18 +162,22 @@ def _host_slower(best, second, key: str = "host_pace") -> float | None:
     return 100 * (second[med] / best[med] - 1)
 
 
-def _overlap(a, b) -> bool:
+def _overlap(a, b) -> bool | None:
+    """Whether the two points' 95% intervals of the end-to-end median meet; None where either has none (under
+    MIN_CI_SAMPLES timed runs): the medians' order is then unresolved, not clear."""
     lo, hi = "e2e_ci95_lo_us", "e2e_ci95_hi_us"
     if any(pd.isna(r.get(c)) for r in (a, b) for c in (lo, hi)):
-        return False                         # no interval known: the medians decide
-    return a[hi] >= b[lo] and b[hi] >= a[lo]
+        return None
+    return bool(a[hi] >= b[lo] and b[hi] >= a[lo])
 
 
 def crossovers(frame: pd.DataFrame, axes: list[str], versions: list[str], column: str = "e2e_us") -> list[dict]:
     """Where, along each axis, two versions swap places (log-linear interpolation of their time ratio).
 
-    ``clear`` is False where, at either end, the two versions' 95% intervals overlap: the
-    order there is within the run spread, so the crossing may be noise."""
+    ``clear`` is False where, at either end, the two versions' 95% intervals overlap, or either has none
+    (``why``: "overlap" or "no interval"): the order there is within the run spread, or not known to be
+    outside it, so the crossing may be noise. Only numeric axes are searched. A crossing next to a value of
+    0 or less is placed by linear interpolation (a log has none there)."""
     frame = usable(frame).dropna(subset=[column])
     out = []
     for i, va in enumerate(versions):
@@ -154,7 +188,7 @@ def crossovers(frame: pd.DataFrame, axes: list[str], versions: list[str], column
             if ratio.empty:
                 continue
             table = ratio.reset_index()
-            for axis in axes:
+            for axis in numeric_axes(frame, axes):
                 others = [x for x in axes if x != axis]
                 for key, g in (table.groupby(others) if others else [((), table)]):
                     key = key if isinstance(key, tuple) else (key,)
@@ -164,12 +198,16 @@ def crossovers(frame: pd.DataFrame, axes: list[str], versions: list[str], column
                         if rs[j] == 0 or np.sign(rs[j]) == np.sign(rs[j + 1]):
                             continue
                         f = rs[j] / (rs[j] - rs[j + 1])
-                        at = math.exp(math.log(xs[j]) + f * (math.log(xs[j + 1]) - math.log(xs[j])))
+                        if xs[j] > 0:
+                            at = math.exp(math.log(xs[j]) + f * (math.log(xs[j + 1]) - math.log(xs[j])))
+                        else:
+                            at = xs[j] + f * (xs[j + 1] - xs[j])
                         ends = [tuple(g.iloc[k][axes]) for k in (j, j + 1)]
                         ends = [e if len(e) > 1 else e[0] for e in ends]     # a one-axis index takes a scalar
-                        clear = not any(_overlap(a.loc[e], b.loc[e]) for e in ends)
+                        overlaps = [_overlap(a.loc[e], b.loc[e]) for e in ends]
+                        why = "no interval" if None in overlaps else "overlap" if any(overlaps) else None
                         out.append({"versions": (va, vb), "axis": axis, "between": (xs[j], xs[j + 1]), "at": at,
-                                    "fixed": dict(zip(others, key)), "clear": clear,
+                                    "fixed": dict(zip(others, key)), "clear": why is None, "why": why,
                                     "faster_below": va if rs[j] > 0 else vb, "faster_above": vb if rs[j] > 0 else va,
                                     "ratio_below": math.exp(abs(rs[j])), "ratio_above": math.exp(abs(rs[j + 1]))})
     return out

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from app.errors import AppError, BadParameter
 from app.kernel.plan import human, get_plan_class, kernels
+from app.runtime.memory import available_host_bytes, check_fits
 
 SPEC_FILE = "sweep.json"
 
@@ -78,6 +80,9 @@ def parse_versions(kernel: str, text: str | None) -> list[str]:
     if text is None:
         return sorted(known, key=lambda v: int(v.lstrip("v")))
     versions = [v.strip() for v in text.split(",") if v.strip()]
+    if not versions:
+        raise BadParameter(f"version list {text!r} names no version; write v1,v2 or leave it out for all of "
+                           f"{kernel}'s versions")
     for v in versions:
         get_plan_class(kernel, v)
     if len(set(versions)) != len(versions):
@@ -105,6 +110,8 @@ def parse_grid(kernel: str, versions: list[str], grid_args: list[str]) -> dict[s
             if any(n in axis.split(",") for axis in axes) or names.count(n) > 1:
                 raise BadParameter(f"--grid {n} is given twice; put all its values in one --grid")
         parsed = [spec[names[0]].parse(v.strip()) for v in values.split(",") if v.strip()]
+        if not parsed:                        # "points=,,": an axis of no value would be a sweep of no point
+            raise BadParameter(f"--grid {arg!r} gives no value; write NAME=V1,V2,... (e.g. points=10k,100k,1M)")
         for n in names[1:]:                   # a tied parameter must accept every value too
             for v in parsed:
                 spec[n].parse(v)
@@ -114,11 +121,19 @@ def parse_grid(kernel: str, versions: list[str], grid_args: list[str]) -> dict[s
     return axes
 
 
-def check_points(spec: SweepSpec) -> None:
-    """Every point's parameters are valid for its version before any worker starts."""
+def check_points(spec: SweepSpec, local: bool = True) -> None:
+    """Every point's plan is refused here as its own profile would refuse it, before any worker starts or any
+    folder is made: its parameters, the kernels' 32-bit index limit and (``local``: the points run on this
+    machine) the host memory free now. A point's GPU memory is left to the profile, which checks its own GPU:
+    reading it here would open a CUDA context in the sweep's process for the whole sweep."""
+    # "auto" may run on the GPU, whose buffers are not in host memory: count the smaller need, so that nothing
+    # that could run is refused.
+    device = "cpu" if spec.device == "cpu" else "gpu"
+    host = available_host_bytes() if local else None
     for p in spec.points():
         try:
-            get_plan_class(spec.kernel, p["version"])(p["params"])
+            plan = get_plan_class(spec.kernel, p["version"])(p["params"])
+            check_fits(plan, device, host_bytes=math.inf if host is None else host, device_free=math.inf)
         except AppError as exc:
             raise BadParameter(f"point {p['id']}: {exc}") from None
 
