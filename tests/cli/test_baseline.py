@@ -12,24 +12,6 @@ from app.kernel.cli import main
 ARGS = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2", "--warmup", "0"]
 
 
-@pytest.fixture(scope="module")
-def good(tmp_path_factory):
-    out = tmp_path_factory.mktemp("base")
-    assert main([*ARGS, "--out", str(out)]) == 0
-    (d,) = list(out.glob("profiles/event/join/*/*"))
-    return json.loads((d / "trace.json").read_text())
-
-
-@pytest.fixture
-def no_profiling(monkeypatch):
-    """Fail the test if a mode starts profiling: every refusal must come first."""
-    from app.runtime.profiling.event import EventMode
-
-    def boom(*a, **k):
-        raise AssertionError("profiling started before the baseline was checked")
-    monkeypatch.setattr(EventMode, "profile", boom)
-
-
 def write(tmp_path, doc, name="trace.json"):
     p = tmp_path / name
     p.write_text(doc if isinstance(doc, str) else json.dumps(doc))

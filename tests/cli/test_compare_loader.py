@@ -14,23 +14,6 @@ ARGS = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--ben
         "--no-verify"]
 
 
-@pytest.fixture(scope="module")
-def good(tmp_path_factory):
-    out = tmp_path_factory.mktemp("loader")
-    assert main([*ARGS, "--out", str(out)]) == 0
-    (d,) = list(out.glob("profiles/event/join/*/*"))
-    return json.loads((d / "trace.json").read_text())
-
-
-@pytest.fixture
-def no_profiling(monkeypatch):
-    from app.runtime.profiling.event import EventMode
-
-    def boom(*a, **k):
-        raise AssertionError("profiling started before the baseline was checked")
-    monkeypatch.setattr(EventMode, "profile", boom)
-
-
 def test_every_real_profile_is_accepted():
     """The checks refuse damage, not a profile of this tool: every stored trace, of every mode, reads."""
     paths = [p for p in glob.glob(str(ROOT / "tests" / "data" / "**" / "*trace.json"), recursive=True)
