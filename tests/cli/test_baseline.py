@@ -304,3 +304,13 @@ def test_a_trace_is_read_as_utf8_whatever_the_locale(tmp_path):
     assert done.returncode == 0, done.stderr
     encoding, read, latest = json.loads(done.stdout)
     assert (read, latest) == (name, str(folder)), encoding
+
+
+def test_a_profile_without_a_total_time_says_why_it_cannot_be_compared(tmp_path, capsys, good, no_profiling):
+    """A counter-mode profile whose kernel time ncu did not report has total_elapsed_seconds null (its report
+    names the reading): compare, devlog and --baseline refuse it saying so, not as a damaged number."""
+    p = write(tmp_path, {**good, "total_elapsed_seconds": None})
+    assert main([*ARGS, "--out", str(tmp_path / "out"), "--baseline", str(p)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --baseline {p}: the profile has no total time (a reading it needs is missing: its report.md names "
+        "it), so there is nothing to compare or log; profile again")

@@ -91,6 +91,10 @@ def _check_shape(path, trace, what: str = "--baseline") -> None:
         if not isinstance(trace.get(key), str):
             _fail(path, f"field {key!r} is missing or not a string", what)
     total = trace.get("total_elapsed_seconds")
+    if total is None and "total_elapsed_seconds" in trace:
+        # a counter-mode profile with a kernel time ncu did not report: its report names the reading
+        _fail(path, "the profile has no total time (a reading it needs is missing: its report.md names it), so "
+                    "there is nothing to compare or log", what, "profile again")
     if not _finite(total) or total <= 0:
         _fail(path, f"total_elapsed_seconds={total!r} is not a finite positive number", what)
     stages = trace.get("stages")

@@ -14,6 +14,7 @@ from app.analysis.baseline import mismatch_of, other_backend, other_card, read_t
 from app.analysis.compare import DEFAULT_FLOOR, MIN_RUNS, compare_processes, regression
 from app.errors import BadParameter, OneLineParser
 from app.report.timing_text import host_pace_change
+from app.report.writer import finite_or_null
 
 
 def parser() -> OneLineParser:
@@ -124,16 +125,6 @@ def _side(paths: str, what: str) -> list[dict]:
     return [read_trace(path, what) for path in seen.values()]
 
 
-def _no_infinities(doc):
-    """``doc`` with every non-finite number as null: a pace of one run a side has no interval (its bounds are
-    infinite), and JSON has no infinity -- Python would write ``Infinity``, which JSON readers refuse."""
-    if isinstance(doc, dict):
-        return {k: _no_infinities(v) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [_no_infinities(v) for v in doc]
-    return None if isinstance(doc, float) and not math.isfinite(doc) else doc
-
-
 def run_compare(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if not (math.isfinite(args.floor) and args.floor >= 0):
@@ -159,7 +150,8 @@ def run_compare(argv: list[str]) -> int:
     result = compare_processes(bases, news, args.floor / 100)
     gate = regression(result, args.fail_on_regression)
     if args.json:
-        print(json.dumps(_no_infinities(result | {"warning": warning or None, "regression": gate}), indent=2))
+        # JSON has no NaN or infinity: a figure without one (no interval, say) is null
+        print(json.dumps(finite_or_null(result | {"warning": warning or None, "regression": gate}), indent=2))
     else:
         print(table(result, base, new, warning))
         if gate:

@@ -243,7 +243,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         card = ("the previous entry recorded no card (it was written before entries did) and its profile is not here "
                 "to read one from, so whether the two profiles ran on one machine is not known: " + MACHINES_CAVEAT)
     rows = [
-        ["Duration", _value(summary.get("duration_us"), " us"), duration_vs],
+        ["Duration", _value(summary.get("duration_us"), " us", 1, miss.get("duration_us")), duration_vs],
         ["Achieved TFLOP/s", _value(summary.get("achieved_tflops"), "", 4, miss.get("achieved_tflops")),
          _vs(summary.get("achieved_tflops"), prev.get("achieved_tflops"))],
         ["Achieved GB/s", _value(summary.get("achieved_gbps"), "", 1, miss.get("achieved_gbps")),
