@@ -24,6 +24,7 @@ from app.report.compare_command import run_compare
 # Each process is a whole profile of each revision, run in turns: a count past this is a typo, not a plan.
 MAX_PROCESSES = 100
 
+
 def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m app.kernel ab", allow_abbrev=False,
                       description="Profile one command at two git revisions of this checkout, in turns, in fresh "

@@ -67,6 +67,7 @@ def _parser(kernel: str | None) -> OneLineParser:
 # Local worker processes are started on this machine: thousands would exhaust it before a point ran.
 MAX_WORKERS = 256
 
+
 def _positive(text: str) -> int:
     try:
         n = int(text)
