@@ -5,7 +5,8 @@
 #
 # Enables persistence mode, locks the SM clock to one value (min = max) with
 # `nvidia-smi -lgc C,C` and the memory clock with `nvidia-smi -lmc M,M`, reads
-# both back and records the lock -- with the GPU's UUID -- in a JSON state file.
+# both back and records the lock -- with the GPU's UUID -- in a JSON state file of
+# that GPU (one per GPU: locking one GPU leaves another's record alone).
 # C is --clock if given, else the driver's default applications graphics clock
 # (clocks.default_applications.graphics), else the current applications clock.
 # M is the default applications memory clock, else the current applications
@@ -19,7 +20,9 @@
 # Environment:
 #   GPU              GPU index (default 0; --gpu wins)
 #   NVIDIA_SMI       nvidia-smi executable to use (default: nvidia-smi on PATH)
-#   APP_CLOCK_STATE  state file (default /tmp/app-kernel-clock-state.json)
+#   APP_CLOCK_STATE  state file name (default /tmp/app-kernel-clock-state.json); each GPU's
+#                    record is that name with the GPU's UUID before .json, e.g.
+#                    /tmp/app-kernel-clock-state.gpu-1904f39e-c822-6777-12c4-cc5de708684c.json
 #   SMI_TIMEOUT      seconds before a hanging nvidia-smi call is abandoned (default 30)
 #
 # The lock is recorded in the state file right after it is made; if that cannot
@@ -55,7 +58,6 @@ if [[ -n "$clock" ]]; then
 fi
 gpu=$((10#$gpu))
 
-state_file="${APP_CLOCK_STATE:-/tmp/app-kernel-clock-state.json}"
 smi_setup
 
 # smi_run KIND ARGS...: run nvidia-smi, output in $smi_out; on failure print one
@@ -120,6 +122,7 @@ if [[ ! "$uuid" =~ ^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]
     echo "$PROG: GPU $gpu (${name:-unknown}) reports no UUID ('${uuid}'); the lock could not be tied to this GPU, so nothing was changed" >&2
     exit 1
 fi
+state_file="$(state_file_for "$uuid")"     # this GPU's record
 
 if [[ -n "$clock" ]]; then
     target="$clock"; chosen_from="--clock"

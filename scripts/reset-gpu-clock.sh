@@ -6,13 +6,14 @@
 # Runs `nvidia-smi -i N -rgc` and `nvidia-smi -i N -rmc` (where the GPU does not
 # support memory clock locking there is nothing to reset, and it says so), turns
 # persistence mode off only when asked (--persistence-off; lock-gpu-clock.sh
-# turned it on), and removes the lock's JSON state file when it records this GPU
-# (by UUID; by index when the UUID cannot be read).
+# turned it on), and removes the lock records (this GPU's per-GPU file, or an older
+# single-record file) that record this GPU (by UUID; by index when the UUID cannot
+# be read). Other GPUs' records are left alone.
 #
 # Environment:
 #   GPU              GPU index (default 0; --gpu wins)
 #   NVIDIA_SMI       nvidia-smi executable to use (default: nvidia-smi on PATH)
-#   APP_CLOCK_STATE  state file (default /tmp/app-kernel-clock-state.json)
+#   APP_CLOCK_STATE  state file name (default /tmp/app-kernel-clock-state.json): see lock-gpu-clock.sh
 #   SMI_TIMEOUT      seconds before a hanging nvidia-smi call is abandoned (default 30)
 #
 # Exit status: 0 ok, 1 nvidia-smi failed or hung, 2 nvidia-smi not found, 64 bad usage.
@@ -39,7 +40,6 @@ done
 is_uint "$gpu" || die_usage "GPU index must be a non-negative integer, got '$gpu'"
 gpu=$((10#$gpu))
 
-state_file="${APP_CLOCK_STATE:-/tmp/app-kernel-clock-state.json}"
 smi_setup
 
 # change [--optional] ARGS...: a state-changing nvidia-smi call (printed only, under --dry-run);
@@ -78,8 +78,13 @@ if ((persistence_off)); then
     change -i "$gpu" -pm 0
 fi
 
-# The state file says clocks are locked; drop it once they are not (for this GPU).
-if [[ -e "$state_file" ]]; then
+# A record says clocks are locked; drop this GPU's once they are not. The records: an older
+# single-record file at $APP_CLOCK_STATE and one file per GPU (state_file_for), each checked.
+shopt -s nullglob
+records=("$state_base" "$state_stem".gpu-*.json)
+shopt -u nullglob
+for state_file in "${records[@]}"; do
+    [[ -e "$state_file" ]] || continue
     state_gpu="$(sed -n 's/.*"gpu"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$state_file" | head -n1)"
     state_uuid="$(sed -n 's/.*"uuid"[[:space:]]*:[[:space:]]*"\(GPU-[0-9a-fA-F-]*\)".*/\1/p' "$state_file" | head -n1)"
     if [[ -n "$state_uuid" && -n "$gpu_uuid" ]]; then
@@ -96,7 +101,7 @@ if [[ -e "$state_file" ]]; then
     else
         rm -f "$state_file"
     fi
-fi
+done
 if ((!dry_run)); then
     echo "$PROG: GPU $gpu clocks reset$( ((persistence_off)) && echo ', persistence mode off' || true)"
 fi

@@ -36,3 +36,11 @@ smi_try() {
 }
 
 first_line() { printf '%s\n' "$1" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' | grep -m1 -v '^$' || true; }
+
+# The lock records, one file per GPU named by its UUID: $APP_CLOCK_STATE (default
+# /tmp/app-kernel-clock-state.json) with the lower-case UUID before its .json, e.g.
+# /tmp/app-kernel-clock-state.gpu-1904f39e-....json, so locking one GPU never erases another's
+# record. A file at $APP_CLOCK_STATE itself is an older single record (one GPU): still read.
+state_base="${APP_CLOCK_STATE:-/tmp/app-kernel-clock-state.json}"
+state_stem="${state_base%.json}"
+state_file_for() { printf '%s.%s.json' "$state_stem" "${1,,}"; }

@@ -266,3 +266,18 @@ def test_a_bad_devlog_fails_before_the_profile_runs(in_repo, capsys, setup, devl
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0] and "pass --devlog FILE with a" in err[0], err
     assert not (in_repo / "out").exists()
+
+
+def test_a_clock_state_the_reading_cannot_tell_is_logged_as_unknown(in_repo):
+    """An entry says "clocks lock unknown" where the profile's clock reading could not tell (unreadable clocks),
+    never "clocks not locked"; the next entry still finds its device in that line."""
+    assert main(ARGS) == 0
+    (d,) = (in_repo / "out").glob("profiles/event/join/*/*")
+    params = json.loads((d / "params.json").read_text())
+    params["clocks"] = {"locked": None, "reason": "clocks-unreadable", "detail": "lock unknown: sm_mhz unreadable"}
+    (d / "params.json").write_text(json.dumps(params))
+    assert main(["devlog", str(d)]) == 0
+    text = (in_repo / "docs" / "kernels" / "join.md").read_text()
+    assert ", clocks lock unknown," in text and "clocks not locked" not in text
+    from app.report.devlog import PERFORMANCE_DEVICE
+    assert PERFORMANCE_DEVICE.search(text)

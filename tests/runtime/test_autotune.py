@@ -82,6 +82,27 @@ def test_a_cache_entry_that_no_longer_fits_the_plan_is_dropped_with_a_warning(mo
     assert entry is None and "unreadable" in why
 
 
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d.pop("measured_at"), "has no 'measured_at'"),
+    (lambda d: d.pop("method"), "has no 'method'"),
+    (lambda d: d.pop("best_total_seconds"), "has no 'best_total_seconds'"),
+    (lambda d: d.update(measured_at=None), "'measured_at' has the wrong type"),
+    (lambda d: d["best"]["bounds"].update(block=128.0), "no longer has"),       # a float is not the int 128
+    (lambda d: d["best"]["bounds"].update(block=True), "no longer has"),
+])
+def test_an_incomplete_or_inexact_cache_entry_is_dropped_with_a_warning(monkeypatch, capsys, change, fragment):
+    monkeypatch.setattr(autotune, "gpu_measure", lambda cls, params, sel: fake_timer([]))
+    autotune.resolve(JOIN(), GPU, autotune=True, retune=False, overrides=[])
+    path = autotune.cache_path(autotune.cache_key(JOIN(), GPU))
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+    capsys.readouterr()
+    tuned = autotune.resolve(JOIN(), GPU, autotune=False, retune=False, overrides=[])
+    assert tuned.tiling == JOIN().tiling and tuned.tiling_source["bounds"] == "defaults"
+    assert "autotune cache entry dropped" in (err := capsys.readouterr().err) and fragment in err, err
+
+
 def test_failing_or_wrong_configurations_are_recorded_never_chosen():
     def measure(tiling):
         if tiling["bounds"]["block"] == 128:

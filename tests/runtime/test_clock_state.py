@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.report.clock_text import clock_cell, throttle_note
-from app.runtime.clocks import STATE_FIELDS, TOLERANCE_MHZ, clock_report, read_state
+from app.report.clock_text import clock_cell, lock_word, throttle_note
+from app.runtime.clocks import STATE_FIELDS, TOLERANCE_MHZ, clock_report, read_state, state_path_for
 from tests import fake_smi
 from tests.fake_smi import UUID
 
@@ -43,7 +43,8 @@ def test_what_the_lock_script_really_writes_is_accepted_and_locked(smi, monkeypa
                        env={"PATH": "/usr/bin:/bin", "NVIDIA_SMI": str(smi["fake"]),
                             "FAKE_SMI_LOG": str(smi["tmp"] / "smi.log"), "APP_CLOCK_STATE": str(smi["state"])})
     assert r.returncode == 0, r.stderr
-    got, why = read_state(str(smi["state"]), UUID)
+    assert not smi["state"].exists()                              # the record is this GPU's own file
+    got, why = read_state(state_path_for(UUID), UUID)
     assert why is None and got["locked_sm_mhz"] == 1755 and got["locked_mem_mhz"] == 2619 and got["uuid"] == UUID
     report = clock_report("gpu", UUID, end=None)
     assert report["locked"] is True and report["reason"] == "locked", report["detail"]
@@ -60,6 +61,26 @@ def test_matching_uuid_and_clocks_is_locked(smi, capsys):
     cell = clock_cell(report)
     assert cell.startswith("locked at 1,755 MHz SM / 2,619 MHz mem (GPU-1904f39e… matches); SM 1,755 MHz")
     assert "no throttling" in cell
+
+
+def test_each_gpu_has_its_own_record_and_an_old_single_record_is_still_read(smi, monkeypatch):
+    env = {"PATH": "/usr/bin:/bin", "NVIDIA_SMI": str(smi["fake"]), "FAKE_SMI_LOG": str(smi["tmp"] / "smi.log"),
+           "APP_CLOCK_STATE": str(smi["state"])}
+    lock = ["bash", str(ROOT / "scripts" / "lock-gpu-clock.sh")]
+    assert subprocess.run(lock + ["--gpu", "0"], capture_output=True, env=env).returncode == 0
+    assert subprocess.run(lock + ["--gpu", "1"], capture_output=True, env=env | {"FAKE_SMI_UUID": OTHER}).returncode == 0
+    assert clock_report("gpu", UUID)["locked"] is True                 # GPU 1's lock did not erase GPU 0's
+    assert clock_report("gpu", OTHER)["locked"] is True
+    assert read_state(state_path_for(UUID), UUID)[0]["gpu"] == 0
+    assert read_state(state_path_for(OTHER), OTHER)[0]["gpu"] == 1
+    reset = ["bash", str(ROOT / "scripts" / "reset-gpu-clock.sh"), "--gpu", "1"]
+    assert subprocess.run(reset, capture_output=True, env=env | {"FAKE_SMI_UUID": OTHER}).returncode == 0
+    assert not (Path(state_path_for(OTHER))).exists() and Path(state_path_for(UUID)).exists()
+    Path(state_path_for(UUID)).unlink()
+    write_state(smi)                                                   # an older single-record file, for GPU 0
+    assert clock_report("gpu", UUID)["locked"] is True
+    report = clock_report("gpu", OTHER)
+    assert report["locked"] is False and report["reason"] == "other-gpu"
 
 
 def test_within_tolerance_is_still_locked(smi, monkeypatch):
@@ -81,9 +102,6 @@ def test_sm_lock_alone_is_locked_when_memory_was_not_locked(smi, monkeypatch):
     ({}, {"FAKE_SMI_SM": "345"}, UUID, "sm-mismatch", "SM clock lock at 1755 MHz"),        # stale: reset since
     ({}, {"FAKE_SMI_SM": "1739"}, UUID, "sm-mismatch", "reads 1739 MHz at start"),         # just past tolerance
     ({}, {"FAKE_SMI_MEM": "1593"}, UUID, "mem-mismatch", "memory clock lock at 2619 MHz"),
-    ({}, {"FAKE_SMI_SM": "[N/A]"}, UUID, "clocks-unreadable", "sm_mhz unreadable"),
-    ({}, {"FAKE_SMI_FAIL": "--format=csv,noheader,nounits"}, UUID, "clocks-unreadable", "could not be read"),
-    ({}, {"FAKE_SMI_UUID": "[N/A]"}, None, "uuid-unknown", "UUID could not be read"),
 ])
 def test_anything_else_is_not_locked_with_the_reason(smi, monkeypatch, capsys, changes, env, uuid, reason, fragment):
     write_state(smi, **changes)
@@ -97,6 +115,38 @@ def test_anything_else_is_not_locked_with_the_reason(smi, monkeypatch, capsys, c
     assert clock_cell(report).startswith("not locked (")
 
 
+@pytest.mark.parametrize("env, uuid, reason, fragment, cell", [
+    ({"FAKE_SMI_SM": "[N/A]"}, UUID, "clocks-unreadable", "sm_mhz unreadable",
+     "unknown (clocks unreadable: start: sm_mhz unreadable)"),
+    ({"FAKE_SMI_SM": "garbage"}, UUID, "clocks-unreadable", "sm_mhz unreadable",
+     "unknown (clocks unreadable: start: sm_mhz unreadable)"),
+    ({"FAKE_SMI_FAIL": "--format=csv,noheader,nounits"}, UUID, "clocks-unreadable", "could not be read",
+     "unknown (clocks unreadable: start: nvidia-smi: nvidia-smi failed"),
+    ({"FAKE_SMI_UUID": "[N/A]"}, None, "uuid-unknown", "UUID could not be read",
+     "unknown (this GPU's UUID is unreadable)"),
+])
+def test_an_unreadable_reading_is_unknown_never_not_locked(smi, monkeypatch, capsys, env, uuid, reason, fragment,
+                                                           cell):
+    from app.report.sections import device_section
+    write_state(smi)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    report = clock_report("gpu", uuid)
+    assert report["locked"] is None and report["reason"] == reason
+    assert json.loads(json.dumps(report))["locked"] is None              # params.json: "locked": null
+    assert fragment in report["detail"], report["detail"]
+    assert capsys.readouterr().err.startswith("warning: lock unknown")
+    assert clock_cell(report).startswith(cell), clock_cell(report)
+    assert "not locked" not in clock_cell(report)
+    trace = {"selected_runtime": "gpu", "requested_runtime": "gpu", "device": {},
+             "metadata": {"planner_selected_runtime": "gpu", "selection_reason": "asked",
+                          "nvtx": {"emitted": False, "ranges": 0, "domain": "app", "detail": "off"}}}
+    row = next(r for r in device_section(trace, {"clocks": report}).rows if r[0] == "clocks locked")
+    assert row[1].startswith("unknown (lock unknown: ")
+    old = dict(report, locked=False)                     # a record written before "locked" could be null
+    assert clock_cell(old).startswith(cell) and lock_word(old) == "unknown"
+
+
 def test_clocks_that_change_by_the_end_are_not_locked(smi):
     write_state(smi)
     start = clock_report("gpu", UUID)["start"]
@@ -108,11 +158,58 @@ def test_clocks_that_change_by_the_end_are_not_locked(smi):
     assert "sw_power_cap at the end" in throttle_note(report)
 
 
+def test_clocks_that_move_between_the_runs_are_not_locked(smi, capsys):
+    write_state(smi)
+    start = clock_report("gpu", UUID)["start"]
+    samples = {"n": 40, "sm_mhz": {"min": 345, "median": 1755, "max": 1980, "unread": 0},
+               "mem_mhz": {"min": 2619, "median": 2619, "max": 2619, "unread": 0}, "reasons_seen": ["gpu_idle"]}
+    report = clock_report("gpu", UUID, start=start, end=dict(start), samples=samples)
+    assert report["start"]["sm_mhz"] == report["end"]["sm_mhz"] == 1755
+    assert report["locked"] is False and report["reason"] == "sm-moved"
+    assert "clocks moved between runs: 345-1980 MHz SM" in report["detail"], report["detail"]
+    assert clock_cell(report).startswith("not locked (the SM clock moved between the timed runs)")
+    steady = dict(samples, sm_mhz={"min": 1755 - TOLERANCE_MHZ, "median": 1755, "max": 1755, "unread": 0})
+    assert clock_report("gpu", UUID, start=start, end=dict(start), samples=steady)["locked"] is True
+
+
 def test_no_file_means_not_locked_without_a_warning(smi, capsys, monkeypatch):
     report = clock_report("gpu", UUID)
     assert report["locked"] is False and report["reason"] == "no-lock" and "state" not in report
     assert capsys.readouterr().err == ""
     assert clock_cell(report) == "not locked; SM 345 MHz, mem 2,619 MHz, no throttling (other reasons: gpu_idle)"
+
+
+@pytest.mark.parametrize("state", [None, json.dumps({"locked": True}), json.dumps(GOOD | {"uuid": OTHER})])
+def test_clocks_the_gpu_reports_held_are_unknown_not_not_locked(smi, monkeypatch, capsys, state):
+    if state:
+        smi["state"].write_text(state)
+    monkeypatch.setenv("FAKE_SMI_SM", "1410")
+    monkeypatch.setenv("FAKE_SMI_REASONS", "0x0000000000000002")
+    report = clock_report("gpu", UUID)
+    assert report["locked"] is None and report["reason"] == "held-unrecorded"
+    assert "not locked by this tool's scripts" in report["detail"]
+    assert "held by an applications clocks setting" in report["detail"] and "1410 MHz" in report["detail"]
+    assert capsys.readouterr().err.startswith("warning: lock unknown")
+    assert clock_cell(report).startswith("unknown (not locked by this tool's scripts; the GPU reports its clocks "
+                                         "held by an applications clocks setting (someone else's lock?)); SM 1,410")
+    assert lock_word(report) == "unknown"
+
+
+def test_a_lock_at_the_max_clock_cannot_be_confirmed(smi, monkeypatch, capsys):
+    """lock-gpu-clock.sh --clock 1980 (the max), then someone's nvidia-smi -rgc: boosting reads like the lock."""
+    env = {"PATH": "/usr/bin:/bin", "NVIDIA_SMI": str(smi["fake"]), "FAKE_SMI_LOG": str(smi["tmp"] / "smi.log"),
+           "APP_CLOCK_STATE": str(smi["state"])}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "lock-gpu-clock.sh"), "--clock", "1980"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    subprocess.run([str(smi["fake"]), "-rgc"], check=True, env=env)
+    monkeypatch.setenv("FAKE_SMI_SM", "1980")                    # boosting to its max
+    report = clock_report("gpu", UUID)
+    assert report["locked"] is None and report["reason"] == "locked-unconfirmed"
+    assert "a GPU whose lock was undone and that boosts to its max reads the same" in report["detail"]
+    assert clock_cell(report).startswith(
+        "locked (recorded; the reading is consistent but cannot confirm it at the max clock); SM 1,980 MHz")
+    assert lock_word(report) == "unknown"
 
 
 def test_cpu_runs_have_no_clocks(smi):
@@ -125,7 +222,7 @@ def test_no_clock_source_is_said_not_invented(smi, monkeypatch, tmp_path):
     monkeypatch.setenv("NVIDIA_SMI", str(tmp_path / "missing"))
     write_state(smi)
     report = clock_report("gpu", UUID)
-    assert report["locked"] is False and report["reason"] == "clocks-unreadable"
+    assert report["locked"] is None and report["reason"] == "clocks-unreadable"
     assert report["start"] == {"available": False, "why": report["start"]["why"]}
     assert "nvidia-smi not found" in report["start"]["why"]
     assert "clocks n/a (nvidia-smi: nvidia-smi not found" in clock_cell(report)

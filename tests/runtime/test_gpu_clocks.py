@@ -31,6 +31,8 @@ def smi(tmp_path, monkeypatch):
     (0x10 | 0x100, ["sync_boost", "display_clock_setting"], False),
     (0x1 | 0x1000, ["gpu_idle", "unknown_0x1000"], False),
     (None, None, None),
+    (-1, None, None),                                   # not a real mask: unreadable, never every reason
+    (1.5, None, None),
 ])
 def test_reasons_bitmask(mask, names, throttled):
     assert decode_reasons(mask) == (names, throttled)
@@ -54,10 +56,26 @@ def test_snapshot_from_nvidia_smi(smi, monkeypatch):
 
 def test_older_drivers_name_the_reasons_field_differently(smi, monkeypatch):
     monkeypatch.setenv("FAKE_SMI_OLD_DRIVER", "1")
-    snap = snapshot(None)
+    snap = snapshot(UUID)
     assert snap["available"] and snap["reasons"] == ["gpu_idle"]
     calls = [json.loads(line) for line in smi.read_text().splitlines()]
-    assert calls[0][:2] == ["-i", "0"] and "clocks_throttle_reasons.active" in calls[-1][2]
+    assert calls[0][:2] == ["-i", UUID] and "clocks_throttle_reasons.active" in calls[-1][2]
+
+
+def test_without_a_uuid_no_gpu_is_read_by_index(smi, monkeypatch, tmp_path):
+    from app.runtime.clocks import clock_report
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setenv("APP_CLOCK_STATE", str(tmp_path / "clock.json"))
+    snap = snapshot(None)
+    assert snap["available"] is False and "UUID is unknown" in snap["why"]
+    report = clock_report("gpu", None)
+    assert report["locked"] is None and report["start"]["available"] is False
+    assert "UUID is unknown" in report["detail"], report["detail"]
+    assert not smi.exists() or smi.read_text() == ""            # nvidia-smi -i 0 was never asked
+    nv = fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setenv("APP_GPU_CLOCKS", "nvml")
+    assert snapshot(None)["available"] is False and ("index", 0) not in nv.calls
 
 
 def test_unreadable_fields_are_none_never_zero(smi, monkeypatch):
@@ -70,6 +88,23 @@ def test_unreadable_fields_are_none_never_zero(smi, monkeypatch):
     assert snap["unreadable"] == ["mem_mhz", "app_sm_mhz", "reasons"]
     cell = clock_cell({"locked": False, "reason": "no-lock", "start": snap})
     assert "mem n/a (mem_mhz unreadable) MHz" in cell and "throttling n/a (reasons unreadable)" in cell
+
+
+@pytest.mark.parametrize("value", ["inf", "1e999", "-inf", "nan", "garbage"])
+def test_absurd_numbers_are_unreadable_never_a_crash(smi, monkeypatch, value):
+    monkeypatch.setenv("FAKE_SMI_SM", value)
+    monkeypatch.setenv("FAKE_SMI_MAX", value)
+    snap = snapshot(UUID)
+    assert snap["available"] and snap["sm_mhz"] is None and snap["max_sm_mhz"] is None
+    assert snap["unreadable"] == ["sm_mhz", "max_sm_mhz"]
+
+
+@pytest.mark.parametrize("value", ["-1", "-0x1", "1.5", "0x1.8"])
+def test_a_negative_or_non_integer_reason_mask_is_unreadable(smi, monkeypatch, value):
+    monkeypatch.setenv("FAKE_SMI_REASONS", value)
+    snap = snapshot(UUID)
+    assert snap["reasons"] is None and snap["reasons_mask"] is None and snap["throttled"] is None
+    assert snap["unreadable"] == ["reasons"]
 
 
 def test_failing_or_missing_nvidia_smi_is_unavailable(smi, monkeypatch, tmp_path):
@@ -129,6 +164,13 @@ def test_snapshot_from_nvml_decoding(monkeypatch):
     assert snap["app_mem_mhz"] is None and snap["unreadable"] == ["app_mem_mhz"]     # not supported: not zero
     assert snap["reasons"] == ["gpu_idle", "sw_thermal_slowdown"] and snap["throttled"] is True
     assert nv.calls[0] == "init" and ("uuid", UUID) in nv.calls and nv.calls[-1] == "shutdown"
+
+
+def test_a_negative_nvml_reason_mask_is_unreadable(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(mask=-1))
+    monkeypatch.setenv("APP_GPU_CLOCKS", "nvml")
+    snap = snapshot(UUID)
+    assert snap["reasons"] is None and snap["reasons_mask"] is None and "reasons" in snap["unreadable"]
 
 
 def test_nvml_missing_falls_back_to_nvidia_smi(smi, monkeypatch):
@@ -202,11 +244,11 @@ def test_real_gpu_clocks(monkeypatch):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (pip install -e '.[nvml]')")
     monkeypatch.setenv("APP_GPU_CLOCKS", "nvml")
     _, _, info = probe_gpu()
-    snap = snapshot(info.get("uuid"))
+    assert info.get("uuid"), f"no UUID from probe_gpu: clocks are not read without one ({info})"
+    snap = snapshot(info["uuid"])
     assert snap["available"], snap
     assert snap["source"] == "nvml" and snap["uuid"].startswith("GPU-")
-    if info.get("uuid"):
-        assert snap["uuid"].lower() == info["uuid"].lower()
+    assert snap["uuid"].lower() == info["uuid"].lower()
     assert 0 < snap["sm_mhz"] <= snap["max_sm_mhz"]
     assert 0 < snap["mem_mhz"] <= snap["max_mem_mhz"]
     assert isinstance(snap["reasons"], list) and isinstance(snap["throttled"], bool)

@@ -35,7 +35,9 @@ def smi(tmp_path: Path) -> dict:
         FAKE_SMI_LOG=str(log),
         APP_CLOCK_STATE=str(tmp_path / "state" / "clock.json"),
     )
-    return {"env": env, "log": log, "state": tmp_path / "state" / "clock.json"}
+    # "state": GPU UUID's own record (one file per GPU); "base": APP_CLOCK_STATE, where an older single record sat
+    return {"env": env, "log": log, "state": tmp_path / "state" / f"clock.{UUID.lower()}.json",
+            "base": tmp_path / "state" / "clock.json"}
 
 
 def run(script: Path, smi: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -315,7 +317,7 @@ def test_state_file_is_not_written_through_a_planted_link(smi, tmp_path):
     victim.write_text("precious")
     smi["state"].parent.mkdir(parents=True, exist_ok=True)
     for pid in range(os.getpid(), os.getpid() + 200):   # the old predictable temp names
-        (smi["state"].parent / f"clock.json.tmp.{pid}").symlink_to(victim)
+        (smi["state"].parent / f"{smi['state'].name}.tmp.{pid}").symlink_to(victim)
     assert run(LOCK, smi).returncode == 0
     assert victim.read_text() == "precious"
     assert json.loads(smi["state"].read_text())["by"] == "scripts/lock-gpu-clock.sh"

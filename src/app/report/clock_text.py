@@ -10,11 +10,29 @@ from app.runtime.gpu_clocks import THROTTLING
 NOT_LOCKED = {
     "no-lock": "not locked",
     "state-ignored": "not locked (lock file ignored)",
-    "uuid-unknown": "not locked (this GPU's UUID is unreadable)",
-    "clocks-unreadable": "not locked (clocks unreadable, lock unconfirmed)",
     "sm-mismatch": "not locked (the SM clock no longer matches the recorded lock)",
     "mem-mismatch": "not locked (the memory clock no longer matches the recorded lock)",
+    "sm-moved": "not locked (the SM clock moved between the timed runs)",
+    "mem-moved": "not locked (the memory clock moved between the timed runs)",
 }
+
+
+# Reasons whose reading cannot tell: unknown even in records written before ``locked`` could be None.
+UNKNOWN_REASONS = frozenset({"uuid-unknown", "clocks-unreadable"})
+
+
+def lock_known(clocks: dict | None) -> bool | None:
+    """True (locked), False (not locked) or None (unknown: the reading cannot tell) for a ``clocks`` block."""
+    clocks = clocks or {}
+    locked = clocks.get("locked")
+    if locked is None or clocks.get("reason") in UNKNOWN_REASONS:
+        return None
+    return bool(locked)
+
+
+def lock_word(clocks: dict | None) -> str:
+    """"yes", "no" or "unknown": whether the clocks were locked, as the reading supports it."""
+    return {True: "yes", False: "no", None: "unknown"}[lock_known(clocks)]
 
 
 def _short(uuid: str | None) -> str:
@@ -31,6 +49,8 @@ def _snaps(clocks: dict) -> list[tuple[str, dict]]:
 
 
 def _status(clocks: dict) -> str:
+    if lock_known(clocks) is None:
+        return _unknown(clocks)
     if clocks.get("locked"):
         st = clocks.get("state") or {}
         mem = (f" / {st['locked_mem_mhz']:,} MHz mem" if st.get("locked_mem_mhz") is not None
@@ -40,6 +60,29 @@ def _status(clocks: dict) -> str:
     if reason == "other-gpu":
         return f"not locked (the lock file is for {_short((clocks.get('state') or {}).get('uuid'))})"
     return NOT_LOCKED.get(reason, "not locked")
+
+
+def _unknown(clocks: dict) -> str:
+    """The cell's status when the reading cannot tell whether the clocks were locked."""
+    reason = clocks.get("reason")
+    if reason == "uuid-unknown":
+        return "unknown (this GPU's UUID is unreadable)"
+    if reason == "clocks-unreadable":
+        whys = []
+        for label, s in _snaps(clocks):
+            if not s.get("available"):
+                whys.append(f"{label}: {s.get('why', 'no snapshot')}")
+            elif s.get("unreadable"):
+                whys.append(f"{label}: {', '.join(s['unreadable'])} unreadable")
+        return f"unknown (clocks unreadable: {'; '.join(whys) or 'no snapshot'})"
+    if reason == "locked-unconfirmed":
+        return "locked (recorded; the reading is consistent but cannot confirm it at the max clock)"
+    if reason == "held-unrecorded":
+        return ("unknown (not locked by this tool's scripts; the GPU reports its clocks held by an applications "
+                "clocks setting (someone else's lock?))")
+    if reason == "no-lock-unread":
+        return "unknown (no lock recorded, and the clocks are unreadable)"
+    return f"unknown ({clocks.get('detail') or 'no reason recorded'})"
 
 
 def _clock_range(snaps: list[tuple[str, dict]], field: str, label: str, samples: dict | None, key: str) -> str:

@@ -23,12 +23,13 @@ import jinja2
 from app.analysis.baseline import MACHINES_CAVEAT, backend_of, other_card, read_trace
 from app.analysis.compare import machine_caution, pace_samples, samples_change, samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
+from app.report.clock_text import lock_known
 from app.report.timing_text import pace_change_text
 from app.report.writer import first_existing
 
 MARKER = re.compile(r"<!-- app-kernel devlog entry (\{.*?\}) -->")
 # The device an entry names in its Performance line, for entries whose marker predates the device field.
-PERFORMANCE_DEVICE = re.compile(r"\*\*Performance\*\* \((.+?), clocks (?:not )?locked,")
+PERFORMANCE_DEVICE = re.compile(r"\*\*Performance\*\* \((.+?), clocks (?:not locked|locked|lock unknown),")
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                           trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
@@ -257,7 +258,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     block = _ENV.get_template("devlog.md.j2").render(
         date=time.strftime("%Y-%m-%d", time.gmtime()), kernel=trace["kernel"], version=trace["version"],
         mode=trace.get("mode"), device=device,
-        clocks="clocks locked" if clocks.get("locked") else "clocks not locked",
+        clocks={True: "clocks locked", False: "clocks not locked"}.get(lock_known(clocks), "clocks lock unknown"),
         params=", ".join(f"{k}={v}" for k, v in (trace.get("metadata", {}).get("params") or {}).items()),
         rows=rows, bottleneck=summary.get("bottleneck") or "n/a", issues=summary.get("issues") or [],
         insights=summary.get("insights") or [], profile=key, previous=prev.get("key"),

@@ -2,6 +2,7 @@
 verification against the oracle, and the device the plan ran on."""
 from __future__ import annotations
 
+from app.report.clock_text import lock_word
 from app.report.markdown import Section, fmt
 
 TRANSFER_KEYS = ("h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs", "allocation_size_reads",
@@ -37,7 +38,7 @@ def device_section(trace: dict, params_json: dict) -> Section:
             ["why", trace["metadata"]["selection_reason"]]]
     rows += [[k, fmt(v)] for k, v in trace["device"].items() if k != "name" and v is not None]
     clocks = params_json.get("clocks", {})
-    rows.append(["clocks locked", f"{'yes' if clocks.get('locked') else 'no'} ({clocks.get('detail', '')})"])
+    rows.append(["clocks locked", f"{lock_word(clocks)} ({clocks.get('detail') or 'no clock record'})"])
     if trace["metadata"].get("compile_options"):
         rows.append(["kernel compile options", " ".join(trace["metadata"]["compile_options"])])
     nv = trace["metadata"]["nvtx"]

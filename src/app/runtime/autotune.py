@@ -93,9 +93,24 @@ def load(key: dict, plan_cls) -> tuple[dict | None, str | None]:
         return None, f"{path} was searched with other kernel sources"
     for stage, tiling in best.items():
         if stage not in stages or not isinstance(tiling, dict) or any(
-                k not in stages[stage] or v not in stages[stage][k] for k, v in tiling.items()):
+                k not in stages[stage] or not _offered(v, stages[stage][k]) for k, v in tiling.items()):
             return None, f"{path} names a stage or value {plan_cls.kernel} {plan_cls.version} no longer has"
+    for field, kinds in REQUIRED.items():
+        if field not in doc:
+            return None, f"{path} has no {field!r}"
+        if not isinstance(doc[field], kinds) or isinstance(doc[field], bool):
+            return None, f"{path}: {field!r} has the wrong type"
     return doc, None
+
+
+# What resolve() and tiling_files() read from an entry besides "best": one missing is a dropped entry, not a crash.
+REQUIRED = {"measured_at": str, "method": str, "default_total_seconds": (int, float),
+            "best_total_seconds": (int, float), "history": dict}
+
+
+def _offered(value, choices) -> bool:
+    """Exactly one of the values the stage offers: 128.0 or True is not the int 128 or 1."""
+    return any(type(value) is type(c) and value == c for c in choices)
 
 
 def save(key: dict, doc: dict) -> Path:

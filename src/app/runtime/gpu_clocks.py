@@ -2,7 +2,8 @@
 
 ``snapshot(uuid)`` reads the current, applications and maximum SM and memory clocks
 and the clock-event ("throttle") reasons of one GPU, named by its UUID (CUDA's
-device 0 when the caller knows it). NVML (``pynvml``, the ``nvidia-ml-py``
+device 0 when the caller knows it; without a UUID nothing is read, since an index
+may name another GPU). NVML (``pynvml``, the ``nvidia-ml-py``
 package) is tried first, ``nvidia-smi`` second (``NVIDIA_SMI`` names it, else
 PATH; every call has a timeout). ``APP_GPU_CLOCKS=nvml|nvidia-smi`` forces one
 source. A value that could not be read is ``None``, never a made-up zero.
@@ -15,6 +16,7 @@ Nothing here ever changes a clock: no NVML setter is called.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -51,8 +53,9 @@ SMI_REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.act
 
 
 def decode_reasons(mask: int | None) -> tuple[list[str] | None, bool | None]:
-    """(reason names, throttled) for a clock-event reason bitmask; (None, None) when unread."""
-    if mask is None:
+    """(reason names, throttled) for a clock-event reason bitmask; (None, None) when unread, negative or
+    not an integer (no real mask is: decoding one would name every reason)."""
+    if mask is None or isinstance(mask, bool) or not isinstance(mask, int) or mask < 0:
         return None, None
     names = [name for bit, name in REASON_BITS if mask & bit]
     known = 0
@@ -69,6 +72,8 @@ def _now() -> str:
 
 def _snapshot_doc(source: str, uuid, name, values: dict, mask) -> dict:
     reasons, throttled = decode_reasons(mask)
+    if reasons is None:
+        mask = None                             # negative or not an integer: unreadable, not decoded
     doc = {"available": True, "source": source, "at": _now(), "uuid": uuid, "name": name}
     doc |= {f: values.get(f) for f in FIELDS}
     doc |= {"reasons": reasons, "reasons_mask": None if mask is None else f"0x{mask:x}", "throttled": throttled}
@@ -113,12 +118,15 @@ def _pynvml():
 
 
 class _Nvml:
-    """One nvmlInit .. nvmlShutdown, and the handle of the GPU named by ``uuid`` (else index 0)."""
+    """One nvmlInit .. nvmlShutdown, and the handle of the GPU named by ``uuid`` (none without one)."""
 
     def __init__(self, uuid: str | None):
         self.uuid = uuid
         self.nv, self.why = _pynvml()
         self.handle = None
+        if not uuid:
+            self.nv, self.why = None, NO_UUID
+            return
         if self.nv is None:
             return
         try:
@@ -130,11 +138,9 @@ class _Nvml:
             self.handle = self._handle(uuid)
         except Exception as exc:  # noqa: BLE001
             self.close()
-            self.why = f"no NVML device {uuid or 'index 0'} ({_err(exc)})"
+            self.why = f"no NVML device {uuid} ({_err(exc)})"
 
     def _handle(self, uuid):
-        if not uuid:
-            return self.nv.nvmlDeviceGetHandleByIndex(0)
         try:
             return self.nv.nvmlDeviceGetHandleByUUID(uuid)
         except TypeError:                      # older pynvml wants bytes
@@ -162,8 +168,10 @@ class _Nvml:
     def reasons(self):
         for fn in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
             v = self.read(fn)
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                return v
             if v is not None:
-                return int(v)
+                return None                    # negative or not an integer: unreadable
         return None
 
     def clock(self, fn: str, which: str):
@@ -203,21 +211,23 @@ def smi_path() -> str | None:
 
 
 def _uint(text: str):
-    """A CSV field as MHz, or None for [N/A], [Not Supported], empty, ..."""
+    """A CSV field as MHz, or None for [N/A], [Not Supported], empty, inf, nan, 1e999, ..."""
     v = text.strip()
     try:
         f = float(v)
     except ValueError:
         return None
-    return int(f) if f > 0 else None
+    return int(f) if math.isfinite(f) and f > 0 else None
 
 
 def _mask(text: str):
+    """A reason bitmask, or None when unreadable: not an integer, or negative."""
     v = text.strip()
     try:
-        return int(v, 16) if v.lower().startswith("0x") else int(v)
+        mask = int(v, 16) if v.lower().startswith("0x") else int(v)
     except ValueError:
         return None
+    return mask if mask >= 0 else None
 
 
 def parse_smi_line(line: str) -> tuple[str | None, dict, int | None, str | None]:
@@ -231,7 +241,13 @@ def parse_smi_line(line: str) -> tuple[str | None, dict, int | None, str | None]
     return uuid, values, _mask(parts[7]), name
 
 
+NO_UUID = ("this GPU's UUID is unknown, and without it no GPU is read: an nvidia-smi/NVML index may name another "
+           "GPU than CUDA's device (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER)")
+
+
 def _read_smi(uuid):
+    if not uuid:
+        return None, NO_UUID
     smi = smi_path()
     if not smi:
         return None, "nvidia-smi not found (set NVIDIA_SMI or put it on PATH)"
@@ -239,7 +255,7 @@ def _read_smi(uuid):
     for reason_field in SMI_REASON_FIELDS:
         query = ",".join(SMI_QUERY).replace("{reasons}", reason_field)
         try:
-            out = subprocess.run([smi, "-i", uuid or "0", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            out = subprocess.run([smi, "-i", uuid, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
                                  capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return None, f"nvidia-smi did not answer within {SMI_TIMEOUT_S} s"
