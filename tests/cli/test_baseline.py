@@ -124,11 +124,13 @@ def test_timing_samples_must_be_finite_numbers(tmp_path, good, samples):
     doc = dict(good)
     doc["stages"] = [dict(good["stages"][0], spread={**good["stages"][0]["spread"], "samples": samples})]
     p = write(tmp_path, doc)
-    with pytest.raises(BadParameter, match=f"^--baseline {p}: its timing samples are not a list of finite "
-                                           "non-negative numbers"):
+    name = good["stages"][0]["name"]
+    with pytest.raises(BadParameter, match=f"^--baseline {p}: the timing samples of stage '{name}' are not a list "
+                                           "of finite non-negative numbers; the trace is damaged: profile again"):
         read_trace(str(p))
     whole = dict(good, timing={**good["timing"], "total": {**good["timing"]["total"], "samples": samples}})
-    with pytest.raises(BadParameter, match="timing samples are not a list of finite non-negative numbers"):
+    with pytest.raises(BadParameter, match="the timing samples of the whole plan are not a list of finite "
+                                           "non-negative numbers"):
         read_trace(str(write(tmp_path, whole, "whole.json")))
     assert read_trace(str(write(tmp_path, good, "ok.json")))["kernel"] == "join"
     folder = tmp_path / "profile"
@@ -314,3 +316,16 @@ def test_a_profile_without_a_total_time_says_why_it_cannot_be_compared(tmp_path,
     assert capsys.readouterr().err.strip() == (
         f"error: --baseline {p}: the profile has no total time (a reading it needs is missing: its report.md names "
         "it), so there is nothing to compare or log; profile again")
+
+
+def test_each_damaged_field_is_named_to_the_command_that_read_it(tmp_path, good):
+    """The refusal names the reader (devlog here, not --baseline), the field and its value."""
+    from app.analysis.baseline import read_trace
+    from app.errors import BadParameter
+
+    p = write(tmp_path, {**good, "stages": "none"})
+    with pytest.raises(BadParameter, match=f"^devlog {p}: field 'stages' is missing or not a list of stages; "):
+        read_trace(str(p), "devlog")
+    p = write(tmp_path, {**good, "timing": {**good["timing"], "total": 5}}, "total.json")
+    with pytest.raises(BadParameter, match=f"^devlog {p}: field 'timing.total' is 5, not an object; "):
+        read_trace(str(p), "devlog")

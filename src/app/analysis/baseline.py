@@ -122,7 +122,7 @@ def _check_shape(path, trace, what: str = "--baseline") -> None:
             _fail(path, f"the spread of {whose} is {_shown(sp)}, not an object", what, DAMAGED)
         samples = (sp or {}).get("samples")
         if samples is not None and not (isinstance(samples, list) and all(_finite(v) and v >= 0 for v in samples)):
-            _fail(path, "its timing samples are not a list of finite non-negative numbers", what, DAMAGED)
+            _fail(path, f"the timing samples of {whose} are not a list of finite non-negative numbers", what, DAMAGED)
         if samples and sorted(samples)[len(samples) // 2] == 0:          # the median is 0: no time to compare
             _fail(path, f"the timing samples of {whose} have a median of 0 s", what, DAMAGED)
     for key in ("host_pace", "launch_pace"):
