@@ -138,3 +138,27 @@ def test_tiling_reaches_the_worker_and_the_profile(tmp_path):
                  "--tiling", "bounds.block=128", "--out", str(out), "--worker", str(tmp_path / "w.json"),
                  "--worker-tiling", json.dumps(plan.tiling)]) == 0
     assert json.loads((tmp_path / "w.json").read_text())["tiling"]["bounds"] == {"block": 128}
+
+
+def test_the_cache_follows_the_launch_code_and_the_kernels_own_headers(tmp_path):
+    """A tiling searched with other launch code (gpu.py chooses grids) or another kernel header is not this code's:
+    the hash that keys the cache changes with either."""
+    import shutil
+    from pathlib import Path
+
+    from app.kernel.plan import get_plan_class
+    from app.runtime.autotune import sources_hash
+
+    src = Path(__file__).resolve().parents[2] / "src" / "app" / "kernel"
+    copy = tmp_path / "kernel"
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    plan_cls = get_plan_class("join", "v4")
+    first = sources_hash(plan_cls, copy)
+    assert first == sources_hash(plan_cls) and first == sources_hash(plan_cls, copy)
+    (copy / "join" / "gpu.py").write_text((copy / "join" / "gpu.py").read_text() + "\n# another grid choice\n")
+    second = sources_hash(plan_cls, copy)
+    (copy / "join" / "extra.cuh").write_text("// a header of the join's own\n")
+    third = sources_hash(plan_cls, copy)
+    assert len({first, second, third}) == 3
+    (copy / "overlay" / "gpu.py").write_text("# another kernel's launch code\n")
+    assert sources_hash(plan_cls, copy) == third                  # another kernel's code leaves the join's cache be

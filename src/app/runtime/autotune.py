@@ -36,15 +36,17 @@ def cache_key(plan, selection) -> dict:
             "model": selection.device_name, "driver": info.get("driver_version"), "params": plan.params}
 
 
-def sources_hash(plan_cls) -> str:
-    """Of the CUDA sources the plan's GPU kernels are built from: a cached tiling found for other sources
-    may no longer build or be best, so it is dropped (with a warning) rather than trusted."""
-    kernel_dir = Path(__file__).resolve().parents[1] / "kernel"
-    files = sorted(kernel_dir.glob("*.cu")) + sorted(kernel_dir.glob("*.cuh")) + \
-        sorted((kernel_dir / plan_cls.kernel).glob("*.cu"))
+def sources_hash(plan_cls, kernel_dir: Path | None = None) -> str:
+    """Of the code the plan's GPU kernels are built and launched from -- the CUDA sources and headers, shared and
+    the kernel's own, and the kernel's gpu.py, which chooses grids and launches them: a cached tiling found for
+    other code may no longer build or be best, so it is dropped (with a warning) rather than trusted."""
+    kernel_dir = kernel_dir or Path(__file__).resolve().parents[1] / "kernel"
+    own = kernel_dir / plan_cls.kernel
+    files = [f for d in (kernel_dir, own) for pattern in ("*.cu", "*.cuh") for f in sorted(d.glob(pattern))]
+    files += [own / "gpu.py"] if (own / "gpu.py").is_file() else []
     h = hashlib.sha1()
     for f in files:
-        h.update(f.read_bytes())
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
