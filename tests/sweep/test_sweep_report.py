@@ -54,7 +54,23 @@ def test_a_grid_over_names_fits_the_numeric_axes_and_says_which_it_skipped():
     frame = frame_of([point(v, {"layout": lay}, 10.0 * (i + 1)) for i, v in enumerate(("v1", "v2"))
                       for lay in only_names["layout"]], ["layout"])
     report = sweep_files(SweepSpec("join", ["v1", "v2"], only_names), frame, STAGES, RUN)["report.md"]
-    assert "No axis of this grid is numeric: no growth to fit." in report
+    assert "No axis of this grid is numeric and a size: no growth to fit." in report
+
+
+def test_a_seed_is_no_size_and_gets_no_exponent():
+    """A numeric axis the plan needs no more memory for (a seed) is told apart from a size: no growth is fitted
+    along it (a slope against the seed's logarithm would describe no scaling), and the fits along the size take
+    one intercept per seed."""
+    axes = {"points": [1000, 2000, 4000], "seed": [1, 2]}
+    rows = [point(v, {"points": p, "seed": sd}, k * p * (1.1 if sd == 2 else 1.0))
+            for v, k in (("v1", 1.0), ("v2", 1.5)) for p in axes["points"] for sd in axes["seed"]]
+    frame = frame_of(rows, list(axes))
+    report = sweep_files(SweepSpec("join", ["v1", "v2"], axes, {}, "event", "cpu", 6, 0, "flush"), frame, STAGES,
+                         RUN)["report.md"]
+    assert "- seed is not a size (the plan needs no more memory at its largest value than at its smallest): no growth " \
+           "is fitted along it" in report
+    assert "| v1 | seed |" not in report and "in seed" not in report
+    assert "- v1: end-to-end time grows as n^1.00 in points" in report
 
 
 @pytest.mark.parametrize("axis", ["points", "seed"])

@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from app.kernel.plan import human, same_cpu_code
+from app.kernel.plan import get_plan_class, human, same_cpu_code
 from app.sweep.plots import scaling_png, speedup_png
 from app.runtime.stats import MIN_CI_SAMPLES, STABLE_REL_SPREAD
 from app.sweep.scaling import FASTER_THAN_MODEL, best_per_size, crossovers, exponents, numeric_axes, usable
@@ -58,7 +58,7 @@ def sweep_files(spec, frame: pd.DataFrame, stages: list[str], runs: list[dict]) 
         return {"report.md": "\n".join(lines)}
     lines += _best(frame, axes, versions)
     lines += _crossovers(frame, axes, versions)
-    lines += _exponents(frame, axes, versions, stages)
+    lines += _exponents(frame, axes, versions, stages, _not_sizes(spec, axes))
     for name, png in (("scaling.png", scaling_png(frame, axes, versions, stages, title)),
                       ("speedup.png", speedup_png(frame, axes, versions, title))):
         if png is not None:
@@ -212,13 +212,35 @@ def _not_numeric(frame, axes, what: str) -> list[str]:
     return [f"- {a} is not numeric: {what}." for a in axes if a not in numeric_axes(frame, axes)]
 
 
-def _exponents(frame, axes, versions, stages) -> list[str]:
-    fits = exponents(frame, axes, versions, stages)
-    if not numeric_axes(frame, axes):
-        return ["## Scaling exponents", "", "No axis of this grid is numeric: no growth to fit.", ""]
+def _not_sizes(spec, axes) -> list[str]:
+    """The numeric axes the plan's work does not grow with (a seed): a slope along one describes no scaling. An axis
+    is a size where its largest value needs more memory than its smallest (the plan's own footprint estimate, the
+    one that refuses sizes that do not fit)."""
+    plan_cls = get_plan_class(spec.kernel, spec.versions[0])
+    base = {**spec.fixed, **{a: vals[0] for a, vals in spec.axes.items()}}
+    out = []
+    for a in axes:
+        vals = [v for v in spec.axes[a] if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(vals) < 2:
+            continue
+        low, high = (plan_cls({**base, a: v}).footprint() for v in (min(vals), max(vals)))
+        if low is not None and high is not None and \
+                high.host_bytes + high.device_bytes <= low.host_bytes + low.device_bytes:
+            out.append(a)
+    return out
+
+
+def _exponents(frame, axes, versions, stages, not_sizes=()) -> list[str]:
+    sizes = [f"- {a} is not a size (the plan needs no more memory at its largest value than at its smallest): "
+             "no growth is fitted along it; the fits along the other axes take one intercept per value of it."
+             for a in not_sizes]
+    fits = exponents(frame, axes, versions, stages, not_sizes)
+    if not [a for a in numeric_axes(frame, axes) if a not in not_sizes]:
+        return ["## Scaling exponents", "", "No axis of this grid is numeric and a size: no growth to fit.", ""] \
+            + sizes + ([""] if sizes else [])
     if not fits:
         return ["## Scaling exponents", "", "Nothing to fit: a growth needs two or more values above 0 of an axis, "
-                "with `ok` points at each.", ""]
+                "with `ok` points at each.", ""] + sizes + ([""] if sizes else [])
     out = ["## Scaling exponents", "",
            "Time grows as n^b along each axis (the other axes held fixed). b is a least-squares log-log slope "
            "over all sizes, with its 95% interval; \"top\" is the slope between the two largest sizes, where "
@@ -235,7 +257,7 @@ def _exponents(frame, axes, versions, stages) -> list[str]:
                        + (f" (n^{f['top_slope']:.2f} at the top of the range)" if f["top_slope"] is not None else "")
                        + "." for f in headline]
     skipped = _not_numeric(frame, axes, "no growth is fitted along it; the fits along the other axes take one "
-                                        "intercept per value of it")
+                                        "intercept per value of it") + sizes
     return out + [""] + (skipped + [""] if skipped else [])
 
 

@@ -88,13 +88,16 @@ def _top_slope(data: pd.DataFrame, axis: str, column: str, others: list[str]) ->
     return float(np.mean(slopes)) if slopes else None
 
 
-def exponents(frame: pd.DataFrame, axes: list[str], versions: list[str], stages: list[str]) -> list[dict]:
-    """One row per version, axis and measured quantity (end to end, then each stage)."""
+def exponents(frame: pd.DataFrame, axes: list[str], versions: list[str], stages: list[str],
+              not_sizes=()) -> list[dict]:
+    """One row per version, axis and measured quantity (end to end, then each stage). ``not_sizes``: numeric axes
+    the work does not grow with (a seed): none is fitted along them, though each fit takes one intercept per
+    value of them, as of any other axis."""
     frame = usable(frame)
     rows = []
     for version in versions:
         sub = frame[frame["version"] == version]
-        for axis in numeric_axes(frame, axes):
+        for axis in (a for a in numeric_axes(frame, axes) if a not in not_sizes):
             others = [a for a in axes if a != axis and sub[a].nunique() > 1]
             for what, col, model_col in [("end to end", "e2e_us", None), ("after build", "after_build_us", None)] + \
                     [(s, f"{s}_us", f"{s}_bytes") for s in stages]:
