@@ -43,7 +43,8 @@ def parser() -> OneLineParser:
 # What compare's whole-plan row is, and is not: a profile's report also gives an "end to end, host arrays in and out"
 # figure, timed in other runs, and the two differ (1,189.8 against 1,132.0 us in one CPU profile of the join).
 TOTAL_LABEL = "whole plan (total)"
-TOTAL_NOTE = (f"{TOTAL_LABEL}: each profile's 'total, median of timed runs' (host arrays in, result on the device), "
+TOTAL_NOTE = (f"{TOTAL_LABEL}: each profile's 'total, median of timed runs' (host arrays in, the result left where "
+              "the plan made it: on the device in a GPU run), "
               "not its report's 'end to end, host arrays in and out', which other runs time")
 
 

@@ -57,7 +57,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 note=f"Gain = time above {advice.ATTAINABLE:.0%} of the stage's roofline, as a share of the plan."),
         baseline_section(trace, baseline),
         Section("Timing", columns=["what", "value"], rows=[
-            ["total, median of timed runs (us): host arrays in, result on the device",
+            ["total, median of timed runs (us): host arrays in, result "
+             + ("on the device" if trace["selected_runtime"] == "gpu" else "in host memory (a CPU run)"),
              us(trace["total_elapsed_seconds"])],
             *([[f"after the host->device build ({', '.join(timing['build_stages'])} left out) (us)",
                 us(timing["after_build"]["median"])]] if timing.get("after_build") else []),
