@@ -118,14 +118,14 @@ def test_a_best_version_whose_rival_failed_says_so():
 
 
 def test_an_interrupted_write_leaves_no_temporary_file(tmp_path, monkeypatch):
-    import app.sweep.results as results
+    import app.runtime.cache as cache          # where the sweep's atomic write lives
 
     write_results(tmp_path, [point("v1", {"points": 1000}, 100.0)], ["points"])
     before = (tmp_path / "results.csv").read_text()
 
     def terminated(*a):
         raise Terminated()
-    monkeypatch.setattr(results.os, "replace", terminated)
+    monkeypatch.setattr(cache.os, "replace", terminated)
     with pytest.raises(Terminated):
         write_results(tmp_path, [point("v1", {"points": 2000}, 200.0)], ["points"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]

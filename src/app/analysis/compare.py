@@ -20,15 +20,15 @@ import math
 
 import numpy as np
 
-from app.runtime.stats import robust_rel_spread
+from app.runtime.stats import MIN_CI_SAMPLES, robust_rel_spread
 
 RESAMPLES = 4000
 DEFAULT_FLOOR = 0.05
-# The fewest runs a side for a verdict. The median lies outside the runs' whole range [min, max] with probability
-# 2 x 0.5^n: 6.25% at n = 5, 3.1% at n = 6. So below 6 runs not even the widest order-statistic interval of a median
-# holds it 95% of the time, and a bootstrap interval, which is narrower, holds it less often still (from 2 runs a
-# side each resampled median takes one of three values, so a slight difference reads as a resolved change).
-MIN_RUNS = 6
+# The fewest runs a side for a verdict: the fewest with a 95% interval of their median (stats.MIN_CI_SAMPLES). Below
+# it not even the widest order-statistic interval holds the median 95% of the time, and a bootstrap interval, which
+# is narrower, holds it less often still (from 2 runs a side each resampled median takes one of three values, so a
+# slight difference reads as a resolved change).
+MIN_RUNS = MIN_CI_SAMPLES
 
 
 def samples_of(trace: dict, stage: str | None = None) -> list[float]:

@@ -15,10 +15,11 @@ from app.kernel.cli import bench_runs_arg, warmup_arg
 from app.kernel.plan import get_plan_class
 from app.report.writer import check_writable, claim_folder
 from app.runtime import device as devmod
+from app.runtime.cache import write_atomic
 from app.runtime.stats import MIN_CI_SAMPLES
 from app.runtime.timing import L2_MODES
 from app.sweep import engine
-from app.sweep.results import DONE, read_rows, read_runs, to_frame, write_atomic, write_results, write_runs
+from app.sweep.results import DONE, read_rows, read_runs, to_frame, write_results, write_runs
 from app.sweep.spec import SPEC_FILE, SweepSpec, check_points, load_spec, parse_grid, parse_versions
 
 USAGE = ("python -m app.kernel sweep KERNEL [VERSIONS] --grid NAME=V1,V2,... [--grid ...] [--cluster "

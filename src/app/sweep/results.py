@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+from app.runtime.cache import write_atomic
 
 RESULTS = "results.csv"
 RUNS = "runs.json"                # each run of the sweep: the first, then the --resume runs that ran points
@@ -103,27 +103,6 @@ def write_results(sweep_dir: Path, rows: list[dict], axes: list[str]) -> Path:
     """Rewrite results.csv atomically: a reader (or a Ctrl-C) never sees half a table."""
     data = to_frame(rows, axes).to_csv(index=False).encode()
     return write_atomic(Path(sweep_dir) / RESULTS, data)
-
-
-def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``path`` through a temporary file beside it, replaced in one step. A Ctrl-C or SIGTERM (Terminated,
-    raised in whatever line runs) between the two removes the temporary file: a sweep folder keeps no stray
-    ``.name-XXXX`` to confuse a reader or a later --resume."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)           # mkstemp's 0600 would hide the file from the user's group
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:               # already replaced: the new file is whole
-            pass
-        raise
-    return path
 
 
 def read_runs(sweep_dir: Path) -> list[dict]:
