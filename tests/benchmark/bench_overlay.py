@@ -6,7 +6,8 @@ GPU: warm time of the stages after the owned-buffer build (layers already on the
 device), the host->device build on its own line, end to end (host arrays in and
 out, host clock). shapely: STRtree query +
 intersection(...).area, one thread. Every output is checked against shapely
-(rel. 1e-9 of the larger area) before a ratio is printed.
+(the verification's rule: within 1e-9 of the smaller polygon's area, with rounding's floor) before a ratio is
+printed.
 """
 from __future__ import annotations
 

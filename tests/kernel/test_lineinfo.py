@@ -34,7 +34,10 @@ def cubin(source: str, options) -> bytes:
         nvrtc.destroyProgram(prog)
 
 
-@pytest.mark.parametrize("kernel", ["join/join.cu", "overlay/overlay.cu+overlay/overlay_area.cu+overlay/overlay_v3.cu"])
+OVERLAY_SOURCES = "overlay/overlay.cu+overlay/overlay_exact.cu+overlay/overlay_area.cu+overlay/overlay_v3.cu"
+
+
+@pytest.mark.parametrize("kernel", ["join/join.cu", OVERLAY_SOURCES])
 def test_lineinfo_changes_no_instruction(kernel):
     paths = (gpu_build.SCAN_SOURCE, gpu_build.COMMON_SOURCE,
              *(gpu_build.SCAN_SOURCE.parent / k for k in kernel.split("+")))

@@ -192,8 +192,10 @@ __device__ __forceinline__ void two_prod(double a, double b, double& p, double& 
     p = a * b; e = fma(a, b, -p);
 }
 
-// Exact sign of (a - c) x (b - c); rare, so kept out of line to spare registers.
-__device__ __noinline__ int orient2d_exact(double ax, double ay, double bx, double by, double cx, double cy) {
+// The 16 doubles whose exact sum is (a - c) x (b - c), grown into a nonoverlapping expansion e (components by
+// increasing magnitude, zeros kept): robust.py's _orient_terms and _grow, the same operations.
+__device__ __forceinline__ void orient2d_expansion(double ax, double ay, double bx, double by, double cx, double cy,
+                                                   double (&e)[16]) {
     double acx, acxt, bcy, bcyt, acy, acyt, bcx, bcxt;
     two_diff(ax, cx, acx, acxt); two_diff(by, cy, bcy, bcyt);
     two_diff(ay, cy, acy, acyt); two_diff(bx, cx, bcx, bcxt);
@@ -202,7 +204,6 @@ __device__ __noinline__ int orient2d_exact(double ax, double ay, double bx, doub
     two_prod(acxt, bcy, t[4], t[5]);   two_prod(acxt, bcyt, t[6], t[7]);
     two_prod(-acy, bcx, t[8], t[9]);   two_prod(-acy, bcxt, t[10], t[11]);
     two_prod(-acyt, bcx, t[12], t[13]); two_prod(-acyt, bcxt, t[14], t[15]);
-    double e[16];
     int n = 1;
     e[0] = t[0];
     for (int i = 1; i < 16; ++i) {          // grow_expansion: nonoverlapping, increasing
@@ -210,18 +211,26 @@ __device__ __noinline__ int orient2d_exact(double ax, double ay, double bx, doub
         for (int j = 0; j < n; ++j) { double s, h; two_sum(q, e[j], s, h); e[j] = h; q = s; }
         e[n++] = q;
     }
+}
+
+// Exact sign of (a - c) x (b - c); rare, so kept out of line to spare registers.
+__device__ __noinline__ int orient2d_exact(double ax, double ay, double bx, double by, double cx, double cy) {
+    double e[16];
+    orient2d_expansion(ax, ay, bx, by, cx, cy, e);
     for (int j = 15; j >= 0; --j)
         if (e[j] != 0.0) return e[j] > 0.0 ? 1 : -1;
     return 0;
 }
 
+// Shewchuk's filter. detleft and detright of opposite (or zero) signs make det exact in sign: their signs are
+// compared, not multiplied (the product underflows to zero near 1e-80 and skipped the exact path there).
 __device__ __forceinline__ int orient2d(double ax, double ay, double bx, double by, double cx, double cy,
                                         double errA, unsigned long long& n_exact) {
     double detleft = (ax - cx) * (by - cy);
     double detright = (ay - cy) * (bx - cx);
     double det = detleft - detright;
     double errbound = errA * (fabs(detleft) + fabs(detright));
-    if (fabs(det) < errbound && detleft * detright > 0.0) {
+    if (fabs(det) < errbound && ((detleft > 0.0 && detright > 0.0) || (detleft < 0.0 && detright < 0.0))) {
         ++n_exact;
         return orient2d_exact(ax, ay, bx, by, cx, cy);
     }

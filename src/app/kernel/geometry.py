@@ -5,6 +5,16 @@ the first), ``ring_offsets`` (R+1) into coords and ``geom_ring_offsets`` (G+1)
 into rings. A MultiPolygon simply owns the rings of all its parts: point-in-
 polygon parity and shoelace areas over all rings of a geometry give the right
 answer for valid (multi)polygons, so the kernels never need the part level.
+
+Coordinates must be 0 or between COORD_MIN and COORD_MAX in magnitude (COORD_RANGE):
+the exact predicates (robust.py, common.cuh, overlay_exact.cu) sum products of
+coordinate differences, and of those with split parameters, as expansions of
+doubles, exact only while no product overflows (from about 1e150 the overlay's
+expansions do, and orient2d's determinant from about 1e154) and every product's
+rounding error is itself a double (below about 1e-146 it underflows: at 1e-160
+every near-degenerate orientation came out wrong). polygons_from_shapely and
+points_from_any, through which the public API's inputs come, refuse a coordinate
+outside the range with CoordinateRangeError, a ValueError.
 """
 from __future__ import annotations
 
@@ -13,6 +23,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.errors import BadParameter
+
+COORD_MIN, COORD_MAX = 1e-100, 1e100
+COORD_RANGE = "0 or between 1e-100 and 1e100 in magnitude"
+
+
+class CoordinateRangeError(BadParameter, ValueError):
+    """A coordinate the exact predicates cannot decide with: outside COORD_RANGE (a ValueError, and a BadParameter
+    for the CLI)."""
+
+
+def out_of_range(coords: np.ndarray) -> np.ndarray:
+    """Per row of ``coords`` (finite values): whether a coordinate lies outside COORD_RANGE."""
+    a = np.abs(coords)
+    return ((a > COORD_MAX) | ((a < COORD_MIN) & (a != 0.0))).any(axis=-1)
+
+
+def _refuse_range(kind: str, i: int, values) -> None:
+    bad = [float(v) for v in np.ravel(values) if v != 0.0 and not (COORD_MIN <= abs(v) <= COORD_MAX)]
+    raise CoordinateRangeError(f"{kind} {i} has a coordinate ({bad[0]:g}) outside the supported range: every "
+                               f"coordinate must be {COORD_RANGE} (the exact orientation tests overflow or underflow "
+                               f"outside it); scale the data into that range")
 
 
 @dataclass(frozen=True)
@@ -51,8 +82,13 @@ class PolygonBuffers:
         ring_idx = np.repeat(np.arange(self.n_rings), np.diff(self.ring_offsets))
         rings = shapely.linearrings(self.coords, indices=ring_idx)
         # Shells are counter-clockwise, holes clockwise (the generator and
-        # polygons_from_shapely both normalise orientation this way).
-        is_shell = shapely.is_ccw(rings)
+        # polygons_from_shapely both normalise orientation this way). Decided on coordinates scaled by a power of
+        # two (exact) where they are large: GEOS's signed area overflows near 1e154, every ring then reads as a hole
+        # and no polygon can be built.
+        big = float(np.abs(self.coords).max(initial=0.0))
+        scaled = shapely.linearrings(self.coords * 2.0 ** -int(np.frexp(big)[1]), indices=ring_idx) \
+            if big > 1e100 else rings
+        is_shell = shapely.is_ccw(scaled)
         part_of_ring = np.cumsum(is_shell) - 1
         parts = shapely.polygons(rings, indices=part_of_ring)
         geom_of_ring = np.repeat(np.arange(self.n_geoms), np.diff(self.geom_ring_offsets))
@@ -88,6 +124,10 @@ def polygons_from_shapely(geoms, make_valid: bool = False) -> PolygonBuffers:
     if not np.isfinite(coords).all():
         _refuse(np.array([not np.isfinite(shapely.get_coordinates(g)).all() for g in geoms]),
                 "polygon {i} has NaN or infinite coordinates; fix or drop it", geoms)
+    if out_of_range(coords).any():
+        owner = shapely.get_coordinates(geoms, return_index=True)[1]
+        i = int(owner[np.flatnonzero(out_of_range(coords))[0]])
+        _refuse_range("polygon", i, shapely.get_coordinates(geoms[i]))
     invalid = ~shapely.is_valid(geoms)
     if invalid.any():
         if not make_valid:
@@ -158,6 +198,9 @@ def points_from_any(points) -> tuple[np.ndarray, np.ndarray | None]:
     if arr.ndim != 2 or arr.shape[1] != 2:
         raise BadParameter(f"points must have shape (N, 2), got {arr.shape}")
     finite = np.isfinite(arr).all(axis=1)
+    far = np.flatnonzero(finite & out_of_range(np.where(np.isfinite(arr), arr, 0.0)))
+    if len(far):
+        _refuse_range("point", int(far[0]), arr[far[0]])
     if finite.all():
         return arr, None
     kept = np.flatnonzero(finite)

@@ -7,6 +7,17 @@ o4 = orient(f0, f1, e1) are exact. A point's parameter along a segment is taken
 on the segment's dominant axis, so parameters of the segment's own endpoints
 are exactly 0 and 1, and a collinear overlap is decided by exact coordinate
 comparisons.
+
+A proper crossing's parameters are ratios of those orientations: orient(f0, f1, .)
+is affine along e, zero at the crossing, so t_e = O3 / (O3 - O4) and likewise
+t_f = O1 / (O1 - O2), with O3 and O4 (O1 and O2) of opposite signs, so the
+denominator has no cancellation. Each orientation's value is taken to about an
+ulp (robust.orient2d_values: double-double, the exact expansion where that
+cancels), so t is within a few ulps of the exact crossing even where the two
+segments are nearly collinear, where the textbook (w x d_f) / (d_e x d_f)
+loses every digit (and can divide by a zero it rounded to). Both segments' points
+at their t are then the same point to a few ulps: the pieces either side of a
+crossing meet.
 """
 from __future__ import annotations
 
@@ -14,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.kernel.robust import orient2d_flags
+from app.kernel.robust import orient2d_flags, orient2d_values
 
 DISJOINT, PROPER, TOUCH, OVERLAP = 0, 1, 2, 3
 KINDS = {DISJOINT: "disjoint", PROPER: "proper", TOUCH: "touch", OVERLAP: "collinear_overlap"}
@@ -89,12 +100,12 @@ def classify_pairs(e0x, e0y, e1x, e1y, f0x, f0y, f1x, f1y, marks: bool = False) 
     if proper.any():
         i = np.flatnonzero(proper)
         kind[i] = PROPER
-        dex, dey = e1x[i] - e0x[i], e1y[i] - e0y[i]
-        dfx, dfy = f1x[i] - f0x[i], f1y[i] - f0y[i]
-        wx, wy = f0x[i] - e0x[i], f0y[i] - e0y[i]
-        den = dex * dfy - dey * dfx
-        ue = np.clip((wx * dfy - wy * dfx) / den, 0.0, 1.0)
-        uf = np.clip((wx * dey - wy * dex) / den, 0.0, 1.0)
+        v1 = orient2d_values(e0x[i], e0y[i], e1x[i], e1y[i], f0x[i], f0y[i])
+        v2 = orient2d_values(e0x[i], e0y[i], e1x[i], e1y[i], f1x[i], f1y[i])
+        v3 = orient2d_values(f0x[i], f0y[i], f1x[i], f1y[i], e0x[i], e0y[i])
+        v4 = orient2d_values(f0x[i], f0y[i], f1x[i], f1y[i], e1x[i], e1y[i])
+        ue = np.clip(v3 / (v3 - v4), 0.0, 1.0)
+        uf = np.clip(v1 / (v1 - v2), 0.0, 1.0)
         e_t[i, 0] = ue if marks else _inside_split(ue)
         f_t[i, 0] = uf if marks else _inside_split(uf)
 

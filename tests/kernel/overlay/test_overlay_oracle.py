@@ -1,10 +1,11 @@
-"""Overlay areas equal shapely.intersection(a, b).area (rel. 1e-9 of the larger area) on both devices."""
+"""Overlay areas equal shapely.intersection(a, b).area (oracle.RULE: 1e-9 of the smaller polygon's area, with rounding's
+floor) on both devices."""
 import numpy as np
 import pytest
 import shapely
 
 from app.kernel.overlay import overlay_areas
-from app.kernel.overlay.oracle import compare, shapely_overlay
+from app.kernel.overlay.oracle import compare, layer_measures, shapely_overlay
 from app.kernel.overlay.plan import OverlayV1
 from tests.conftest import DEVICES
 
@@ -15,7 +16,7 @@ VERSIONS = ["v1", "v2", "v3"]
 def assert_matches_shapely(left, right, device, version=None):
     got = overlay_areas(left, right, device=device, version=version)
     exp = shapely_overlay(left, right)
-    res = compare(got, exp, shapely.area(left), shapely.area(right))
+    res = compare(got, exp, layer_measures(left), layer_measures(right))
     assert res["matches"], res
     return got
 
@@ -261,7 +262,7 @@ def test_a_polygon_with_more_pairs_than_its_stash_is_placed_by_the_second_pass_e
     backend, _ = backend_for(plan, select("gpu"))
     out, rec = Recorder("gpu", cp, Nvtx(False, "overlay")).run(plan, inp, backend)
     got = tuple(cp.asnumpy(a) for a in out)
-    res = compare(got, shapely_overlay(left, right), shapely.area(left), shapely.area(right))
+    res = compare(got, shapely_overlay(left, right), layer_measures(left), layer_measures(right))
     assert res["matches"], res
     assert len(got[0]) == len(crowd) + 3
     filt = {s["name"]: s for s in rec.stages}["segment_mbr_filter"]["meta"]
@@ -299,7 +300,7 @@ def test_a_pair_with_more_candidates_than_the_warp_stash_is_written_exactly(vers
         backend, _ = backend_for(plan, select(device))
         out, rec = Recorder(device, xp_for(device), Nvtx(False, "overlay")).run(plan, inp, backend)
         got = tuple(np.asarray(cp.asnumpy(a) if device == "gpu" else a) for a in out)
-        res = compare(got, shapely_overlay(left, right), shapely.area(left), shapely.area(right))
+        res = compare(got, shapely_overlay(left, right), layer_measures(left), layer_measures(right))
         assert res["matches"], (device, res)
         meta[device] = {s["name"]: s["meta"] for s in rec.stages}["segment_mbr_filter"]
     assert meta["gpu"]["polygon_pairs"] == 2

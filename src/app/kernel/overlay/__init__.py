@@ -12,7 +12,11 @@ def overlay_areas(left, right, device: str = "auto", version: str | None = None,
     indices (as the join's) and float64 areas.
 
     ``left`` and ``right`` are shapely Polygons/MultiPolygons (holes allowed); the
-    areas equal ``shapely.intersection(a, b).area`` within 1e-9 of the larger area.
+    areas equal ``shapely.intersection(a, b).area`` within 1e-9 of the smaller
+    polygon's area, or rounding's floor where that is larger (oracle.RULE), also
+    where the two layers' boundaries nearly coincide. Coordinates must be 0 or
+    between 1e-100 and 1e100 in magnitude (geometry.COORD_RANGE; others are refused
+    with a ValueError).
     An invalid polygon (self-intersecting ring, overlapping parts, ...) has no
     defined area and is refused with its index, unless ``make_valid=True``
     repairs both layers with ``shapely.make_valid`` first.

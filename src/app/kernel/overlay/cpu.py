@@ -4,21 +4,32 @@ Area of A ∩ B by Green's theorem: the boundary of the intersection is made of
 the pieces of A's rings inside B and of B's rings inside A, each keeping its
 ring's orientation (shells CCW, holes CW). Every edge of each candidate pair is
 split at the points where the other polygon's boundary meets it; each piece is
-kept when its midpoint lies strictly inside the other polygon, and pieces on a
-shared (collinear) boundary are kept once, from A, when both run the same way.
+kept when a point inside it lies strictly inside the other polygon, and pieces on
+a shared (collinear) boundary are kept once, from A, when both run the same way.
 
-v1 and v2 test every piece's midpoint. v3 (v1's candidates) carries each cut ring's
+Exactness where the boundaries nearly coincide: a piece's test point is
+e0 + tm (e1 - e0) on its edge (tm the middle of its bounds), classified exactly for
+that point (pip.classify_segment_points), not for its rounding, which can fall on
+the other side of a boundary the piece runs along. A proper crossing's parameter is
+the ratio of two orientations, each to about an ulp (segments.py), so the pieces are
+where the exact ones are, to a few ulps of their edge. Every contact of the two
+boundaries leaves a record on both edges (a touch at a segment's own end a mark at
+t = 0 or 1, a crossing that rounds to an end kept there), so a ring with no record
+does not meet the other boundary at all, and one of its vertices (an input point,
+off that boundary) decides it.
+
+v1 and v2 test every piece. v3 (v1's candidates) carries each cut ring's
 inside/outside status along it, as overlay_v3.cu's area_cut_rings does: refine says
-which splits are proper crossings and marks touches at a segment's own ends, and a
-midpoint is tested only where the status is unknown (``_walk``). On random layers
-that is about one test in thirty of v1's, with the same pieces kept.
+which splits are proper crossings, and a piece is tested only where the status is
+unknown (``_walk``). On random layers that is about one test in thirty of v1's,
+with the same pieces kept.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from app.kernel import grid
-from app.kernel.pip import classify, edge_table
+from app.kernel.pip import classify, classify_segment_points, edge_table, segment_points
 from app.kernel.ranges import expand
 from app.kernel.segments import OVERLAP, PROPER, TOUCH, classify_pairs
 from app.kernel.sorting import lex_order
@@ -148,8 +159,10 @@ class OverlayCPU:
     def exact_intersection_refine(self, state, st, tiling):
         Ea, Eb = state["a"]["edges"], state["b"]["edges"]
         p, i, j = state["seg_pair"], state["seg_i"], state["seg_j"]
-        v3 = self.version == "v3"      # records say which splits flip the status; touches at ends are marks
-        r = classify_pairs(Ea.ax[i], Ea.ay[i], Ea.bx[i], Ea.by[i], Eb.ax[j], Eb.ay[j], Eb.bx[j], Eb.by[j], marks=v3)
+        v3 = self.version == "v3"      # records say which splits flip the status
+        # Every version marks touches at a segment's own end and keeps crossings that round to an end: a ring with
+        # no record then meets the other boundary nowhere (see the module's docstring).
+        r = classify_pairs(Ea.ax[i], Ea.ay[i], Ea.bx[i], Ea.by[i], Eb.ax[j], Eb.ay[j], Eb.bx[j], Eb.by[j], marks=True)
         # Slots: per pair, a's edges then b's edges, each at its local index.
         slot_base = np.cumsum(state["ea"] + state["eb"]) - (state["ea"] + state["eb"])
         slot_e = slot_base[p] + (i - Ea.geom_offsets[state["pa"][p]])
@@ -173,7 +186,7 @@ class OverlayCPU:
                        collinear_overlap=int(len(ov)), ambiguous_pairs=int(r.ambiguous.sum()),
                        split_events=splits)
         if v3:
-            st.meta["end_marks"] = int(ok.sum()) - splits
+            st.meta["end_marks"] = int(ok.sum()) - splits     # (v1 and v2 mark the same; the GPU counts v3's)
 
     def reconstruction_event_sort(self, state, st, tiling):
         order = lex_order(state["ev_t"], state["ev_slot"])
@@ -185,9 +198,9 @@ class OverlayCPU:
     def area_reconstruction(self, state, st, tiling):
         A, B = state["a"], state["b"]
         pa, pb, ea = state["pa"], state["pb"], state["ea"]
-        # Which (pair, side, ring) carry split points or shared pieces: only their edges
-        # need cutting; every other ring lies wholly inside or wholly outside the other
-        # polygon, which one midpoint decides.
+        # Which (pair, side, ring) carry records (splits, marks) or shared pieces: only their edges
+        # need cutting; every other ring meets the other polygon's boundary nowhere, and lies wholly
+        # inside or wholly outside it, which one of its vertices decides.
         ev_pair, ev_is_a, ev_edge = _slot_edges(state, state["ev_slot"])
         ov_pair, ov_is_a, ov_edge = _slot_edges(state, state["ov_slot"])
         ring_a = [A["edge_ring"][ev_edge[ev_is_a]], A["edge_ring"][ov_edge[ov_is_a]]]
@@ -203,13 +216,12 @@ class OverlayCPU:
             gro = L["geom_ring_offsets"]
             pair, ring = expand(gro[geoms], gro[geoms + 1] - gro[geoms])
             is_cut = _member(_ring_key(pair, ring, L), cut)
-            # Whole rings: one midpoint each, if the ring reaches the other polygon's bbox at all.
+            # Whole rings: one vertex each (its first), if the ring reaches the other polygon's bbox at all.
             whole = np.flatnonzero(~is_cut & _boxes_meet(L["ring_box"][ring], O["bbox"][other_geoms[pair]]))
             e0 = L["ring_edge_offsets"][ring[whole]]
             E = L["edges"]
-            mids = np.stack([0.5 * (E.ax[e0] + E.bx[e0]), 0.5 * (E.ay[e0] + E.by[e0])], axis=1)
-            inside, _, in_box = _classify_mids(mids, O, other_geoms[pair[whole]])
-            # v3 counts the tests that ran (midpoints in the other polygon's bbox), as its GPU kernels do.
+            inside, _, in_box = _classify_mids(np.stack([E.ax[e0], E.ay[e0]], axis=1), O, other_geoms[pair[whole]])
+            # v3 counts the tests that ran (test points in the other polygon's bbox), as its GPU kernels do.
             pip_tests += int(in_box.sum()) if self.version == "v3" else len(whole)
             area2 += np.bincount(pair[whole[inside]], weights=L["ring_area2"][ring[whole[inside]]],
                                  minlength=len(pa))
@@ -289,9 +301,7 @@ class OverlayCPU:
 
         def midpoint_test(q):
             e = edge[r[q]]
-            tm = 0.5 * (t0[q] + t1[q])
-            mids = np.stack([E.ax[e] + tm * (E.bx[e] - E.ax[e]), E.ay[e] + tm * (E.by[e] - E.ay[e])], axis=1)
-            return _classify_mids(mids, O, other_geoms[epair[r[q]]])
+            return _classify_pieces(E, e, 0.5 * (t0[q] + t1[q]), O, other_geoms[epair[r[q]]])
 
         if ring_row is None:
             test = np.flatnonzero(~shared)
@@ -304,17 +314,20 @@ class OverlayCPU:
             keep, tests = _walk(r, t0, t1, shared, keep, ring_row[by_slot], ev_before, ev_flip, midpoint_test)
         k = np.flatnonzero(keep)
         e, pair = edge[r[k]], epair[r[k]]
-        box = A["bbox"][pa[pair]]
-        ox, oy = 0.5 * (box[:, 0] + box[:, 2]), 0.5 * (box[:, 1] + box[:, 3])
+        # The shoelace's origin: the middle of the overlap of the pair's bboxes, where the kept pieces lie (the
+        # middle of a's bbox, 20 km from a 1 m^2 b on a's edge, cost each term ulps of 4e8 m^2: 1e-7 of its area).
+        ba, bb = A["bbox"][pa[pair]], state["b"]["bbox"][state["pb"][pair]]
+        ox = 0.5 * (np.maximum(ba[:, 0], bb[:, 0]) + np.minimum(ba[:, 2], bb[:, 2]))
+        oy = 0.5 * (np.maximum(ba[:, 1], bb[:, 1]) + np.minimum(ba[:, 3], bb[:, 3]))
         px0, py0 = _point_at(E.ax[e], E.ay[e], E.bx[e], E.by[e], t0[k])
         px1, py1 = _point_at(E.ax[e], E.ay[e], E.bx[e], E.by[e], t1[k])
         cross = (px0 - ox) * (py1 - oy) - (px1 - ox) * (py0 - oy)
         return np.bincount(pair, weights=cross, minlength=len(pa)), len(r), len(k), tests
 
 
-# A piece's midpoint test carries its status along the ring only from a piece at least this share of its edge
-# long and off the other boundary: a tiny piece's rounded midpoint can land on the wrong side of a boundary it
-# nearly touches (overlay_v3.cu's TRUST_T).
+# A piece's test carries its status along the ring only from a piece at least this share of its edge long and
+# off the other boundary: the test is exact for the piece's middle point, but a piece a few ulps long may have
+# its bounds a few ulps off, and its middle outside the piece it stands for (overlay_v3.cu's TRUST_T).
 TRUST_T = 1e-6
 
 
@@ -383,9 +396,27 @@ def _sweep_pairs(pair_a, ia, a_yhi, pair_b, jb, b_ylo, n_pairs):
     return pair_a[a_idx][owner], ia[a_idx][owner], b_sorted[k]
 
 
+def _classify_pieces(E, e, tm, O, geoms):
+    """As _classify_mids for the exact points at tm on edges e of E (each piece's middle): inside, on the boundary,
+    in the bbox grown by the rounding bound of the point (the exact point may be in it when the rounded one is
+    just outside). overlay_exact.cu's piece_inside does the same."""
+    x0, y0, x1, y1 = E.ax[e], E.ay[e], E.bx[e], E.by[e]
+    mx, my, dx, dy = segment_points(x0, y0, x1, y1, tm)
+    box = O["bbox"][geoms]
+    in_box = ((box[:, 0] - dx <= mx) & (mx <= box[:, 2] + dx) & (box[:, 1] - dy <= my) & (my <= box[:, 3] + dy))
+    near = np.flatnonzero(in_box)
+    inside = np.zeros(len(e), dtype=bool)
+    on_boundary = np.zeros(len(e), dtype=bool)
+    parity, boundary, _ = classify_segment_points(x0[near], y0[near], x1[near], y1[near], tm[near], O["edges"],
+                                                  geoms[near], (mx[near], my[near], dx[near], dy[near]))
+    inside[near] = parity & ~boundary
+    on_boundary[near] = boundary
+    return inside, on_boundary, in_box
+
+
 def _classify_mids(points, O, geoms):
-    """(strictly inside polygon geoms[i] of layer O, on its boundary, in its bbox): a point outside the bbox
-    skips the edge loop (outside, not on the boundary)."""
+    """(strictly inside polygon geoms[i] of layer O, on its boundary, in its bbox) of input points: a point
+    outside the bbox skips the edge loop (outside, not on the boundary)."""
     box = O["bbox"][geoms]
     in_box = ((box[:, 0] <= points[:, 0]) & (points[:, 0] <= box[:, 2])
               & (box[:, 1] <= points[:, 1]) & (points[:, 1] <= box[:, 3]))

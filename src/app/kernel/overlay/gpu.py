@@ -1,4 +1,5 @@
-"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu, overlay_area.cu and overlay_v3.cu.
+"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu, overlay_exact.cu, overlay_area.cu and
+overlay_v3.cu.
 
 Every counter of a run lands in one device array, the run's ledger (the grid the filter
 buckets by, chosen on the device, then the filter's, refine's and area's counters), which
@@ -32,6 +33,15 @@ On the CPU, v3 finds v1's candidates and carries the status along each ring the 
 (cpu.py's _walk: the same pieces, kept pieces and point-in-polygon tests, tested). v3 also
 sorts refine's records with a table entry for every 32 edge slots instead of every slot
 (_sort_events), and hands the walk each split record's t and kind in sorted order.
+
+Exactness where the layers' boundaries nearly coincide (overlay_exact.cu): a piece is
+kept by the exact classification of its middle point on its edge, which the area kernels
+decide from the rounded point wherever its error bounds allow. A ring with a piece they
+cannot decide is listed, and area_rings_exact (v1, v2) or area_cut_rings_exact (v3) does
+that ring again from the input doubles: one more launch a run, on a fixed grid striding
+over the list (empty on layers whose boundaries are not within rounding of each other),
+which keeps the exact code's registers out of the hot kernels. The area stage's metadata
+counts those rings (exact_rings).
 """
 from __future__ import annotations
 
@@ -44,18 +54,19 @@ from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
 # Compiled as one program, in this order (each file uses what the ones before it define).
-SOURCE = tuple(Path(__file__).with_name(f) for f in ("overlay.cu", "overlay_area.cu", "overlay_v3.cu"))
+SOURCE = tuple(Path(__file__).with_name(f) for f in ("overlay.cu", "overlay_exact.cu", "overlay_area.cu",
+                                                      "overlay_v3.cu"))
 # overlay.cu's PAIR_STASH: b's each a keeps from polygon_pairs' count pass (an a with more is tested again).
 PAIR_STASH = 16
 # The run's ledger, 64-bit words: common.cuh's GridParams (ox, oy, sx, sy as fp64 bits, level, shift, cells, table
 # length), then the counters the filter's first launch zeroes: polygon_pairs' (bbox tests, pairs, a's tested
 # twice), the edge-pair filter's (MBR tests, candidates), v3's edge slots, refine_pairs' (proper, touch, collinear
 # overlap, ambiguous pairs, split events, v3's end marks), the area stage's (point-in-polygon tests, pieces, kept
-# pieces, cut rings, kept pairs: the output's length), and the split and overlap records refine appends (the
-# sort's lengths).
+# pieces, cut rings, kept pairs: the output's length), the split and overlap records refine appends (the
+# sort's lengths), and the rings the area kernels listed for their exact re-do kernel.
 GRID = slice(0, 8)
 TABLE = slice(7, 8)
-COUNTERS = slice(8, 27)
+COUNTERS = slice(8, 28)
 PAIR_STATS = slice(8, 11)
 N_PAIRS = slice(9, 10)
 EDGE_STATS = slice(11, 13)
@@ -65,7 +76,8 @@ REFINE = slice(14, 20)
 AREA = slice(20, 25)
 KEPT_PAIRS = slice(24, 25)
 RECORDS = slice(25, 27)
-LEDGER_WORDS = 27
+REDO = slice(27, 28)
+LEDGER_WORDS = 28
 # v3's first rooms, before a run has counted: 4 polygon pairs a polygon of the larger layer (random layers find
 # about 2.2), 8 candidate edge pairs a polygon pair (they find about 4.5), and each pair's mean edge slots.
 # A run that counts more grows them and runs again; after every run they fit its counts with a quarter to spare.
@@ -77,6 +89,9 @@ EDGE_GROUP = 16
 # v3's walk of the cut rings: a fixed grid of this many blocks a multiprocessor (each holds one or two at 128
 # registers a thread), striding over the list.
 WALK_BLOCKS_PER_SM = 4
+# The exact re-do kernels (area_rings_exact, area_cut_rings_exact): a fixed grid of this many blocks a
+# multiprocessor, striding over the rings the area kernels listed (none on most layers).
+REDO_BLOCKS_PER_SM = 1
 # The event sort's kernels: a fixed grid of this many blocks a multiprocessor, striding over the records, whose
 # number only the device knows.
 SORT_BLOCKS_PER_SM = 4
@@ -90,7 +105,8 @@ STAGE_KERNELS = {
                            "sort_pairs", "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort", "bucket_sort"),
-    "area_reconstruction": ("area_rings", "area_rings_flip", "area_cut_rings", "pair_area", "emit_areas"),
+    "area_reconstruction": ("area_rings", "area_rings_exact", "area_rings_flip", "area_cut_rings",
+                            "area_cut_rings_exact", "pair_area", "emit_areas"),
 }
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
@@ -119,7 +135,7 @@ class OverlayGPU(GpuBackend):
         if self._views is None or self._views["all"] is not arr:
             parts = {"grid": GRID, "table": TABLE, "counters": COUNTERS, "pairs": PAIR_STATS, "n_pairs": N_PAIRS,
                      "edges": EDGE_STATS, "n_candidates": N_CANDIDATES, "slots": SLOTS, "refine": REFINE,
-                     "area": AREA, "kept": KEPT_PAIRS, "records": RECORDS}
+                     "area": AREA, "kept": KEPT_PAIRS, "records": RECORDS, "redo": REDO}
             self._views = {"all": arr} | {name: arr[part] for name, part in parts.items()}
         return self._views
 
@@ -444,15 +460,21 @@ class OverlayGPU(GpuBackend):
         n_pairs = led["n_pairs"] if self.version == "v3" else np.intp(0)
         max_rings = max(A["max_rings"], B["max_rings"])
         contrib = ws.empty("contrib", npairs * 2 * max_rings, cp.float64)
+        redo = ws.empty("redo_list", max(npairs * 2 * max_rings, 1), cp.int64)     # rings for the exact re-do
+        redo_grid = (REDO_BLOCKS_PER_SM * self.sm_count,)
         side_a = (A["coords"], A["ring_offsets"], A["geom_ring_offsets"], A["bbox"])
         side_b = (B["coords"], B["ring_offsets"], B["geom_ring_offsets"], B["bbox"])
         pairs = (state["pair_a"], state["pair_b"])
         overlaps = (state["ov_start"], state["ov_order"], state["ov"][1], state["ov"][2], state["ov"][3])
         if state["ev_kind"] is None:
+            records = (state["slot_incl"], state["ev_start"], state["ev_order"], state["ev"][1], *overlaps,
+                       CCW_ERRBOUND_A)
             self._launch("area_rings", npairs * 2 * max_rings, block, (
                 *side_a, A["ring_area2"], A["ring_box"], *side_b, B["ring_area2"], B["ring_box"], *pairs,
-                np.int32(npairs), np.int32(max_rings), state["slot_incl"], state["ev_start"], state["ev_order"],
-                state["ev"][1], *overlaps, CCW_ERRBOUND_A, contrib, led["area"]))
+                np.int32(npairs), np.int32(max_rings), *records, contrib, led["area"], redo, led["redo"]))
+            if npairs:
+                self.mod.fn["area_rings_exact"](redo_grid, (block,), (
+                    *side_a, *side_b, *pairs, np.int32(max_rings), *records, redo, led["redo"], contrib, led["area"]))
         else:
             # v3: uncut rings settled by one midpoint test each, cut rings listed, then walked 32 to a warp
             # carrying their inside/outside status (flipped at proper crossings). The walk's grid is fixed:
@@ -464,11 +486,13 @@ class OverlayGPU(GpuBackend):
                 state["ev_start"], state["ev_sslot"], state["ov_start"], state["ov_sslot"], CCW_ERRBOUND_A, contrib,
                 cut_list, led["area"]))
             if npairs:
+                walk = (*side_a, *side_b, *pairs, np.int32(max_rings), state["slot_incl"], state["ev_start"],
+                        state["ev_sslot"], state["ev_ts"], state["ev_ks"], state["ov_start"], state["ov_sslot"],
+                        *overlaps[1:], led["records"], CCW_ERRBOUND_A)
                 self.mod.fn["area_cut_rings"]((WALK_BLOCKS_PER_SM * self.sm_count,), (block,), (
-                    *side_a, *side_b, *pairs, np.int32(max_rings), state["slot_incl"], state["ev_start"],
-                    state["ev_sslot"], state["ev_ts"], state["ev_ks"], state["ov_start"],
-                    state["ov_sslot"], *overlaps[1:], led["records"], CCW_ERRBOUND_A, cut_list, contrib,
-                    led["area"]))
+                    *walk, cut_list, contrib, led["area"], redo, led["redo"]))
+                self.mod.fn["area_cut_rings_exact"](redo_grid, (block,), (*walk, redo, led["redo"], contrib,
+                                                                          led["area"]))
         area = ws.empty("pair_area", npairs, cp.float64)
         keep = ws.empty("pair_keep", npairs, cp.int32)
         self._launch("pair_area", npairs, block, (contrib, np.int32(npairs), n_pairs, np.int32(max_rings), area, keep,
@@ -506,7 +530,8 @@ class OverlayGPU(GpuBackend):
                           pair_room=len(state["pair_a"]), slot_room=state["n_slots"])
         pip, pieces, kept, cut, h = (int(v) for v in words[AREA])
         st.rows_in, st.rows_out = npairs, h
-        st.meta.update(cut_rings=cut, fragments=pieces, fragments_kept=kept, pip_tests=pip)
+        st.meta.update(cut_rings=cut, fragments=pieces, fragments_kept=kept, pip_tests=pip,
+                       exact_rings=int(words[REDO][0]))
 
 
 def _check_int32(candidates: int, slots: int) -> None:

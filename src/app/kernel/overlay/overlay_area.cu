@@ -7,9 +7,14 @@
 // dominant axis, so its own endpoints sit at exactly 0 and 1. Each candidate appends
 // up to four split records (slot, t) and, for a collinear overlap, two overlap records
 // (slot, lo, hi, keep), counted in n_records[0] and [1]. stats: [0] proper, [1] touch,
-// [2] collinear overlap, [3] ambiguous pairs, [4] split events, [5] v3's marks at segment ends.
+// [2] collinear overlap, [3] ambiguous pairs, [4] split events, [5] marks at segment ends.
 // With ev_kind (v3) each split record also says whether it is a proper crossing (1) or
-// not (0: a touch, or an end of a shared stretch).
+// not (0: a touch, or an end of a shared stretch). Every version marks a touch at a segment's
+// own end (t = 0 or 1) and keeps a proper crossing whose parameter rounds to an end: every contact
+// of the two boundaries leaves a record on both rings, so a ring with none meets the other
+// boundary nowhere and one of its vertices decides it (area_rings). A proper crossing's parameter
+// is O3 / (O3 - O4) on e and O1 / (O1 - O2) on f, from orientation values to about an ulp
+// (orient2d_value): within a few ulps of the exact crossing even for nearly collinear segments.
 __device__ __forceinline__ double seg_param(double px, double py, double2 s0, double2 s1) {
     return fabs(s1.x - s0.x) >= fabs(s1.y - s0.y) ? (px - s0.x) / (s1.x - s0.x) : (py - s0.y) / (s1.y - s0.y);
 }
@@ -28,13 +33,20 @@ __device__ __forceinline__ double2 interval_point(double c, bool use_x, double2 
     return f1;
 }
 
-extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, const int* ro_a, const double2* cb,
-                                        const int* gro_b, const int* ro_b, const int* pair_a, const int* pair_b,
-                                        const long long* slot_incl, const int* cand_p, const int* cand_ka,
-                                        const int* cand_kb, int C, const unsigned long long* n_cand, double errA,
-                                        int* ev_slot, double* ev_t, signed char* ev_kind, int* ov_slot, double* ov_lo,
-                                        double* ov_hi, int* ov_keep, unsigned long long* stats,
-                                        unsigned long long* n_records) {
+// At most 80 registers: crossing_param's call took refine_pairs from 70 to 82 (88 allocated), two blocks of 256 an SM
+// instead of three; capped, it keeps three, with one word spilled outside the call (sm_90, nvcc 13). __maxnreg__
+// needs CUDA 12.4; an older NVRTC compiles it uncapped.
+#if __CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4)
+#define REFINE_MAX_REGISTERS __maxnreg__(80)
+#else
+#define REFINE_MAX_REGISTERS
+#endif
+
+extern "C" __global__ void REFINE_MAX_REGISTERS refine_pairs(const double2* ca, const int* gro_a, const int* ro_a,
+        const double2* cb, const int* gro_b, const int* ro_b, const int* pair_a, const int* pair_b,
+        const long long* slot_incl, const int* cand_p, const int* cand_ka, const int* cand_kb, int C,
+        const unsigned long long* n_cand, double errA, int* ev_slot, double* ev_t, signed char* ev_kind, int* ov_slot,
+        double* ov_lo, double* ov_hi, int* ov_keep, unsigned long long* stats, unsigned long long* n_records) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned long long n_proper = 0, n_touch = 0, n_overlap = 0, n_amb = 0, n_events = 0, n_marks = 0;
     double te[2] = {-1.0, -1.0}, tf[2] = {-1.0, -1.0}, ov_e[2] = {0.0, 0.0}, ov_f[2] = {0.0, 0.0};
@@ -72,14 +84,12 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
             ov_e[0] = elo; ov_e[1] = ehi; ov_f[0] = flo; ov_f[1] = fhi;
         } else if (!col && o1 * o2 < 0 && o3 * o4 < 0) {
             n_proper = 1;
-            double dex = e1.x - e0.x, dey = e1.y - e0.y, dfx = f1.x - f0.x, dfy = f1.y - f0.y;
-            double wx = f0.x - e0.x, wy = f0.y - e0.y, den = dex * dfy - dey * dfx;
-            double ue = fmin(fmax((wx * dfy - wy * dfx) / den, 0.0), 1.0);
-            double uf = fmin(fmax((wx * dey - wy * dex) / den, 0.0), 1.0);
-            // v3 keeps a crossing whose parameter rounds to an end of the segment (at 0 or 1): the walk in
-            // area_rings_flip flips its inside/outside status at every proper crossing, so none may go missing.
-            te[0] = ev_kind ? ue : inside_split(ue);
-            tf[0] = ev_kind ? uf : inside_split(uf);
+            // orient(f0, f1, .) is affine along e and zero at the crossing; O3 and O4 have opposite signs, so
+            // O3 - O4 does not cancel (segments.py). A crossing whose parameter rounds to an end of the segment
+            // (at 0 or 1) is kept: v3's walk flips its status at every proper crossing, and in every version it
+            // makes its ring a cut one.
+            te[0] = crossing_param(cb + kb, ca + ka);
+            tf[0] = crossing_param(ca + ka, cb + kb);
         } else if (!col || lo == hi) {
             bool hit = false;
             if (o1 == 0 && in_box(f0.x, f0.y, e0, e1)) { te[0] = inside_split(seg_param(f0.x, f0.y, e0, e1)); hit = true; }
@@ -87,9 +97,9 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
             if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) { tf[0] = inside_split(seg_param(e0.x, e0.y, f0, f1)); hit = true; }
             if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) { tf[1] = inside_split(seg_param(e1.x, e1.y, f0, f1)); hit = true; }
             n_touch = hit;
-            if (ev_kind && hit) {
-                // v3: a touch at a segment's own end splits nothing, but the other boundary meets this ring
-                // there, so the walk's status is unknown past it: mark the end (t = 0 or 1). Two segments
+            if (hit) {
+                // A touch at a segment's own end splits nothing, but the other boundary meets this ring there
+                // (v3's walk: its status is unknown past it): mark the end (t = 0 or 1). Two segments
                 // that are not collinear meet in one point, so a segment with no split has at most one mark.
                 if (te[0] < 0.0 && te[1] < 0.0) {
                     if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) te[0] = 0.0;
@@ -102,7 +112,7 @@ extern "C" __global__ void refine_pairs(const double2* ca, const int* gro_a, con
             }
         }
         for (int i = 0; i < 2; ++i) {
-            // Split events are the records strictly inside a segment; v3's records at its ends are marks.
+            // Split events are the records strictly inside a segment; records at its ends are marks.
             n_events += (te[i] > 0.0 && te[i] < 1.0) + (tf[i] > 0.0 && tf[i] < 1.0);
             n_marks += (te[i] == 0.0 || te[i] == 1.0) + (tf[i] == 0.0 || tf[i] == 1.0);
         }
@@ -207,12 +217,14 @@ extern "C" __global__ void slot_sort(const int* ev_slot, const int* ev_rank, con
 }
 
 // ---- area reconstruction ------------------------------------------------------------
-// A thread per (pair, side, ring). A ring with no split or overlap record lies wholly
-// inside or outside the other polygon: one midpoint decides, and it adds twice its
-// area. A cut ring adds, for every piece of every edge that is strictly inside the
-// other polygon (or on a shared boundary that A keeps), the shoelace term of the
-// piece relative to the centre of a's bbox. stats: [0] point-in-polygon tests,
-// [1] pieces, [2] pieces kept, [3] cut rings.
+// A thread per (pair, side, ring). A ring with no record meets the other boundary nowhere
+// and lies wholly inside or outside the other polygon: its first vertex decides, and it
+// adds twice its area. A cut ring adds, for every piece of every edge that is strictly
+// inside the other polygon (piece_inside: its middle point, exactly) or on a shared boundary
+// that A keeps, the shoelace term of the piece relative to the middle of the overlap of the
+// pair's bboxes (shoelace_origin). A cut ring with a piece the filtered test cannot decide is
+// listed (``redo``, its count in redo_count) and area_rings_exact does it again from the input
+// doubles. stats: [0] point-in-polygon tests, [1] pieces, [2] pieces kept, [3] cut rings.
 __device__ __forceinline__ double2 point_at(double2 s0, double2 s1, double t) {
     return t == 1.0 ? s1 : make_double2(s0.x + t * (s1.x - s0.x), s0.y + t * (s1.y - s0.y));
 }
@@ -230,87 +242,159 @@ __device__ __forceinline__ bool on_overlap(double tm, int o_lo, int o_hi, const 
     return shared;
 }
 
+// Thread tid's ring of area_rings: its pair p, side (0: a's ring, 1: b's), the ring r (-1: past the polygon's
+// rings), its coordinates k0..k1 and the slot of its coordinate k (slot0 + k), and the other polygon go.
+struct AreaRing {
+    int p, side, r, k0, k1, go;
+    long long slot0;
+    const double2 *C, *CO;
+    const int *roO, *groO;
+    const double* boxO;
+};
+
+__device__ __forceinline__ AreaRing area_ring(long long tid, int max_rings, const double2* ca, const int* ro_a,
+                                              const int* gro_a, const double* box_a, const double2* cb,
+                                              const int* ro_b, const int* gro_b, const double* box_b,
+                                              const int* pair_a, const int* pair_b, const long long* slot_incl) {
+    long long per_pair = 2LL * max_rings;
+    AreaRing R;
+    R.p = (int)(tid / per_pair);
+    int rem = (int)(tid % per_pair), lr = rem % max_rings;
+    R.side = rem / max_rings;
+    int a = pair_a[R.p], b = pair_b[R.p];
+    const int *ro = R.side ? ro_b : ro_a, *gro = R.side ? gro_b : gro_a;
+    int g = R.side ? b : a;
+    R.go = R.side ? a : b;
+    R.C = R.side ? cb : ca;
+    R.CO = R.side ? ca : cb;
+    R.roO = R.side ? ro_a : ro_b; R.groO = R.side ? gro_a : gro_b;
+    R.boxO = (R.side ? box_a : box_b) + 4 * (long long)R.go;
+    R.r = gro[g] + lr;
+    if (R.r >= gro[g + 1]) { R.r = -1; return R; }
+    long long base = R.p == 0 ? 0 : slot_incl[R.p - 1];
+    int a_coords = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
+    R.slot0 = base + (R.side ? a_coords : 0) - ro[gro[g]];
+    R.k0 = ro[R.r]; R.k1 = ro[R.r + 1] - 1;
+    return R;
+}
+
+// A cut ring's pieces, each decided on its own (v1, v2): the shoelace terms of those kept into acc, relative to o.
+// EXACT false: false as soon as a piece's test cannot tell (the ring is then done again by area_rings_exact, and
+// what this call counted is dropped).
+template <bool EXACT>
+__device__ __forceinline__ bool cut_ring_pieces(const AreaRing& R, double2 o, const int* ev_start,
+                                                const int* ev_order, const double* ev_t, const int* ov_start,
+                                                const int* ov_order, const double* ov_lo, const double* ov_hi,
+                                                const int* ov_keep, double errA, double& acc,
+                                                unsigned long long& n_pip, unsigned long long& n_pieces,
+                                                unsigned long long& n_kept, unsigned long long& edges) {
+    const double* boxO = R.boxO;
+    for (int k = R.k0; k < R.k1; ++k) {
+        long long s = R.slot0 + k;
+        int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
+        double2 e0 = R.C[k], e1 = R.C[k + 1];
+        if (e_lo == e_hi && o_lo == o_hi &&
+            !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
+            continue;   // no events and away from the other polygon: outside
+        double t0 = 0.0;
+        for (int i = e_lo; i <= e_hi; ++i) {
+            double t1 = i < e_hi ? ev_t[ev_order[i]] : 1.0;
+            if (!(t1 > t0)) continue;
+            ++n_pieces;
+            double tm = 0.5 * (t0 + t1);
+            bool keep;
+            bool shared = on_overlap(tm, o_lo, o_hi, ov_order, ov_lo, ov_hi, ov_keep, keep);
+            if (!shared) {
+                bool in_box, bnd, unsure = false;
+                keep = piece_inside<EXACT>(R.C + k, tm, R.CO, R.roO, R.groO, R.go, boxO, errA, edges, in_box, bnd,
+                                           unsure);
+                if (unsure) return false;
+                n_pip += in_box;
+            }
+            if (keep) {
+                ++n_kept;
+                double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
+                acc += (q0.x - o.x) * (q1.y - o.y) - (q1.x - o.x) * (q0.y - o.y);
+            }
+            t0 = t1;
+        }
+    }
+    return true;
+}
+
 extern "C" __global__ void area_rings(
         const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double* ra2_a,
         const double* rbox_a, const double2* cb, const int* ro_b, const int* gro_b, const double* box_b,
         const double* ra2_b, const double* rbox_b, const int* pair_a, const int* pair_b, int P, int max_rings,
         const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
         const int* ov_start, const int* ov_order, const double* ov_lo, const double* ov_hi, const int* ov_keep,
-        double errA, double* contrib, unsigned long long* stats) {
+        double errA, double* contrib, unsigned long long* stats, long long* redo, unsigned long long* redo_count) {
     long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    long long per_pair = 2LL * max_rings;
-    int p = (int)(tid / per_pair);
-    int rem = (int)(tid % per_pair), side = rem / max_rings, lr = rem % max_rings;
     double acc = 0.0;
     unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, n_cut = 0, ex = 0, edges = 0;
-    if (p < P) {
-        int a = pair_a[p], b = pair_b[p];
-        const double2* C = side ? cb : ca;
-        const int *ro = side ? ro_b : ro_a, *gro = side ? gro_b : gro_a;
-        const double2* CO = side ? ca : cb;
-        const int *roO = side ? ro_a : ro_b, *groO = side ? gro_a : gro_b;
-        int g = side ? b : a, go = side ? a : b;
-        const double* boxO = (side ? box_a : box_b) + 4 * (long long)go;
-        int r = gro[g] + lr;
-        if (r < gro[g + 1]) {
-            long long base = p == 0 ? 0 : slot_incl[p - 1];
-            int a_coords = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
-            long long slot0 = base + (side ? a_coords : 0) - ro[gro[g]];     // slot of coordinate k: slot0 + k
-            int k0 = ro[r], k1 = ro[r + 1] - 1;
-            bool cut = ev_start[slot0 + k1] != ev_start[slot0 + k0] || ov_start[slot0 + k1] != ov_start[slot0 + k0];
-            const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
+    if (tid < (long long)P * 2 * max_rings) {
+        AreaRing R = area_ring(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
+                               slot_incl);
+        if (R.r >= 0) {
+            const double* boxO = R.boxO;
+            bool cut = ev_start[R.slot0 + R.k1] != ev_start[R.slot0 + R.k0] ||
+                       ov_start[R.slot0 + R.k1] != ov_start[R.slot0 + R.k0];
+            const double* rb = (R.side ? rbox_b : rbox_a) + 4 * (long long)R.r;
             if (!cut) {
                 if (boxes_meet(rb[0], rb[1], rb[2], rb[3], boxO)) {
-                    double2 e0 = C[k0], e1 = C[k0 + 1];
-                    double2 m = make_double2(0.5 * (e0.x + e1.x), 0.5 * (e0.y + e1.y));
+                    double2 m = R.C[R.k0];     // an input vertex, off the other boundary (the ring has no record)
                     if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
                         bool bnd = false;
                         ++n_pip;
-                        if (classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd)
-                            acc += (side ? ra2_b : ra2_a)[r];
+                        if (classify_point(R.CO, R.roO, R.groO, R.go, m, errA, ex, edges, bnd) && !bnd)
+                            acc += (R.side ? ra2_b : ra2_a)[R.r];
                     }
                 }
             } else {
                 n_cut = 1;
-                const double* BA = box_a + 4 * (long long)a;
-                double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
-                for (int k = k0; k < k1; ++k) {
-                    long long s = slot0 + k;
-                    int e_lo = ev_start[s], e_hi = ev_start[s + 1], o_lo = ov_start[s], o_hi = ov_start[s + 1];
-                    double2 e0 = C[k], e1 = C[k + 1];
-                    if (e_lo == e_hi && o_lo == o_hi &&
-                        !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
-                        continue;   // no events and away from the other polygon: outside
-                    double t0 = 0.0;
-                    for (int i = e_lo; i <= e_hi; ++i) {
-                        double t1 = i < e_hi ? ev_t[ev_order[i]] : 1.0;
-                        if (!(t1 > t0)) continue;
-                        ++n_pieces;
-                        double tm = 0.5 * (t0 + t1);
-                        bool keep;
-                        bool shared = on_overlap(tm, o_lo, o_hi, ov_order, ov_lo, ov_hi, ov_keep, keep);
-                        if (!shared) {
-                            double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
-                            if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
-                                bool bnd = false;
-                                ++n_pip;
-                                keep = classify_point(CO, roO, groO, go, m, errA, ex, edges, bnd) && !bnd;
-                            }
-                        }
-                        if (keep) {
-                            ++n_kept;
-                            double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
-                            acc += (q0.x - ox) * (q1.y - oy) - (q1.x - ox) * (q0.y - oy);
-                        }
-                        t0 = t1;
-                    }
+                const double2 o = shoelace_origin(box_a + 4 * (long long)pair_a[R.p],
+                                                  box_b + 4 * (long long)pair_b[R.p]);
+                unsigned long long pip = 0, pieces = 0, kept = 0;
+                if (cut_ring_pieces<false>(R, o, ev_start, ev_order, ev_t, ov_start, ov_order, ov_lo, ov_hi, ov_keep,
+                                           errA, acc, pip, pieces, kept, edges)) {
+                    n_pip += pip; n_pieces += pieces; n_kept += kept;
+                } else {
+                    acc = 0.0;          // area_rings_exact writes this ring's contribution
+                    redo[atomicAdd(redo_count, 1ull)] = tid;
                 }
             }
         }
+        contrib[tid] = acc;
     }
-    if (p < P) contrib[tid] = acc;
     unsigned long long v[4] = {n_pip, n_pieces, n_kept, n_cut};
     block_add<4>(stats, v);
+}
+
+// The rings area_rings listed (redo, redo_count of them), their pieces decided from the input doubles: each ring's
+// contribution and its tests, pieces and kept pieces (stats as area_rings'). A fixed grid striding over the list,
+// whose length only the device knows; at most 128 registers (launched with the area stage's block, up to 512).
+extern "C" __global__ void __launch_bounds__(512, 1) area_rings_exact(
+        const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double2* cb,
+        const int* ro_b, const int* gro_b, const double* box_b, const int* pair_a, const int* pair_b, int max_rings,
+        const long long* slot_incl, const int* ev_start, const int* ev_order, const double* ev_t,
+        const int* ov_start, const int* ov_order, const double* ov_lo, const double* ov_hi, const int* ov_keep,
+        double errA, const long long* redo, const unsigned long long* redo_count, double* contrib,
+        unsigned long long* stats) {
+    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, edges = 0;
+    long long n = (long long)*redo_count;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long tid = redo[i];
+        AreaRing R = area_ring(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
+                               slot_incl);
+        const double2 o = shoelace_origin(box_a + 4 * (long long)pair_a[R.p], box_b + 4 * (long long)pair_b[R.p]);
+        double acc = 0.0;
+        cut_ring_pieces<true>(R, o, ev_start, ev_order, ev_t, ov_start, ov_order, ov_lo, ov_hi, ov_keep, errA, acc,
+                              n_pip, n_pieces, n_kept, edges);
+        contrib[tid] = acc;
+    }
+    unsigned long long v[3] = {n_pip, n_pieces, n_kept};
+    block_add<3>(stats, v);
 }
 
 // Per pair: half the sum of its rings' contributions; keep[p] = area > 0. kept[0] += pairs kept (the result's

@@ -124,10 +124,11 @@ edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const doub
 // the ring the status (inside or outside the other polygon) changes only where the other
 // boundary meets it, and every such point has a record: a proper crossing flips the
 // status; a touch, a mark at a segment's end or a shared stretch makes it unknown, and
-// the next piece is classified by its midpoint as in area_rings. A status is carried only
-// from a classification that can be trusted: outside the other polygon's bbox, or a
-// midpoint test off the boundary on a piece at least TRUST_T of its edge long (a tiny
-// piece's rounded midpoint can land on the wrong side of a boundary it nearly touches).
+// the next piece is classified by its middle point as in area_rings (piece_inside: exact
+// for that point). A status is carried only from a classification that can be trusted:
+// outside the other polygon's bbox, or a test off the boundary on a piece at least TRUST_T
+// of its edge long (a piece a few ulps long may have its bounds a few ulps off, and its
+// middle outside the piece it stands for).
 //
 // Two kernels. area_rings_flip takes a thread per (pair, side, ring) as area_rings does:
 // a ring the other boundary does not cut is settled by one midpoint test, and a cut ring
@@ -290,8 +291,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
             cut = any_record(s0, s1, ev_start, ev_sslot) || any_record(s0, s1, ov_start, ov_sslot);
             const double* rb = (side ? rbox_b : rbox_a) + 4 * (long long)r;
             if (!cut && boxes_meet(rb[0], rb[1], rb[2], rb[3], R.boxO)) {
-                double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
-                double2 m = make_double2(0.5 * (e0.x + e1.x), 0.5 * (e0.y + e1.y));
+                double2 m = R.C[R.k0];     // an input vertex, off the other boundary (the ring has no record)
                 const double* bo = R.boxO;
                 if (bo[0] <= m.x && m.x <= bo[2] && bo[1] <= m.y && m.y <= bo[3]) {
                     bool bnd = false;
@@ -311,16 +311,81 @@ extern "C" __global__ void __launch_bounds__(512, 2) area_rings_flip(
     warp_sums_add(sums, stats, v);
 }
 
-// Bounded for blocks of 512 (the largest the area stage's block takes): at most 128 registers, the count it
-// compiles to anyway (sm_90), so a change that needed more would spill rather than fail to launch at 512.
+// Walks cut ring R (of pair p), carrying its status: the shoelace terms of its kept pieces into acc, relative to o.
+// EXACT false (area_cut_rings): false as soon as a test the status needs cannot tell (the ring is then walked again
+// by area_cut_rings_exact, and what this walk counted is dropped).
+template <bool EXACT>
+__device__ __forceinline__ bool walk_ring(const RingRef& R, double2 o, const int* ev_start, const int* ev_sslot,
+                                          const double* ev_ts, const signed char* ev_ks, const int* ov_start,
+                                          const int* ov_sslot, const int* ov_order, const double* ov_lo,
+                                          const double* ov_hi, const int* ov_keep, int n_ev, int n_ov, double errA,
+                                          double& acc, unsigned long long& n_pip, unsigned long long& n_pieces,
+                                          unsigned long long& n_kept, unsigned long long& edges) {
+    const double* boxO = R.boxO;
+    int status = -1;   // -1 unknown, 0 outside, 1 inside
+    // The records are sorted by slot, and the ring's edges are consecutive slots: an edge's records start
+    // where its predecessor's end, and the slot of the next record (e_at, o_at; -1 past the last) says
+    // whether this edge has any, so an edge with none loads nothing but its end point (loaded a step ahead).
+    int s = (int)(R.slot0 + R.k0);        // slots fit an int (the backend checks the slot count)
+    int e_lo = first_at(s, ev_start, ev_sslot), o_lo = first_at(s, ov_start, ov_sslot);
+    int e_at = e_lo < n_ev ? ev_sslot[e_lo] : -1, o_at = o_lo < n_ov ? ov_sslot[o_lo] : -1;
+    double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
+    for (int k = R.k0; k < R.k1; ++k, ++s) {
+        double2 c_next = e1;
+        if (k + 1 < R.k1) c_next = R.C[k + 2];
+        int e_hi = e_lo, o_hi = o_lo;
+        while (e_at == s) { ++e_hi; e_at = e_hi < n_ev ? ev_sslot[e_hi] : -1; }
+        while (o_at == s) { ++o_hi; o_at = o_hi < n_ov ? ov_sslot[o_hi] : -1; }
+        if (status < 0 && e_lo == e_hi && o_lo == o_hi &&
+            !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
+            status = 0;   // no records and away from the other polygon: outside
+        double t0 = 0.0;
+        for (int j = e_lo; j <= e_hi; ++j) {
+            double t1 = j < e_hi ? ev_ts[j] : 1.0;
+            if (t1 > t0) {
+                ++n_pieces;
+                double tm = 0.5 * (t0 + t1);
+                bool keep;
+                bool shared = on_overlap(tm, o_lo, o_hi, ov_order, ov_lo, ov_hi, ov_keep, keep);
+                if (shared) {
+                    status = -1;
+                } else if (status >= 0) {
+                    keep = status;
+                } else {
+                    bool in_box, bnd, unsure = false;
+                    keep = piece_inside<EXACT>(R.C + k, tm, R.CO, R.roO, R.groO, R.go, boxO, errA, edges, in_box, bnd,
+                                               unsure);
+                    if (unsure) return false;
+                    n_pip += in_box;
+                    status = !in_box ? 0 : ((!bnd && t1 - t0 >= TRUST_T) ? (int)keep : -1);
+                }
+                if (keep) {
+                    ++n_kept;
+                    double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
+                    acc += (q0.x - o.x) * (q1.y - o.y) - (q1.x - o.x) * (q0.y - o.y);
+                }
+                t0 = t1;
+            }
+            if (j < e_hi) status = (ev_ks[j] && status >= 0) ? status ^ 1 : -1;
+        }
+        e_lo = e_hi; o_lo = o_hi; e0 = e1; e1 = c_next;
+    }
+    return true;
+}
+
+// Bounded for blocks of 512 (the largest the area stage's block takes): at most 128 registers (it compiles to about
+// 110 on sm_90), so a change that needed more would spill rather than fail to launch at 512. A ring whose walk
+// needs a test the filtered one cannot decide is listed (``redo``, its count in redo_count) for
+// area_cut_rings_exact: the exact tests' expansions, called from here, cost this kernel 50 registers more.
 extern "C" __global__ void __launch_bounds__(512) area_cut_rings(
         const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double2* cb,
         const int* ro_b, const int* gro_b, const double* box_b, const int* pair_a, const int* pair_b, int max_rings,
         const long long* slot_incl, const int* ev_start, const int* ev_sslot, const double* ev_ts,
         const signed char* ev_ks, const int* ov_start, const int* ov_sslot, const int* ov_order,
         const double* ov_lo, const double* ov_hi, const int* ov_keep, const unsigned long long* n_records,
-        double errA, const long long* cut_list, double* contrib, unsigned long long* stats) {
-    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, ex = 0, edges = 0;
+        double errA, const long long* cut_list, double* contrib, unsigned long long* stats, long long* redo,
+        unsigned long long* redo_count) {
+    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, edges = 0;
     long long n_cut = (long long)stats[3];
     int n_ev = (int)n_records[0], n_ov = (int)n_records[1];
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_cut;
@@ -329,61 +394,44 @@ extern "C" __global__ void __launch_bounds__(512) area_cut_rings(
         int r, p, side;
         RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
                              slot_incl, r, p, side);
-        const double* BA = box_a + 4 * (long long)pair_a[p];
-        const double* boxO = R.boxO;
-        double ox = 0.5 * (BA[0] + BA[2]), oy = 0.5 * (BA[1] + BA[3]);
+        const double2 o = shoelace_origin(box_a + 4 * (long long)pair_a[p], box_b + 4 * (long long)pair_b[p]);
         double acc = 0.0;
-        int status = -1;   // -1 unknown, 0 outside, 1 inside
-        // The records are sorted by slot, and the ring's edges are consecutive slots: an edge's records start
-        // where its predecessor's end, and the slot of the next record (e_at, o_at; -1 past the last) says
-        // whether this edge has any, so an edge with none loads nothing but its end point (loaded a step ahead).
-        int s = (int)(R.slot0 + R.k0);        // slots fit an int (the backend checks the slot count)
-        int e_lo = first_at(s, ev_start, ev_sslot), o_lo = first_at(s, ov_start, ov_sslot);
-        int e_at = e_lo < n_ev ? ev_sslot[e_lo] : -1, o_at = o_lo < n_ov ? ov_sslot[o_lo] : -1;
-        double2 e0 = R.C[R.k0], e1 = R.C[R.k0 + 1];
-        for (int k = R.k0; k < R.k1; ++k, ++s) {
-            double2 c_next = e1;
-            if (k + 1 < R.k1) c_next = R.C[k + 2];
-            int e_hi = e_lo, o_hi = o_lo;
-            while (e_at == s) { ++e_hi; e_at = e_hi < n_ev ? ev_sslot[e_hi] : -1; }
-            while (o_at == s) { ++o_hi; o_at = o_hi < n_ov ? ov_sslot[o_hi] : -1; }
-            if (status < 0 && e_lo == e_hi && o_lo == o_hi &&
-                !boxes_meet(fmin(e0.x, e1.x), fmin(e0.y, e1.y), fmax(e0.x, e1.x), fmax(e0.y, e1.y), boxO))
-                status = 0;   // no records and away from the other polygon: outside
-            double t0 = 0.0;
-            for (int j = e_lo; j <= e_hi; ++j) {
-                double t1 = j < e_hi ? ev_ts[j] : 1.0;
-                if (t1 > t0) {
-                    ++n_pieces;
-                    double tm = 0.5 * (t0 + t1);
-                    bool keep;
-                    bool shared = on_overlap(tm, o_lo, o_hi, ov_order, ov_lo, ov_hi, ov_keep, keep);
-                    if (shared) {
-                        status = -1;
-                    } else if (status >= 0) {
-                        keep = status;
-                    } else {
-                        double2 m = make_double2(e0.x + tm * (e1.x - e0.x), e0.y + tm * (e1.y - e0.y));
-                        if (boxO[0] <= m.x && m.x <= boxO[2] && boxO[1] <= m.y && m.y <= boxO[3]) {
-                            bool bnd = false;
-                            ++n_pip;
-                            keep = classify_point(R.CO, R.roO, R.groO, R.go, m, errA, ex, edges, bnd) && !bnd;
-                            status = (!bnd && t1 - t0 >= TRUST_T) ? (int)keep : -1;
-                        } else {
-                            status = 0;
-                        }
-                    }
-                    if (keep) {
-                        ++n_kept;
-                        double2 q0 = point_at(e0, e1, t0), q1 = point_at(e0, e1, t1);
-                        acc += (q0.x - ox) * (q1.y - oy) - (q1.x - ox) * (q0.y - oy);
-                    }
-                    t0 = t1;
-                }
-                if (j < e_hi) status = (ev_ks[j] && status >= 0) ? status ^ 1 : -1;
-            }
-            e_lo = e_hi; o_lo = o_hi; e0 = e1; e1 = c_next;
+        unsigned long long pip = 0, pieces = 0, kept = 0;
+        if (walk_ring<false>(R, o, ev_start, ev_sslot, ev_ts, ev_ks, ov_start, ov_sslot, ov_order, ov_lo, ov_hi,
+                             ov_keep, n_ev, n_ov, errA, acc, pip, pieces, kept, edges)) {
+            n_pip += pip; n_pieces += pieces; n_kept += kept;
+            contrib[tid] = acc;
+        } else {
+            redo[atomicAdd(redo_count, 1ull)] = tid;       // area_cut_rings_exact writes its contribution
         }
+    }
+    unsigned long long v[3] = {n_pip, n_pieces, n_kept};
+    block_add<3>(stats, v);
+}
+
+// The rings area_cut_rings listed (redo, redo_count of them), walked again with every test decided (from the input
+// doubles where the filtered one could not): each ring's contribution and its tests, pieces and kept pieces.
+extern "C" __global__ void __launch_bounds__(512, 1) area_cut_rings_exact(
+        const double2* ca, const int* ro_a, const int* gro_a, const double* box_a, const double2* cb,
+        const int* ro_b, const int* gro_b, const double* box_b, const int* pair_a, const int* pair_b, int max_rings,
+        const long long* slot_incl, const int* ev_start, const int* ev_sslot, const double* ev_ts,
+        const signed char* ev_ks, const int* ov_start, const int* ov_sslot, const int* ov_order,
+        const double* ov_lo, const double* ov_hi, const int* ov_keep, const unsigned long long* n_records,
+        double errA, const long long* redo, const unsigned long long* redo_count, double* contrib,
+        unsigned long long* stats) {
+    unsigned long long n_pip = 0, n_pieces = 0, n_kept = 0, edges = 0;
+    long long n = (long long)*redo_count;
+    int n_ev = (int)n_records[0], n_ov = (int)n_records[1];
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long tid = redo[i];
+        int r, p, side;
+        RingRef R = ring_ref(tid, max_rings, ca, ro_a, gro_a, box_a, cb, ro_b, gro_b, box_b, pair_a, pair_b,
+                             slot_incl, r, p, side);
+        const double2 o = shoelace_origin(box_a + 4 * (long long)pair_a[p], box_b + 4 * (long long)pair_b[p]);
+        double acc = 0.0;
+        walk_ring<true>(R, o, ev_start, ev_sslot, ev_ts, ev_ks, ov_start, ov_sslot, ov_order, ov_lo, ov_hi, ov_keep,
+                        n_ev, n_ov, errA, acc, n_pip, n_pieces, n_kept, edges);
         contrib[tid] = acc;
     }
     unsigned long long v[3] = {n_pip, n_pieces, n_kept};

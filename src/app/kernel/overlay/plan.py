@@ -107,14 +107,12 @@ class OverlayPlan(KernelPlan):
         raise KeyError(stage)
 
     def verify(self, inputs: OverlayInputs, output) -> dict:
-        import shapely
+        from app.kernel.overlay.oracle import compare, layer_measures, shapely_overlay
 
-        from app.kernel.overlay.oracle import compare, shapely_overlay
-
-        exp = shapely_overlay(inputs.left, inputs.right)
-        la, rb = shapely.area(inputs.left.to_shapely()), shapely.area(inputs.right.to_shapely())
-        res = compare(tuple(np.asarray(a) for a in output), exp, la, rb)
-        res["oracle"] = "shapely.intersection(a, b).area (rel. 1e-9 of the larger area)"
+        left, right = inputs.left.to_shapely(), inputs.right.to_shapely()
+        exp = shapely_overlay(left, right)
+        res = compare(tuple(np.asarray(a) for a in output), exp, layer_measures(left), layer_measures(right))
+        res["oracle"] = f"shapely.intersection(a, b).area ({res['tolerance']})"
         return res
 
 
