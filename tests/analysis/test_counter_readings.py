@@ -126,3 +126,67 @@ def test_spills_waves_and_l2_with_a_part_missing_are_missing():
     kernels, stages, ops = analyse(df)
     assert math.isnan(stages.set_index("stage").loc["candidate_filter", "l2_hit_pct"])
     assert not any(o["name"].startswith("Improve locality in candidate_filter") for o in ops)
+
+
+def _units_changed(column: str, unit: str) -> str:
+    """The committed capture with ``column``'s unit cell replaced (the values as they were)."""
+    import csv
+    import io
+
+    text = fixture_text("ncu/join.annotation.csv")
+    lines = text.splitlines(keepends=True)
+    i = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    rows = list(csv.reader(io.StringIO("".join(lines[i:]))))
+    rows[1][rows[0].index(column)] = unit
+    buf = io.StringIO()
+    csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
+    return "".join(lines[:i]) + buf.getvalue()
+
+
+def test_a_reading_in_an_unknown_unit_is_missing_with_its_unit_named():
+    df, units = parse_raw(_units_changed("dram__bytes_read.sum", "sector"))
+    kernels = kernel_table(df, "join", STAGES, DEVICE, units=units)
+    stages = stage_table(kernels, STAGES)
+    ops = opportunities(stages, kernel_time(stages))
+    assert kernels["dram_bytes"].isna().all() and kernels["achieved_gbps"].isna().all()
+    assert all("dram__bytes_read.sum (unit 'sector' not understood (expected one of 'byte', 'Kbyte'" in m
+               for m in kernels["missing"])
+    assert kernel_time(stages) == pytest.approx(kernels["duration_us"].sum())      # the time is still read
+    text = report(kernels, stages, ops)
+    assert "dram__bytes_read.sum (unit 'sector' not understood" in text
+    # Without the units the reading is still missing (parse_raw left it out), named by the metric alone.
+    assert all("dram__bytes_read.sum" in m for m in kernel_table(df, "join", STAGES, DEVICE)["missing"])
+
+
+def test_a_stage_that_ran_gpu_work_without_a_kernel_in_the_capture_is_missing_not_zero():
+    from app.analysis.kernel_metrics import stages_with_gpu_work
+    from app.runtime.profiling.counters import summary
+
+    df = raw()
+    df = df[df["kernel"] != "refine"].reset_index(drop=True)          # the capture lost refine
+    worker = {"selection": {"selected": "gpu"},
+              "stages": [{"name": n, "device": "gpu", "rows_in": 100} for n in STAGES]}
+    kernels = kernel_table(df, "join", STAGES, DEVICE)
+    stages = stage_table(kernels, STAGES, stages_with_gpu_work(worker))
+    ops = opportunities(stages, kernel_time(stages))
+    refine = stages.set_index("stage").loc["predicate_refine"]
+    assert refine["kernels"] == 0 and refine["unprofiled"]
+    assert math.isnan(refine["duration_us"]) and math.isnan(refine["achieved_gbps"])         # not 0.0 us
+    assert refine["bottleneck"] == ("n/a (no kernel profiled, though the stage ran on the GPU: "
+                                    "gpu__time_duration.sum missing)")
+    assert math.isnan(kernel_time(stages))
+    assert kernel_time_text(stages) == "kernel time n/a (no kernel profiled in predicate_refine, which ran on the GPU)"
+    assert all(o["gain_pct"] is None for o in ops)                  # a share of an unknown total is unknown
+    text = report(kernels, stages, ops)
+    assert "**Bottleneck:** n/a" in text and "nan" not in text.replace("n/a", "")
+    s = summary(stages, kernels, ops)
+    assert s["duration_us"] is None and s["achieved_gbps"] is None and s["bottleneck"] == "n/a"
+    assert "predicate_refine" in s["missing"]["duration_us"]
+
+    # A CPU run, or a stage given no rows, launched nothing: "no kernels" stays a finding, not a gap.
+    for w in ({"selection": {"selected": "cpu"}, "stages": [{"name": n, "device": "cpu", "rows_in": 100}
+                                                            for n in STAGES]},
+              {"selection": {"selected": "gpu"}, "stages": [{"name": n, "device": "gpu", "rows_in": 0}
+                                                            for n in STAGES]}):
+        refine = stage_table(kernels, STAGES, stages_with_gpu_work(w)).set_index("stage").loc["predicate_refine"]
+        assert refine["bottleneck"] == "no kernels" and not refine["unprofiled"]

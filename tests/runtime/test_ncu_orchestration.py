@@ -132,3 +132,157 @@ def test_cpu_run_leads_the_headline(tmp_path, monkeypatch):
     report = (_profile_dir(out, "annotation") / "report.md").read_text()
     headline = report.split("\n## ")[0]
     assert "CPU FALLBACK" in headline and "no GPU counters" in headline
+
+
+# --- the real capture with one defect injected (the fake's FAKE_NCU_MODE / FAKE_NCU_EXPORT) -----------------
+
+def _one_error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def _replayed_kernels():
+    """The kernel table of the committed capture as made (base units), as annotation mode computes it."""
+    from app.analysis.kernel_metrics import kernel_table
+
+    stages = [s.name for s in get_plan_class("join", "v2")().stages]
+    return kernel_table(parse_raw(fixture_text("ncu/join.annotation.csv"))[0], "join", stages, "NVIDIA H200")
+
+
+@pytest.mark.parametrize("mode,column", [("unit-us", "duration_us"), ("unit-ms", "duration_us"),
+                                         ("unit-kb", "dram_bytes"), ("unit-mb", "local_spill_bytes")])
+def test_a_metric_in_another_unit_is_scaled_not_taken_as_the_base_unit(tmp_path, monkeypatch, mode, column):
+    """ncu printed the same quantity in usecond/msecond/Kbyte/Mbyte: read as ns or bytes it made 1.65 GB/s
+    read 1,650.8 and a byte count 1000x too small (and flipped the L2 verdicts)."""
+    import pandas as pd
+
+    monkeypatch.setenv("FAKE_NCU_MODE", mode)
+    out = tmp_path / "out"
+    assert main([*ARGS, "--out", str(out)]) == 0
+    d = _profile_dir(out, "annotation")
+    got = pd.read_csv(d / "kernels.csv")
+    want = _replayed_kernels()
+    assert got[column].notna().all()
+    assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=1e-6)
+    assert got["flags"].fillna("").tolist() == want["flags"].tolist()           # nothing above the peak
+    assert got["bottleneck"].tolist() == want["bottleneck"].tolist()
+
+
+def test_a_metric_in_an_unknown_unit_is_missing_and_named_with_its_unit(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_NCU_MODE", "unit-odd")            # gpu__time_duration.sum in "cycle"
+    out = tmp_path / "out"
+    assert main([*ARGS, "--out", str(out)]) == 0
+    d = _profile_dir(out, "annotation")
+    trace = json.loads((d / "trace.json").read_text())
+    assert all(s["elapsed_seconds"] is None for s in trace["stages"])     # no time, not cycles read as ns
+    assert trace["summary"]["duration_us"] is None
+    report = (d / "report.md").read_text()
+    listing = report.split("## Missing readings")[1].split("\n## ")[0]
+    assert "gpu__time_duration.sum (unit 'cycle' not understood" in listing
+    assert "kernel time n/a" in report.split("\n## ")[0]
+
+
+@pytest.mark.parametrize("mode,code,fragment", [
+    ("failed-refine", 2, 'reported an error (exit 0) after'),     # ncu: ==ERROR== Failed to profile, exit 0
+    ("header-only", 8, "has its header and units rows but no kernel rows"),
+    ("trunc-mid", 8, "ends inside a quoted cell: the output was cut off"),
+])
+def test_a_capture_short_of_kernels_is_refused_in_one_line(tmp_path, capsys, monkeypatch, mode, code, fragment):
+    monkeypatch.setenv("FAKE_NCU_MODE", mode)
+    out = tmp_path / "out"
+    assert main([*ARGS, "--out", str(out)]) == code
+    err = _one_error_line(capsys)
+    assert fragment in err, err
+    if mode == "failed-refine":
+        assert err.endswith('==ERROR== Failed to profile "refine" in process 1')     # the line itself, no CSV
+    assert not out.exists()
+
+
+def test_a_stage_whose_kernels_are_not_in_the_capture_is_missing_not_zero(tmp_path, monkeypatch):
+    """The refine row gone with nothing said (exit 0): predicate_refine ran on the GPU and its kernel time is
+    unknown, not 0.0 us, and so is the iteration's."""
+    monkeypatch.setenv("FAKE_NCU_MODE", "drop-refine")
+    out = tmp_path / "out"
+    assert main([*ARGS, "--out", str(out)]) == 0
+    d = _profile_dir(out, "annotation")
+    trace = json.loads((d / "trace.json").read_text())
+    by = {s["name"]: s for s in trace["stages"]}
+    refine = by["predicate_refine"]
+    assert refine["elapsed_seconds"] is None and refine["ncu"]["duration_us"] is None and refine["ncu"]["unprofiled"]
+    assert by["bounds"]["elapsed_seconds"] > 0 and not by["bounds"]["ncu"]["unprofiled"]
+    assert trace["total_elapsed_seconds"] is None
+    assert trace["summary"]["duration_us"] is None and "predicate_refine" in trace["summary"]["missing"]["duration_us"]
+    report = (d / "report.md").read_text()
+    assert "kernel time n/a (no kernel profiled in predicate_refine, which ran on the GPU)" in report
+    row = next(line for line in report.splitlines() if line.startswith("| predicate_refine |"))
+    assert "| n/a |" in row and "0.0" not in row and "no kernel profiled" in row
+    assert "**Bottleneck:** n/a" in report
+
+
+def test_the_cause_leads_a_failure_line_not_the_warnings_after_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FAKE_NCU_MODE", "stdout-err")       # ==ERROR== on stdout, 4 warning lines on stderr
+    assert main([*ARGS, "--out", str(tmp_path / "out")]) == 2
+    err = _one_error_line(capsys)
+    assert err.split(" s: ", 1)[1].startswith('==ERROR== LaunchFailed: an illegal memory access'), err
+
+
+@pytest.mark.parametrize("export,fragment", [
+    ("source:trunc-mid", "the source page exported from profile.ncu-rep"),    # was a traceback (None.strip())
+    ("details:trunc-mid", "the details page exported from profile.ncu-rep"),  # was 182 rule results of 313
+    ("raw:trunc-rows", "the raw page holds 12 kernels, the details page 20"),
+    ("raw:drop-refine", "the raw page holds 19 kernels, the details page 20"),
+    ("source:drop-refine", "has 71 cells, the header of kernel 'point_candidates' 70"),   # refine's rows under it
+    ("source:drop-last-block", "the raw page holds 20 kernels, the source page 19"),
+])
+def test_a_damaged_export_is_refused_in_one_line(tmp_path, capsys, monkeypatch, export, fragment):
+    monkeypatch.setenv("FAKE_NCU_EXPORT", export)
+    out = tmp_path / "out"
+    assert main(["join", "v2", *SMALL, "--prof_type", "ncu", "--ncu", str(FAKE), "--out", str(out)]) == 8
+    err = _one_error_line(capsys)
+    assert fragment in err and "re-run the profile" in err, err
+    if "trunc-mid" in export:
+        assert "the row at line " in err
+    assert not out.exists()
+
+
+def test_an_ncu_older_than_the_column_maps_is_refused_before_it_runs(tmp_path, capsys, monkeypatch):
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_NCU_VERSION", "Version 2019.4.0 (build 27400000)")
+    monkeypatch.setenv("FAKE_NCU_CALLS", str(calls))
+    out = tmp_path / "out"
+    assert main([*ARGS, "--out", str(out)]) == 6
+    err = _one_error_line(capsys)
+    assert "ncu 2019.4.0 is older than 2025.3" in err and "pass --ncu PATH to a newer one" in err
+    assert calls.read_text().split() == ["--version"]            # asked its version, profiled nothing
+    assert not out.exists()
+
+
+def test_an_ncu_refusing_an_option_is_told_which_release_it_needs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FAKE_NCU_MODE", "oldopts")
+    assert main(["join", "v2", *SMALL, "--prof_type", "ncu", "--ncu", str(FAKE), "--out", str(tmp_path / "o")]) == 2
+    err = _one_error_line(capsys)
+    assert "unrecognised option '--import-source'" in err and "Nsight Compute 2025.3 and newer" in err, err
+
+
+def test_the_ncu_version_read_before_the_run_is_recorded(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_NCU_CALLS", str(calls))
+    out = tmp_path / "out"
+    assert main([*ARGS, "--out", str(out)]) == 0
+    d = _profile_dir(out, "annotation")
+    assert json.loads((d / "params.json").read_text())["tools"]["ncu"] == "2025.3.1.0"
+    assert json.loads((d / "trace.json").read_text())["metadata"]["tool"]["version"] == "2025.3.1.0"
+    assert calls.read_text().split()[0] == "--version"          # read first, once
+    assert calls.read_text().split().count("--version") == 1
+
+
+def test_a_source_page_repeating_each_kernel_is_read_once_per_kernel(tmp_path, monkeypatch):
+    """The real ncu 2025.3.1 printed every kernel's SASS block twice, identical, in join v2's source page on
+    the H200 (2026-11-29): one kernel each, not a second launch, and the pages still agree."""
+    monkeypatch.setenv("FAKE_NCU_EXPORT", "source:dup-blocks")
+    out = tmp_path / "out"
+    assert main(["join", "v2", *SMALL, "--prof_type", "ncu", "--ncu", str(FAKE), "--out", str(out)]) == 0
+    d = _profile_dir(out, "ncu")
+    assert len(list((d / "sass").glob("*.csv"))) == 20 and len(list((d / "hot").glob("*.md"))) == 20
+    assert any(p.name.endswith("_point_candidates_2.csv") for p in (d / "sass").glob("*.csv"))  # a real relaunch

@@ -105,17 +105,27 @@ def attribute_stages(df: pd.DataFrame, domain: str, stages: list[str]) -> pd.Ser
 
 
 def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: str,
-                 spec: dict | None = None) -> pd.DataFrame:
+                 spec: dict | None = None, units: dict | None = None) -> pd.DataFrame:
     """One row per profiled kernel with derived rates, roofline share and bottleneck class. ``spec``: the peaks
-    to use (calibrated ones, say); the devices table's entry for ``device_name`` otherwise."""
+    to use (calibrated ones, say); the devices table's entry for ``device_name`` otherwise. ``units``: the
+    {column: unit} parse_raw returns with ``df``; a reading it left out for an unknown unit is named with it."""
+    from app.runtime.profiling.parsers.columns import unit_problem
+
     if spec is None:
         _, spec = match_device(device_name)
     raw_duration = _col(df, "duration_ns")
     raw = {c: _col(df, c) for c in READINGS}
+    source = {c: c for c in READINGS}
     if "dram_pct" not in df and "dram_pct_sol" in df:      # a full-set capture
         raw["dram_pct"] = _col(df, "dram_pct_sol")
-    missing = [[_metric_name(c if c != "dram_pct" or "dram_pct" in df else "dram_pct_sol")
-                for c in READINGS if math.isnan(raw[c].iat[i])] for i in range(len(df))]
+        source["dram_pct"] = "dram_pct_sol"
+
+    def why(c: str) -> str:
+        col = source[c]
+        problem = unit_problem(col, units.get(col, "")) if units is not None and col in df else None
+        return f"{_metric_name(col)} ({problem})" if problem else _metric_name(col)
+
+    missing = [[why(c) for c in READINGS if math.isnan(raw[c].iat[i])] for i in range(len(df))]
     out = pd.DataFrame({
         "stage": attribute_stages(df, domain, stages),
         "kernel": df["kernel"],
@@ -165,12 +175,29 @@ def classify(r) -> str:
     return base
 
 
-def stage_table(kernels: pd.DataFrame, stages: list[str]) -> pd.DataFrame:
+def stages_with_gpu_work(worker: dict) -> set[str]:
+    """The stages the worker ran on the GPU (the run's device: the recorder runs every stage on it) with input
+    rows: each launches kernels, so a capture holding none of them lost them (a kernel ncu failed to profile,
+    a cut-off export); it did not measure zero."""
+    on_gpu = (worker.get("selection") or {}).get("selected") == "gpu"
+    return {s["name"] for s in worker.get("stages", [])
+            if (on_gpu or s.get("device") == "gpu") and (s.get("rows_in") or 0) > 0}
+
+
+def stage_table(kernels: pd.DataFrame, stages: list[str], expected: set[str] | frozenset = frozenset()) -> pd.DataFrame:
     """Per stage: summed time, bytes and flops; time-weighted SM%, DRAM%, occupancy, L2 hit. Any kernel
-    without a value leaves its stage without it (NaN): a partial sum or average would mislead."""
+    without a value leaves its stage without it (NaN): a partial sum or average would mislead. A stage in
+    ``expected`` (it ran GPU work: stages_with_gpu_work) with no kernel in the capture has every figure
+    missing, with ``unprofiled`` set, never 0.0 us."""
     rows = []
     for name in stages:
         k = kernels[kernels["stage"] == name]
+        if not len(k) and name in expected:
+            rows.append({"stage": name, "kernels": 0, "unprofiled": True, "untimed_kernels": 0} | {
+                c: float("nan") for c in ("duration_us", "dram_bytes", "fp64_flops", "sm_pct", "dram_pct",
+                                          "achieved_occupancy_pct", "l2_hit_pct", "local_spill_bytes",
+                                          "waves_per_sm")})
+            continue
 
         def total(col):
             return float(k[col].sum()) if k[col].notna().all() else float("nan")
@@ -195,12 +222,13 @@ def stage_table(kernels: pd.DataFrame, stages: list[str]) -> pd.DataFrame:
                      "l2_hit_pct": judged_l2(), "local_spill_bytes": total("local_spill_bytes"),
                      "waves_per_sm": float(k["waves_per_sm"].max()) if len(k) and k["waves_per_sm"].notna().all()
                      else float("nan"),
-                     "untimed_kernels": int(k["duration_us"].isna().sum())})
+                     "untimed_kernels": int(k["duration_us"].isna().sum()), "unprofiled": False})
     st = pd.DataFrame(rows)
     secs = st["duration_us"] / 1e6
     st["achieved_gbps"] = st["dram_bytes"] / secs.where(secs > 0) / 1e9
     st["achieved_tflops_fp64"] = st["fp64_flops"] / secs.where(secs > 0) / 1e12
-    st["bottleneck"] = [("no kernels" if not r.kernels else
+    st["bottleneck"] = [(f"n/a (no kernel profiled, though the stage ran on the GPU: {DURATION} missing)"
+                         if r.unprofiled else "no kernels" if not r.kernels else
                          f"n/a ({DURATION} missing or flagged for {r.untimed_kernels} of {r.kernels} kernels)"
                          if r.untimed_kernels else classify(r)) for r in st.itertuples()]
     return st
@@ -216,8 +244,14 @@ def kernel_time_text(stages: pd.DataFrame) -> str:
     t = kernel_time(stages)
     if t == t:
         return f"{t:,.1f} us of kernel time"
-    return (f"kernel time n/a ({DURATION} missing or flagged for {int(stages['untimed_kernels'].sum())} of "
-            f"{int(stages['kernels'].sum())} stage kernels)")
+    why = []
+    if stages["untimed_kernels"].sum():
+        why.append(f"{DURATION} missing or flagged for {int(stages['untimed_kernels'].sum())} of "
+                   f"{int(stages['kernels'].sum())} stage kernels")
+    lost = stages.loc[stages["unprofiled"], "stage"].tolist() if "unprofiled" in stages else []
+    if lost:
+        why.append(f"no kernel profiled in {', '.join(lost)}, which ran on the GPU")
+    return f"kernel time n/a ({'; '.join(why) or DURATION + ' missing'})"
 
 
 def opportunities(stages: pd.DataFrame, total_us: float) -> list[dict]:

@@ -75,3 +75,131 @@ def test_malformed_raw_is_one_clear_error(text):
 def test_helpers():
     assert to_number("1,234.5") == 1234.5 and math.isnan(to_number("n/a")) and to_number("abc") == "abc"
     assert split_nvtx('7  "join:bounds:none:none:none:none:REGISTERED:bounds" ') == [("join", "bounds")]
+
+
+# --- units, truncation and versions: the real captures with one defect each ---------------------------
+
+def _with_unit(text: str, column: str, unit: str, scale: float) -> str:
+    """``text`` (a raw page) with ``column`` printed in ``unit``, its values divided by ``scale``."""
+    import csv
+    import io
+
+    lines = text.splitlines(keepends=True)
+    i = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    rows = list(csv.reader(io.StringIO("".join(lines[i:]))))
+    j = rows[0].index(column)
+    rows[1][j] = unit
+    for r in rows[2:]:
+        r[j] = f"{float(r[j].replace(',', '')) / scale:,.12g}"
+    buf = io.StringIO()
+    csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
+    return "".join(lines[:i]) + buf.getvalue()
+
+
+@pytest.mark.parametrize("column,name,unit,scale", [
+    ("gpu__time_duration.sum", "duration_ns", "usecond", 1e3),
+    ("gpu__time_duration.sum", "duration_ns", "msecond", 1e6),
+    ("gpu__time_duration.sum", "duration_ns", "nsecond", 1),
+    ("dram__bytes_read.sum", "dram_read_bytes", "Kbyte", 1e3),
+    ("dram__bytes_write.sum", "dram_write_bytes", "Mbyte", 1e6),
+    ("l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum", "local_store_bytes", "Gbyte", 1e9),
+])
+def test_a_metric_in_a_prefixed_unit_is_scaled_to_the_base_unit(column, name, unit, scale):
+    text = fixture_text("ncu/join.annotation.csv")
+    base, _ = parse_raw(text)
+    df, units = parse_raw(_with_unit(text, column, unit, scale))
+    assert units[name] == unit
+    assert df[name].tolist() == pytest.approx(base[name].tolist(), rel=1e-6, abs=1e-3)
+
+
+@pytest.mark.parametrize("column,name,unit", [
+    ("gpu__time_duration.sum", "duration_ns", "cycle"),
+    ("dram__bytes_read.sum", "dram_read_bytes", "sector"),
+    ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm_pct", "Gbyte/second"),
+    ("gpu__time_duration.sum", "duration_ns", ""),
+])
+def test_a_metric_in_an_unknown_unit_is_not_read(column, name, unit):
+    df, units = parse_raw(_with_unit(fixture_text("ncu/join.annotation.csv"), column, unit, 1))
+    assert df[name].isna().all()                      # not the number taken in the base unit
+    assert units.get(name, "") == unit
+    assert df["dram_write_bytes"].notna().all()       # the other metrics are read
+
+
+def test_the_committed_captures_are_in_the_units_the_maps_expect():
+    from app.runtime.profiling.parsers.columns import unit_problem
+
+    for name in ("join.annotation.csv", "overlay.annotation.csv", "join.full.raw.csv", "overlay.full.raw.csv"):
+        df, units = parse_raw(fixture_text(f"ncu/{name}"))
+        assert not [c for c in df if unit_problem(c, units.get(c, ""))], name
+
+
+def test_a_raw_page_with_no_kernel_rows_is_refused():
+    text = fixture_text("ncu/join.annotation.csv")
+    lines = text.splitlines(keepends=True)
+    i = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    with pytest.raises(MalformedToolOutput, match="no kernel rows"):
+        parse_raw("".join(lines[:i + 2]))
+
+
+@pytest.mark.parametrize("parse,name", [
+    (parse_raw, "join.annotation.csv"), (parse_raw, "join.full.raw.csv"),
+    (parse_details, "join.full.details.csv"), (parse_source, "join.full.source.csv"),
+])
+@pytest.mark.parametrize("share", [0.3, 0.6, 0.9])
+def test_an_export_cut_off_inside_a_row_is_refused_with_its_line(parse, name, share):
+    text = fixture_text(f"ncu/{name}")
+    cut = text[: int(len(text) * share)]
+    with pytest.raises(MalformedToolOutput, match=r"(the row at line \d+ (ends inside a quoted cell|has \d+ cells))"
+                                                  r"|no kernel rows") as exc:
+        parse(cut, source="the test's page")
+    assert str(exc.value).startswith("the test's page")
+
+
+def test_a_row_cut_at_a_cell_boundary_or_run_long_is_refused():
+    text = fixture_text("ncu/join.full.details.csv")
+    lines = text.splitlines()
+    # A metric row (18 cells) cut after its value: 17 cells, neither a metric row nor a rule row.
+    short = lines[:-1] + [lines[5].rsplit(",", 1)[0]]
+    with pytest.raises(MalformedToolOutput, match=f"line {len(lines)} has 17 cells"):
+        parse_details("\n".join(short))
+    long = lines[:3] + [lines[3] + ',"extra"'] + lines[4:]
+    with pytest.raises(MalformedToolOutput, match="line 4 has 19 cells, a metric row has 18 and a rule row 22"):
+        parse_details("\n".join(long))
+    raw = fixture_text("ncu/join.annotation.csv").splitlines()
+    width = len(raw[-1].split('","'))
+    raw[-1] += ',"1"'
+    with pytest.raises(MalformedToolOutput, match=f"line {len(raw)} has {width + 1} cells, its header {width}"):
+        parse_raw("\n".join(raw))
+
+
+def test_to_number_takes_what_a_padded_row_holds():
+    assert math.isnan(to_number(None)) and to_number(3) == 3.0 and to_number(2.5) == 2.5
+    assert math.isnan(to_number(["x"])) and to_number(" 12 ") == 12.0
+
+
+@pytest.mark.parametrize("version,ok", [("2025.3.1.0", True), ("2025.3.0.0", True), ("2026.1.0.0", True),
+                                        ("2025.2.1.0", False), ("2019.4.0", False), (None, False),
+                                        ("Version unknown", False)])
+def test_an_ncu_older_than_every_column_map_is_refused(version, ok):
+    from app.errors import ToolNotFound
+    from app.runtime.profiling.parsers.columns import check_ncu_version, ncu_columns
+
+    if ok:
+        assert check_ncu_version(version, "/opt/ncu") == version and ncu_columns(version)["ID"] == "id"
+    else:
+        with pytest.raises(ToolNotFound, match="pass --ncu PATH to") as exc:
+            check_ncu_version(version, "/opt/ncu")
+        assert "2025.3" in str(exc.value) and "/opt/ncu" in str(exc.value)
+        if version and version[0].isdigit():
+            assert str(exc.value).startswith(f"ncu {version} is older than 2025.3")
+
+
+def test_a_kernel_block_printed_twice_is_one_kernel():
+    """ncu 2025.3.1 printed each kernel's block twice, identical (H200, join v2, 2026-11-29); a relaunch
+    (point_candidates, twice in join's iteration) has its own samples and stays."""
+    text = fixture_text("ncu/join.full.source.csv")
+    head, *blocks = text.split('"Kernel Name"')
+    doubled = head + "".join(f'"Kernel Name"{b}"Kernel Name"{b}' for b in blocks)
+    once, twice = parse_source(text), parse_source(doubled)
+    assert list(twice) == list(once) and len(twice) == KERNELS["join"] and "point_candidates #2" in twice
+    assert all(twice[k].equals(once[k]) for k in once)

@@ -7,8 +7,8 @@ classes. Writes report.md, roofline.png and the tables as CSV.
 """
 from __future__ import annotations
 
-from app.analysis.kernel_metrics import kernel_table, kernel_time, kernel_time_text, opportunities, stage_table
-from app.analysis.summary import counter_summary
+from app.analysis.kernel_metrics import (kernel_table, kernel_time, kernel_time_text, opportunities, stage_table,
+                                        stages_with_gpu_work)
 from app.report.markdown import fmt
 from app.report.ncu_report import render_report, stage_sections
 from app.runtime.profiling import counters
@@ -26,17 +26,17 @@ class AnnotationMode(Mode):
         counters.check_options(options, self.name)
         ncu_args = ["--csv", "--page", "raw", "--print-units", "base", "--metrics", ",".join(ANNOTATION_METRICS)]
         with run_under_ncu(plan, options, ncu_args, "ncu annotation") as run:
-            raw, _ = parse_raw(run.stdout, run.ncu_version)
+            raw, units = parse_raw(run.stdout, run.ncu_version, source="ncu's raw CSV (ncu annotation's stdout)")
             names = [s.name for s in plan.stages]
             device_name = run.worker["selection"]["device_name"]
             spec = counters.device_spec(run)
-            kernels = kernel_table(raw, plan.kernel, names, device_name, spec)
-            stages = stage_table(kernels, names)
+            kernels = kernel_table(raw, plan.kernel, names, device_name, spec, units=units)
+            stages = stage_table(kernels, names, stages_with_gpu_work(run.worker))
             ops = opportunities(stages, kernel_time(stages))
             trace = counters.measured_trace(plan, run, kernels, stages, self.name)
-            trace["summary"] = counter_summary(stages, kernels, ops)
+            trace["summary"] = counters.summary(stages, kernels, ops)
             files = counters.common_files(plan, run, trace, options, self.name)
-            clock = f"ncu --clock-control {options.clock_control}"
+            clock = f"ncu {run.ncu_version or '(version unread)'} --clock-control {options.clock_control}"
             headline = counters.headline_prefix(trace) + (
                 f"One warm iteration under ncu on {device_name}: {kernel_time_text(stages)} in "
                 f"{len(kernels) - trace['metadata']['kernels_outside_stages']} stage kernels.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from app.analysis.kernel_metrics import kernel_time
+from app.analysis.summary import counter_summary
 from app.errors import BadParameter
 from app.kernel.plan import get_plan_class
 from app.report.sections import device_section, transfers_section, verification_section
@@ -38,8 +39,9 @@ def measured_trace(plan, run, kernels, stages, mode: str) -> dict:
             # None, not NaN (which JSON cannot hold), when a kernel's time is missing: the report names it.
             "elapsed_seconds": _seconds(m["duration_us"]), "rows_in": w["rows_in"], "rows_out": w["rows_out"],
             "metadata": dict(w["meta"]) | w["counters"] | {"kernels": int(m["kernels"])},
-            "ncu": {k: (None if v != v else float(v)) for k, v in m.items() if k not in ("stage", "bottleneck")}
-                   | {"bottleneck": m["bottleneck"]},
+            "ncu": {k: (None if v != v else float(v)) for k, v in m.items()
+                    if k not in ("stage", "bottleneck", "unprofiled")}
+                   | {"bottleneck": m["bottleneck"], "unprofiled": bool(m.get("unprofiled", False))},
             "tiling": plan.tiling[spec.name], "cost": worker.get("costs", {}).get(spec.name),
         })
     sel = worker["selection"]
@@ -58,6 +60,21 @@ def measured_trace(plan, run, kernels, stages, mode: str) -> dict:
                      "tool": {"ncu": run.ncu, "version": run.ncu_version, "command": run.command}},
         "stages": out_stages,
     }
+
+
+def summary(stages, kernels, ops) -> dict:
+    """trace.json's summary (counter_summary), with a stage that ran GPU work but has no kernel in the capture
+    (stage_table's ``unprofiled``) leaving the time, every rate and every weighted average missing, named:
+    counter_summary sums the kernels the capture has, which would be the other stages' time alone."""
+    out = counter_summary(stages, kernels, ops)
+    lost = stages.loc[stages["unprofiled"], "stage"].tolist() if "unprofiled" in stages else []
+    if lost:
+        why = f"no kernel profiled in {', '.join(lost)}, which ran on the GPU (gpu__time_duration.sum missing)"
+        for key in ("duration_us", "achieved_tflops", "achieved_gbps", "occupancy_pct", "sm_pct"):
+            out[key] = None
+            out["missing"][key] = why
+        out["bottleneck"] = "n/a"
+    return out
 
 
 def _seconds(us) -> float | None:

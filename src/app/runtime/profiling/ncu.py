@@ -13,13 +13,13 @@ import os
 import re
 
 from app.analysis.kernel_metrics import (attribute_stages, kernel_table, kernel_time, kernel_time_text,
-                                        opportunities, rank, stage_table)
-from app.analysis.summary import counter_summary
+                                        opportunities, rank, stage_table, stages_with_gpu_work)
+from app.errors import MalformedToolOutput
 from app.report.markdown import Section, fmt, render
 from app.report.ncu_report import GAIN_NOTE, RULE_NOTE, render_report, stage_sections
 from app.runtime.profiling import counters
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
-from app.runtime.profiling.ncu_session import run_under_ncu
+from app.runtime.profiling.ncu_session import explain_unknown_option, run_under_ncu
 from app.runtime.profiling.parsers.columns import ANNOTATION_METRICS
 from app.runtime.profiling.parsers.ncu_csv import parse_details, parse_raw, parse_source
 from app.runtime.profiling.parsers.ncu_rep import line_table, load_module, read_samples, render_hot_lines, short_path
@@ -45,16 +45,21 @@ class NcuMode(Mode):
             exports = {}
             for page, extra in (("raw", ["--print-units", "base"]), ("details", ["--print-units", "base"]),
                                 ("source", ["--print-source", "sass"])):
-                exports[page], _ = run_tool([run.ncu, "--import", rep, "--csv", "--page", page, *extra],
-                                            timeout=options.ncu_timeout, label=label)
-            raw, _ = parse_raw(exports["raw"], run.ncu_version)
-            metrics, rules = parse_details(exports["details"], run.ncu_version)
-            sources = parse_source(exports["source"])
+                with explain_unknown_option(run.ncu_version):
+                    exports[page], _ = run_tool([run.ncu, "--import", rep, "--csv", "--page", page, *extra],
+                                                timeout=options.ncu_timeout, label=label)
+            def exported(name: str) -> str:        # how a refusal names the page
+                return f"the {name} page exported from {rep_base}.ncu-rep (ncu --import --csv --page {name})"
+
+            raw, units = parse_raw(exports["raw"], run.ncu_version, source=exported("raw"))
+            metrics, rules = parse_details(exports["details"], run.ncu_version, source=exported("details"))
+            sources = parse_source(exports["source"], source=exported("source"))
+            check_exports_agree(raw, metrics, sources, f"{rep_base}.ncu-rep")
             names = [s.name for s in plan.stages]
             device_name = run.worker["selection"]["device_name"]
             spec = counters.device_spec(run)
-            kernels = kernel_table(raw, plan.kernel, names, device_name, spec)
-            stages = stage_table(kernels, names)
+            kernels = kernel_table(raw, plan.kernel, names, device_name, spec, units=units)
+            stages = stage_table(kernels, names, stages_with_gpu_work(run.worker))
             trace = counters.measured_trace(plan, run, kernels, stages, self.name)
             files = counters.common_files(plan, run, trace, options, self.name)
             rules = rules.assign(stage=attribute_stages(rules, plan.kernel, names)) if len(rules) else rules
@@ -64,9 +69,10 @@ class NcuMode(Mode):
             rules = _flag_speedups(rules)
             rule_ops = _rule_ops(rules, raw, kernels)
             ops = rule_ops or opportunities(stages, kernel_time(stages))
-            trace["summary"] = counter_summary(stages, kernels, ops)
+            trace["summary"] = counters.summary(stages, kernels, ops)
             sections = stage_sections(trace, stages, kernels, ops,
-                                      spec, f"ncu --clock-control {options.clock_control}",
+                                      spec, f"ncu {run.ncu_version or '(version unread)'} --clock-control "
+                                            f"{options.clock_control}",
                                       RULE_NOTE if rule_ops else GAIN_NOTE)
             hot_files, hot_section = hot_spots(rep, run.ncu, kernels, sources)
             files |= hot_files
@@ -85,6 +91,25 @@ class NcuMode(Mode):
             summary = f"{plan.kernel} {plan.version} under ncu --set full on {device_name}: {len(kernels)} kernels, " \
                       f"{len(rules)} rule results; see report.md"
             return Profile(trace=trace, files=files, summary=summary, ok=counters.verification_ok(trace))
+
+
+def check_exports_agree(raw, metrics, sources: dict, rep: str) -> None:
+    """The raw, details and source pages are exports of one report: each holds every kernel of it. One that
+    holds fewer was cut off (at a row boundary, where no single page shows it): refused, not reported short."""
+    ids = set(raw["id"].map(lambda v: int(float(v))))
+    detail_ids = set(metrics["id"].map(lambda v: int(float(v)))) if len(metrics) else set()
+    if detail_ids != ids:
+        raise MalformedToolOutput(f"the exports of {rep} disagree: the raw page holds {len(ids)} kernels, the details "
+                                  f"page {len(detail_ids)} ({len(ids ^ detail_ids)} differ): an export was cut off; "
+                                  "re-run the profile")
+    if len(sources) != len(raw):
+        raise MalformedToolOutput(f"the exports of {rep} disagree: the raw page holds {len(raw)} kernels, the source "
+                                  f"page {len(sources)}: an export was cut off; re-run the profile")
+    named = [re.sub(r" #\d+$", "", k) for k in sources]
+    wrong = next((i for i, (a, b) in enumerate(zip(raw["kernel"], named)) if a != b), None)
+    if wrong is not None:
+        raise MalformedToolOutput(f"the exports of {rep} disagree: kernel {wrong} is {raw['kernel'].iat[wrong]!r} on "
+                                  f"the raw page and {named[wrong]!r} on the source page; re-run the profile")
 
 
 def _slug(i: int, kname: str) -> str:
@@ -109,10 +134,15 @@ def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section
     except Exception as exc:     # a reader older than the report, or a damaged file: say so, keep the rest
         return files, Section("Hot spots", text=f"Source lines unavailable: ncu_report ({where}) could not read "
                                                 f"the report ({type(exc).__name__}: {exc}).")
+    if not samples:          # ncu exported kernels from this report: a reader that finds none cannot read it
+        return files, Section("Hot spots", text=f"Source lines unavailable: ncu_report ({where}) read no kernel "
+                                                "from the report.")
     if len(samples) != len(kernels):
-        return files, Section("Hot spots", text=f"Source lines unavailable: ncu_report ({where}) read "
-                                                f"{len(samples)} kernels from the report, the CSV export has "
-                                                f"{len(kernels)}; no listing is attributed to the wrong kernel.")
+        # The CSV pages lost kernels the report holds (or the report is not the one exported): every table
+        # would be short of them, so nothing is reported.
+        raise MalformedToolOutput(f"ncu_report ({where}) read {len(samples)} kernels from {os.path.basename(rep)}, "
+                                  f"its CSV export has {len(kernels)}: an export was cut off or the report is "
+                                  "damaged; re-run the profile")
     rows = []
     for kid, data in samples.items():
         stage = kernels["stage"].iloc[kid]

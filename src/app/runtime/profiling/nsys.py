@@ -27,7 +27,7 @@ import time
 from app.analysis.audit import answers, audit
 from app.analysis.summary import nsys_summary
 from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise
-from app.errors import AppError, BadParameter
+from app.errors import AppError, BadParameter, MalformedToolOutput
 from app.runtime import launch_pace
 from app.runtime.lock import measurement_window
 from app.runtime.profiling.base import Mode, Profile, ProfileOptions, register_mode
@@ -96,9 +96,13 @@ def _nsys_capture(plan, options, ses):
         out, err = str(exc), ""
     if not os.path.exists(rep + ".nsys-rep"):
         raise AppError(_no_report(out + err, nsys))
-    run_tool([nsys, "export", "--type", "sqlite", "-q", "true", "-f", "true", "-o", rep + ".sqlite", rep + ".nsys-rep"],
-             timeout=options.nsys_timeout, label="nsys export")
-    tl = read_sqlite(rep + ".sqlite")
+    out, err = run_tool([nsys, "export", "--type", "sqlite", "-q", "true", "-f", "true", "-o", rep + ".sqlite",
+                         rep + ".nsys-rep"], timeout=options.nsys_timeout, label="nsys export")
+    if not os.path.isfile(rep + ".sqlite"):
+        said = " | ".join(line.strip() for line in (out + err).splitlines() if line.strip())[-300:]
+        raise MalformedToolOutput(f"nsys export wrote no SQLite file (it exited 0 and printed "
+                                  f"{said or 'nothing'}); re-run the profile, or pass --nsys PATH to another nsys")
+    tl = read_sqlite(rep + ".sqlite", origin="nsys export")
     strip_capture(rep + ".sqlite", rep + ".stripped.sqlite")
     files = {}
     for src, dst in ((".nsys-rep", "profile.nsys-rep"), (".stripped.sqlite", "profile.sqlite")):

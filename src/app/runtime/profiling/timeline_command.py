@@ -46,9 +46,9 @@ def run_timeline(argv: list[str]) -> int:
             sqlite = os.path.join(tmp, "export.sqlite")
             run_tool([nsys, "export", "--type", "sqlite", "-q", "true", "-f", "true", "-o", sqlite, path],
                      timeout=args.nsys_timeout, label="nsys export")
+            tl = read_sqlite(sqlite, origin="nsys export")     # its failure names the export, not a temp path
         else:
-            sqlite = path
-        tl = read_sqlite(sqlite)
+            tl = read_sqlite(path)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,10 @@ A new Nsight release that renames a column is a new table here, not a hunt throu
 """
 from __future__ import annotations
 
+import re
+
+from app.errors import ToolNotFound
+
 NCU_2025_3 = {
     "ID": "id",
     "Process ID": "pid",
@@ -54,11 +58,76 @@ ANNOTATION_METRICS = [k for k in NCU_2025_3 if "__" in k and k != "local__spill_
 
 COLUMN_MAPS = {"2025.3": NCU_2025_3}
 
+# The units of the metrics read from the raw page. ncu prints base units with --print-units base (what
+# both counter modes ask for: "ns", "byte", "%", "inst", "register/thread", and no unit for a count); with
+# other settings it scales by SI prefixes ("usecond", "Kbyte", "Mbyte", ...). A value in a listed unit is
+# scaled to the base unit the column's name states; one in any other unit is not read at all (missing,
+# with its unit named), never taken as the base unit.
+_TIME = {"ns": 1.0, "nsecond": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
+_BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+_INST = {"inst": 1.0, "Kinst": 1e3, "Minst": 1e6, "Ginst": 1e9}
+_PERCENT = {"%": 1.0}
+_COUNT = {"": 1.0}
+METRIC_UNITS = {
+    "duration_ns": _TIME,
+    "dram_read_bytes": _BYTES, "dram_write_bytes": _BYTES, "local_spill_bytes": _BYTES,
+    "local_load_bytes": _BYTES, "local_store_bytes": _BYTES,
+    "ffma": _INST, "fadd": _INST, "fmul": _INST, "dfma": _INST, "dadd": _INST, "dmul": _INST,
+    "sm_pct": _PERCENT, "dram_pct": _PERCENT, "dram_pct_sol": _PERCENT, "achieved_occupancy_pct": _PERCENT,
+    "l2_hit_pct": _PERCENT,
+    "waves_per_sm": _COUNT, "block_threads": _COUNT, "grid_blocks": _COUNT,
+    "registers": {"register/thread": 1.0},
+}
+
+
+def unit_factor(column: str, unit: str | None) -> float | None:
+    """What turns a value of ``column`` printed in ``unit`` into the column's base unit; None for a unit
+    this tool does not know for it. A column without a listed unit (not a metric read) is taken as is."""
+    units = METRIC_UNITS.get(column)
+    if units is None:
+        return 1.0
+    return units.get((unit or "").strip())
+
+
+def unit_problem(column: str, unit: str | None) -> str | None:
+    """A missing reading's reason when ``column`` came in a unit this tool cannot convert, else None."""
+    if unit_factor(column, unit) is not None:
+        return None
+    known = ", ".join(repr(u) for u in METRIC_UNITS[column])
+    return f"unit {(unit or '').strip()!r} not understood (expected one of {known})"
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    """'2025.3.1.0' -> (2025, 3, 1, 0); the leading dotted numbers only ('2025.3.1.0-fake' -> the same)."""
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
+def oldest_ncu() -> str:
+    """The oldest ncu release the column maps describe: an older one is refused before it runs."""
+    return min(COLUMN_MAPS, key=_version_key)
+
+
+def check_ncu_version(version: str | None, path: str) -> str:
+    """``version`` (from ``ncu --version``) if a column map covers it or a newer release (whose newest map is
+    used); a ToolNotFound naming the release it needs otherwise."""
+    oldest = oldest_ncu()
+    key = _version_key(version or "")
+    if len(key) < 2:
+        raise ToolNotFound(f"could not read the version of ncu at {path} (`ncu --version` printed "
+                           f"{repr(version) if version else 'nothing'}); pass --ncu PATH to Nsight Compute {oldest} "
+                           "or newer")
+    if key < _version_key(oldest):
+        raise ToolNotFound(f"ncu {version} is older than {oldest}, the oldest release whose CSV columns this tool "
+                           f"knows ({path}); pass --ncu PATH to a newer one")
+    return version
+
 
 def ncu_columns(version: str | None = None) -> dict:
-    """The map for an ncu version string like '2025.3.1.0'; the newest map otherwise."""
+    """The map for an ncu version string like '2025.3.1.0'; for a release newer than every map, the newest
+    (ncu_session refuses one older than every map before it runs)."""
     if version:
         for key, table in COLUMN_MAPS.items():
             if version.startswith(key):
                 return table
-    return COLUMN_MAPS[max(COLUMN_MAPS)]
+    return COLUMN_MAPS[max(COLUMN_MAPS, key=_version_key)]

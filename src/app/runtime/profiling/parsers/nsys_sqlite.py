@@ -51,23 +51,39 @@ def _enum(con, table: str, tables: set[str]) -> dict[int, str]:
     return {int(i): str(n) for i, n in con.execute(f"SELECT id, name FROM {table}")}
 
 
-def _open(path: str):
+def _open(path: str, origin: str | None = None):
+    """``origin``: what made the file, when this tool did (the profile's own `nsys export`): then the
+    messages name that, not a temporary path, and their fix is not the one for a file the user passed."""
     if not os.path.isfile(path):
+        if origin:
+            raise MalformedToolOutput(f"{origin} wrote no SQLite file; re-run the profile, or pass --nsys PATH to "
+                                      "another nsys")
         raise MalformedToolOutput(f"{path}: no such file; pass an nsys capture (.nsys-rep or .sqlite)")
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         tables = _tables(con)
     except sqlite3.DatabaseError as exc:
-        raise MalformedToolOutput(f"{path} is not an SQLite export of an nsys capture ({exc}); "
-                                  "make one with: nsys export --type sqlite REPORT.nsys-rep") from None
+        raise _unreadable(origin, f"it is not an SQLite database ({exc})",
+                          f"{path} is not an SQLite export of an nsys capture ({exc}); "
+                          "make one with: nsys export --type sqlite REPORT.nsys-rep") from None
     return con, tables
 
 
-def read_sqlite(path: str) -> Timeline:
-    con, tables = _open(path)
+def _unreadable(origin: str | None, why: str, message: str) -> MalformedToolOutput:
+    """``message`` for a file the user passed; for one this tool's own export wrote, what wrote it and ``why``."""
+    if origin:
+        return MalformedToolOutput(f"{origin} wrote an SQLite file this tool cannot read: {why}; re-run the "
+                                   "profile, or pass --nsys PATH to another nsys")
+    return MalformedToolOutput(message)
+
+
+def read_sqlite(path: str, origin: str | None = None) -> Timeline:
+    """The Timeline of an nsys SQLite export. ``origin``: see _open."""
+    con, tables = _open(path, origin)
     try:
         if "StringIds" not in tables:
-            raise MalformedToolOutput(f"{path} has no StringIds table: not an nsys SQLite export")
+            raise _unreadable(origin, "it has no StringIds table (not an nsys SQLite export)",
+                              f"{path} has no StringIds table: not an nsys SQLite export")
         strings = dict(con.execute("SELECT id, value FROM StringIds"))
         ranges = _ranges(con, tables, strings)
         api = _api(con, tables, strings)
@@ -77,7 +93,8 @@ def read_sqlite(path: str) -> Timeline:
             if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" in tables else frozenset()
         meta = _meta(con, tables)
     except sqlite3.DatabaseError as exc:
-        raise MalformedToolOutput(f"{path}: unexpected nsys export schema ({exc})") from None
+        raise _unreadable(origin, f"unexpected nsys export schema ({exc})",
+                          f"{path}: unexpected nsys export schema ({exc})") from None
     finally:
         con.close()
     return Timeline(ranges, api, ops, sync_corr, source="nsys sqlite export", meta=meta)
