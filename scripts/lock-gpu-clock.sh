@@ -25,11 +25,24 @@
 #                    /tmp/app-kernel-clock-state.gpu-1904f39e-c822-6777-12c4-cc5de708684c.json
 #   SMI_TIMEOUT      seconds before a hanging nvidia-smi call is abandoned (default 30)
 #
-# The lock is recorded in the state file right after it is made; if that cannot
-# be written, the clocks are reset again: clocks are never left locked unrecorded.
+#   APP_LOCK_DIR     the profiling lock folder, as for the profiler (sudo drops it: sudo APP_LOCK_DIR=...)
 #
-# Exit status: 0 ok, 1 nvidia-smi failed or hung (or the GPU reports no UUID),
-# 2 nvidia-smi not found, 64 bad usage.
+# No clock change lands in a profile: once the GPU's UUID is known the script takes
+# the profiler's lock of that GPU (the file src/app/runtime/lock.py locks, in
+# APP_LOCK_DIR or the invoking user's own lock folder -- under sudo, SUDO_USER's) and
+# refuses while a profile holds it; a profile that starts meanwhile waits or is refused.
+#
+# The lock is recorded in the state file right after it is made; if that cannot
+# be written, or the memory clock lock fails, the clocks are reset again: clocks
+# are never left locked unrecorded. An earlier record of this GPU goes as soon as
+# the SM clock is changed. Ctrl-C, SIGTERM or SIGHUP stop the nvidia-smi call in
+# flight, wait for it, reset the clocks and remove the record ("interrupted: clocks
+# reset"; exit 130, 143 or 129).
+#
+# Exit status: 0 ok, 1 nvidia-smi failed or hung (or the GPU reports no UUID, or the
+# lock was made and recorded but could not be read back), 2 nvidia-smi or flock not
+# found, 64 bad usage, 75 the GPU is being profiled (nothing was changed),
+# 129/130/143 interrupted.
 set -euo pipefail
 
 readonly PROG="lock-gpu-clock"
@@ -63,17 +76,11 @@ smi_setup
 # smi_run KIND ARGS...: run nvidia-smi, output in $smi_out; on failure print one
 # line (the command, its exit status, its first line of output, the fix) and exit 1.
 smi_run() {
-    local kind="$1" reason fix
+    local kind="$1"
     shift
     smi_try "$@"
     if ((smi_rc != 0)); then
-        reason="$(first_line "$smi_out")"
-        if [[ "$kind" == change ]]; then
-            fix="changing clocks or persistence needs root: run it as root or with sudo (sudo bash $BY)"
-        else
-            fix="check the NVIDIA driver and the GPU index (nvidia-smi -L)"
-        fi
-        echo "$PROG: 'nvidia-smi $*' failed (exit $smi_rc): ${reason:-no output}; $fix" >&2
+        smi_failure "$kind" "$@"
         exit 1
     fi
 }
@@ -102,6 +109,57 @@ json_escape() {
 }
 
 
+# From the SM lock on, any exit that has not recorded it resets the clocks again (undo_reason says why).
+sm_tried=0          # an -lgc was started: it may have landed
+mem_tried=0         # an -lmc was started and the GPU may support it
+mem_locked=""
+recorded=0
+undone=0
+undo_reason=""
+# reset_clocks: -rmc where the memory clock was tried, -rgc; then this GPU's record goes. 1: a reset failed.
+reset_clocks() {
+    local failed=0
+    undone=1
+    if ((mem_tried)); then
+        smi_exec -i "$gpu" -rmc
+        if ((smi_rc != 0)) && ! { ((smi_rc == 3)) || printf '%s\n' "$smi_out" | grep -qi 'not supported'; }; then
+            failed=1
+            reset_error="nvidia-smi -i $gpu -rmc: exit $smi_rc, $(first_line "$smi_out")"
+        fi
+    fi
+    if ((sm_tried)); then
+        smi_exec -i "$gpu" -rgc
+        if ((smi_rc != 0)); then
+            failed=1
+            reset_error="nvidia-smi -i $gpu -rgc: exit $smi_rc, $(first_line "$smi_out")"
+        fi
+    fi
+    drop_records "$uuid" "$gpu" quiet >/dev/null 2>&1 || true     # the locks it recorded are undone
+    return "$failed"
+}
+reset_error=""
+reset_failed_line() {
+    echo "$PROG: resetting the clocks of GPU $gpu failed ($reset_error); they may still be locked, with no record: run sudo bash scripts/reset-gpu-clock.sh --gpu $gpu" >&2
+}
+on_exit_hook() {
+    if ((sm_tried && !recorded && !undone)); then
+        echo "$PROG: ${undo_reason:-the lock was not completed}; resetting the clocks of GPU $gpu" >&2
+        reset_clocks || reset_failed_line
+    fi
+}
+on_interrupt_hook() {
+    if ((sm_tried && !undone)); then
+        if reset_clocks; then
+            echo "$PROG: interrupted: clocks reset (GPU $gpu: nothing is locked, no record is left)" >&2
+        else
+            echo "$PROG: interrupted" >&2
+            reset_failed_line
+        fi
+    else
+        echo "$PROG: interrupted: no clock was changed" >&2
+    fi
+}
+
 # Name last: it is the only field that could hold a comma.
 smi_run query -i "$gpu" \
     --query-gpu=uuid,clocks.max.sm,clocks.max.mem,clocks.applications.graphics,clocks.default_applications.graphics,clocks.applications.memory,clocks.default_applications.memory,name \
@@ -123,6 +181,7 @@ if [[ ! "$uuid" =~ ^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]
     exit 1
 fi
 state_file="$(state_file_for "$uuid")"     # this GPU's record
+profile_lock_take "$uuid"                  # no profile on this GPU until the script ends
 
 if [[ -n "$clock" ]]; then
     target="$clock"; chosen_from="--clock"
@@ -176,21 +235,14 @@ JSON
     chmod 0644 "$tmp" && mv -f "$tmp" "$state_file"
 }
 
-# From the lock on, any exit that has not recorded it resets the clocks again.
-recorded=0
-mem_tried=0
-mem_locked=""
-undo_unrecorded() {
-    if ((!recorded)); then
-        echo "$PROG: the lock could not be recorded in $state_file; resetting the clocks of GPU $gpu" >&2
-        if ((mem_tried)); then
-            timeout "$smi_timeout" "$smi" -i "$gpu" -rmc >/dev/null 2>&1 || true
-        fi
-        timeout "$smi_timeout" "$smi" -i "$gpu" -rgc >/dev/null 2>&1 || true
-    fi
-}
-change -i "$gpu" -lgc "$target,$target"
-trap undo_unrecorded EXIT
+sm_tried=1
+smi_try -i "$gpu" -lgc "$target,$target"
+if ((smi_rc != 0)); then
+    sm_tried=0                     # refused: nothing was changed
+    smi_failure change -i "$gpu" -lgc "$target,$target"
+    exit 1
+fi
+drop_records "$uuid" "$gpu" quiet >/dev/null     # an earlier lock's record no longer holds
 
 # The memory clock: locked where the GPU supports it; where it does not, the SM lock stands alone.
 if [[ -z "$mem_target" ]]; then
@@ -203,16 +255,24 @@ else
         mem_tried=0
         echo "$PROG: note: GPU $gpu does not support locking its memory clock (nvidia-smi -lmc: ${reason:-exit $smi_rc}); only the SM clock is locked" >&2
     elif ((smi_rc != 0)); then
-        echo "$PROG: 'nvidia-smi -i $gpu -lmc $mem_target,$mem_target' failed (exit $smi_rc): ${reason:-no output}; changing clocks or persistence needs root: run it as root or with sudo (sudo bash $BY)" >&2
+        smi_failure change -i "$gpu" -lmc "$mem_target,$mem_target"
+        undo_reason="locking the memory clock failed, so the SM clock lock is undone"
         exit 1
     else
         mem_locked="$mem_target"
     fi
 fi
+undo_reason="the lock could not be recorded in $state_file"
 write_state "" "" || exit 1
 recorded=1
 
-smi_run query -i "$gpu" --query-gpu=clocks.sm,clocks.mem --format=csv,noheader,nounits
+smi_try -i "$gpu" --query-gpu=clocks.sm,clocks.mem --format=csv,noheader,nounits
+if ((smi_rc != 0)); then
+    mem_text="memory clock not locked"
+    [[ -z "$mem_locked" ]] || mem_text="memory at $mem_locked MHz"
+    echo "$PROG: GPU $gpu ($uuid) is locked (SM at $target MHz, $mem_text) and recorded in $state_file, but reading the clocks back failed ('nvidia-smi -i $gpu --query-gpu=clocks.sm,clocks.mem' exit $smi_rc: $(first_line "$smi_out")); check the NVIDIA driver; undo the lock with scripts/reset-gpu-clock.sh --gpu $gpu" >&2
+    exit 1
+fi
 IFS=, read -r f_rb_sm f_rb_mem <<<"$(printf '%s\n' "$smi_out" | head -n1)"
 readback="$(field_uint "${f_rb_sm:-}")"
 readback_mem="$(field_uint "${f_rb_mem:-}")"
@@ -223,7 +283,7 @@ if [[ -n "$mem_locked" && -n "$readback_mem" && "$readback_mem" != "$mem_locked"
     echo "$PROG: note: clocks.mem reads $readback_mem MHz right after the lock (locked at $mem_locked)"
 fi
 write_state "$readback" "$readback_mem" || echo "$PROG: note: could not add the read-back clocks to $state_file" >&2
-trap - EXIT
+trap '' INT TERM HUP               # done: the lock stands, recorded
 mem_text="memory clock not locked"
 [[ -z "$mem_locked" ]] || mem_text="memory at $mem_locked MHz (reads ${readback_mem:-?} MHz)"
 echo "$PROG: GPU $gpu ($uuid) locked: SM at $target MHz (reads ${readback:-?} MHz), $mem_text; state in $state_file"

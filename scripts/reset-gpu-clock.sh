@@ -8,15 +8,25 @@
 # persistence mode off only when asked (--persistence-off; lock-gpu-clock.sh
 # turned it on), and removes the lock records (this GPU's per-GPU file, or an older
 # single-record file) that record this GPU (by UUID; by index when the UUID cannot
-# be read). Other GPUs' records are left alone.
+# be read) as soon as -rgc has run: from then on they would claim a lock that is
+# gone, even where a later step fails. Other GPUs' records are left alone. A GPU
+# index that does not exist stops it at once ("no GPU N").
+#
+# Like lock-gpu-clock.sh it takes the profiler's lock of the GPU first and refuses
+# while a profile holds it (where the UUID cannot be read: every GPU's lock).
+# Ctrl-C, SIGTERM or SIGHUP stop the nvidia-smi call in flight and say what may be
+# left locked (exit 130, 143 or 129).
 #
 # Environment:
 #   GPU              GPU index (default 0; --gpu wins)
 #   NVIDIA_SMI       nvidia-smi executable to use (default: nvidia-smi on PATH)
 #   APP_CLOCK_STATE  state file name (default /tmp/app-kernel-clock-state.json): see lock-gpu-clock.sh
 #   SMI_TIMEOUT      seconds before a hanging nvidia-smi call is abandoned (default 30)
+#   APP_LOCK_DIR     the profiling lock folder, as for the profiler (sudo drops it: sudo APP_LOCK_DIR=...)
 #
-# Exit status: 0 ok, 1 nvidia-smi failed or hung, 2 nvidia-smi not found, 64 bad usage.
+# Exit status: 0 ok, 1 nvidia-smi failed or hung (or there is no GPU N), 2 nvidia-smi
+# or flock not found, 64 bad usage, 75 the GPU is being profiled (nothing was
+# changed), 129/130/143 interrupted.
 set -euo pipefail
 
 readonly PROG="reset-gpu-clock"
@@ -59,49 +69,46 @@ change() {
         return 0
     fi
     if ((smi_rc != 0)); then
-        echo "$PROG: 'nvidia-smi $*' failed (exit $smi_rc): ${reason:-no output}; changing clocks or persistence needs root: run it as root or with sudo (sudo bash $BY)" >&2
+        smi_failure change "$@"
         exit 1
     fi
 }
 
+step=""            # the reset step in flight, for an interrupt's message
+on_interrupt_hook() {
+    case "$step" in
+        "") echo "$PROG: interrupted: nothing was changed" >&2 ;;
+        rgc) echo "$PROG: interrupted while resetting GPU $gpu's SM clock: it may still be locked; run it again" >&2 ;;
+        rmc) echo "$PROG: interrupted while resetting GPU $gpu's memory clock: the SM clock is reset, the memory clock may still be locked; run it again" >&2 ;;
+        pm) echo "$PROG: interrupted: GPU $gpu's clocks are reset; persistence mode may still be on" >&2 ;;
+    esac
+}
+
 # Which GPU this is, to match the state file by UUID (read-only, so also under --dry-run).
 smi_try -i "$gpu" --query-gpu=uuid --format=csv,noheader,nounits
+if ((smi_rc != 0)) && smi_no_gpu; then
+    echo "$PROG: no GPU $gpu ('nvidia-smi -i $gpu' exit $smi_rc: $(first_line "$smi_out")); nvidia-smi -L lists the GPUs; nothing was changed" >&2
+    exit 1
+fi
 gpu_uuid=""
 if ((smi_rc == 0)); then
     gpu_uuid="$(first_line "$smi_out" | tr -d '[:space:]')"
 fi
 [[ "$gpu_uuid" =~ ^GPU-[0-9a-fA-F-]{36}$ ]] || gpu_uuid=""
 
+profile_lock_take "$gpu_uuid"       # no profile on this GPU (any GPU, where its UUID is unknown) meanwhile
+
+step=rgc
 change -i "$gpu" -rgc
+# The SM lock is gone: a record of this GPU would claim one from here on, whatever fails next.
+drop_records "$gpu_uuid" "$gpu"
+step=rmc
 change --optional -i "$gpu" -rmc
 if ((persistence_off)); then
+    step=pm
     change -i "$gpu" -pm 0
 fi
-
-# A record says clocks are locked; drop this GPU's once they are not. The records: an older
-# single-record file at $APP_CLOCK_STATE and one file per GPU (state_file_for), each checked.
-shopt -s nullglob
-records=("$state_base" "$state_stem".gpu-*.json)
-shopt -u nullglob
-for state_file in "${records[@]}"; do
-    [[ -e "$state_file" ]] || continue
-    state_gpu="$(sed -n 's/.*"gpu"[[:space:]]*:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$state_file" | head -n1)"
-    state_uuid="$(sed -n 's/.*"uuid"[[:space:]]*:[[:space:]]*"\(GPU-[0-9a-fA-F-]*\)".*/\1/p' "$state_file" | head -n1)"
-    if [[ -n "$state_uuid" && -n "$gpu_uuid" ]]; then
-        other=$([[ "${state_uuid,,}" != "${gpu_uuid,,}" ]] && echo 1 || echo 0)
-        state_desc="$state_uuid"; this_desc="GPU $gpu ($gpu_uuid)"
-    else
-        other=$([[ -n "$state_gpu" && "$((10#$state_gpu))" != "$gpu" ]] && echo 1 || echo 0)
-        state_desc="GPU $state_gpu"; this_desc="GPU $gpu"
-    fi
-    if ((other)); then
-        echo "$PROG: $state_file records $state_desc, not $this_desc: left in place"
-    elif ((dry_run)); then
-        echo "[dry-run] would remove $state_file"
-    else
-        rm -f "$state_file"
-    fi
-done
+trap '' INT TERM HUP
 if ((!dry_run)); then
     echo "$PROG: GPU $gpu clocks reset$( ((persistence_off)) && echo ', persistence mode off' || true)"
 fi

@@ -2,8 +2,10 @@
 
 A CLI case runs ``python -m app.kernel`` in a real process and is handled when it
 exits non-zero with exactly one line on stderr (no traceback) and writes nothing
-under its --out folder. An API case calls the Python API in process and is handled
-when it raises the tool's one-line error naming the fix (no other exception).
+under its --out folder (and, where the case lists them, its line holds the words of ``says``
+and none of ``never_says``: an error must not blame a flag the user never passed). An API
+case calls the Python API in process and is handled when it raises the tool's one-line
+error naming the fix (no other exception).
 ``tests/reliability/table.py`` writes docs/reliability.md from these cases;
 ``test_reliability.py`` runs them all.
 """
@@ -34,6 +36,8 @@ class Case:
     setup: object = None                        # (tmp: Path, env: dict) -> None, may add to argv via {tmp}
     signal_after: float | None = None           # send SIGTERM/SIGINT this long after the run took the lock
     signum: int = signal.SIGTERM
+    says: tuple = ()                            # fragments the one line must hold to count as handled
+    never_says: tuple = ()                      # and fragments it must not (a flag the user never passed)
 
 
 def _trace(tmp: Path, **changes) -> None:
@@ -70,12 +74,33 @@ def _symlink_lock(tmp, env):
 
 
 def _foreign_lock(tmp, env):
-    lock = Path(env["APP_LOCK_DIR"]) / "app-kernel-profile-cpu.lock"
+    """Another user's lock file in this user's own lock folder ($XDG_RUNTIME_DIR/app-kernel). In a shared
+    APP_LOCK_DIR another user's lock is used as it is (that is what the folder is for), so the case unsets it."""
+    runtime = tmp / "runtime"
+    (runtime / "app-kernel").mkdir(parents=True, mode=0o700)
+    runtime.chmod(0o700)
+    env.pop("APP_LOCK_DIR")
+    env["XDG_RUNTIME_DIR"] = str(runtime)
+    lock = runtime / "app-kernel" / "app-kernel-profile-cpu.lock"
     lock.write_text("1")
     if os.geteuid() == 0:
         os.chown(lock, 12345, 12345)
     else:                       # cannot give a file away: make it unopenable instead
         lock.chmod(0)
+
+
+def _simulate_gpu(tmp, env):
+    """Make the run believe CUDA device 0 is usable, for a case whose error comes after the GPU check.
+
+    nsys mode checks for a GPU before it looks for nsys, so on a machine without one a missing
+    --nsys would only ever show the no-GPU error. A sitecustomize ahead of the package replaces the
+    GPU probe; nothing reaches the (absent) GPU, since the run stops at the missing profiler."""
+    sim = tmp / "simulated-gpu"
+    sim.mkdir()
+    (sim / "sitecustomize.py").write_text(
+        "import app.runtime.device as d\n"
+        "d.probe_gpu = lambda: (True, 'simulated by tests/reliability/cases.py', {'name': 'simulated GPU', 'index': 0})\n")
+    env["PYTHONPATH"] = os.pathsep.join([str(sim), env["PYTHONPATH"]])
 
 
 def _api(fn):
@@ -145,7 +170,8 @@ CASES = [
     # the device lock
     Case("device lock busy or unsafe", "held by another process", ["join", *SMALL], setup=_hold_lock),
     Case("device lock busy or unsafe", "symbolic link planted", ["join", *SMALL], setup=_symlink_lock),
-    Case("device lock busy or unsafe", "lock file of another user", ["join", *SMALL], setup=_foreign_lock),
+    Case("device lock busy or unsafe", "lock file of another user in your own lock folder", ["join", *SMALL],
+         setup=_foreign_lock),
     Case("device lock busy or unsafe", "APP_LOCK_DIR missing", ["join", *SMALL],
          setup=lambda tmp, env: env.update(APP_LOCK_DIR=str(tmp / "missing"))),
     Case("device lock busy or unsafe", "APP_LOCK_DIR is a file", ["join", *SMALL],
@@ -154,11 +180,16 @@ CASES = [
     Case("GPU asked for, none usable", "--device gpu", ["join", "--device", "gpu"]),
     Case("GPU asked for, none usable", "annotation on the CPU", ["join", "--prof_type", "annotation", "--device", "cpu"]),
     Case("GPU asked for, none usable", "ncu on the CPU", ["join", "--prof_type", "ncu", "--device", "cpu"]),
-    Case("GPU asked for, none usable", "nsys on the CPU", ["join", "--prof_type", "nsys", "--device", "cpu"]),
+    Case("GPU asked for, none usable", "nsys on the CPU", ["join", "--prof_type", "nsys", "--device", "cpu"],
+         says=("needs a GPU but --device cpu was asked for",)),
+    Case("GPU asked for, none usable", "nsys with the default --device auto", ["join", "--prof_type", "nsys"],
+         says=("nsys mode (nsys) needs a GPU and none is usable here", "use --prof_type event"),
+         never_says=("--device gpu", "--device cpu")),
     # profilers and captures
     Case("profiler missing or capture unreadable", "--ncu missing", ["join", "--prof_type", "ncu", "--ncu", "{tmp}/ncu"]),
-    Case("profiler missing or capture unreadable", "--nsys missing",
-         ["join", "--prof_type", "nsys", "--nsys", "{tmp}/nsys"]),
+    Case("profiler missing or capture unreadable", "--nsys missing (a usable GPU simulated)",
+         ["join", "--prof_type", "nsys", "--nsys", "{tmp}/nsys"], setup=_simulate_gpu,
+         says=("nsys not found at",)),
     Case("profiler missing or capture unreadable", "timeline: missing file", ["timeline", "{tmp}/none.sqlite"]),
     Case("profiler missing or capture unreadable", "timeline: not SQLite", ["timeline", "{tmp}/x.sqlite"],
          setup=_write("x.sqlite", "text")),
@@ -210,6 +241,9 @@ def run_case(case: Case) -> tuple[bool, str]:
         locks = tmp / "locks"
         locks.mkdir()
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), APP_LOCK_DIR=str(locks), PYTHONUNBUFFERED="1")
+        # Each case has a lock folder of its own, so nothing else holds its lock; a wait asked for by the calling
+        # shell would turn the "held by another process" case into a wait instead of the refusal it checks.
+        env.pop("APP_LOCK_WAIT", None)
         if case.setup:
             case.setup(tmp, env)
         holder = env.pop("_holder", None)
@@ -240,7 +274,12 @@ def run_case(case: Case) -> tuple[bool, str]:
         written = [x for x in watched.rglob("*") if x.is_file()] if watched.is_dir() else []
         partial = list(watched.rglob(".*partial*")) if watched.is_dir() else []
         ok = p.returncode != 0 and len(lines) == 1 and "Traceback" not in stderr and not written and not partial
-        what = f"exit {p.returncode}: {lines[0] if lines else '(no message)'}"
+        said = lines[0] if lines else ""
+        wrong = [f"lacks {f!r}" for f in case.says if f not in said] + \
+                [f"names {f!r}" for f in case.never_says if f in said]
+        ok = ok and not wrong
+        what = f"exit {p.returncode}: {said or '(no message)'}"
         if not ok:
             what += f" | stderr lines {len(lines)}, files written {len(written)}, partial {len(partial)}"
+            what += "".join(f", message {w}" for w in wrong)
         return ok, what

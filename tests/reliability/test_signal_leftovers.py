@@ -1,6 +1,6 @@
 """A signal while the profile is written leaves the output root as the run found it; a signal after the profile is
 reported leaves the profile complete and the process ends sanely. Real processes and real signals, as a user's
-Ctrl-C or a scheduler's SIGTERM would come."""
+Ctrl-C, a scheduler's SIGTERM or a closed terminal's SIGHUP would come."""
 import json
 import os
 import signal
@@ -22,15 +22,15 @@ ARGS = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--war
 # .partial folder there for some tens of milliseconds (5 ms at 200 runs), long enough to catch by polling.
 WRITE_RUNS = "3000"
 SLUG = get_plan_class("join", None)({"points": 300, "polygons": 30}).slug()
-NAMES = {signal.SIGTERM: ("terminated", 143), signal.SIGINT: ("interrupted", 130)}
+NAMES = {signal.SIGTERM: ("terminated", 143), signal.SIGINT: ("interrupted", 130), signal.SIGHUP: ("hung up", 129)}
 
 
-def start(out: Path, runs: str, cwd: Path) -> subprocess.Popen:
+def start(out: Path, runs: str, cwd: Path, preexec_fn=sigint_default) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONUNBUFFERED="1")
     # SIGINT at its default, as a terminal's foreground job has it (tests/signals.py says why)
     return subprocess.Popen([sys.executable, "-m", "app.kernel", *ARGS, "--bench_runs", runs, "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            preexec_fn=sigint_default)
+                            preexec_fn=preexec_fn)
 
 
 def signal_when_partial(p: subprocess.Popen, parent: Path, signum: int, timeout: float = 60) -> bool:
@@ -51,8 +51,8 @@ def tree(root: Path) -> set:
     return {str(x.relative_to(root)) for x in root.rglob("*")} if root.exists() else set()
 
 
-@pytest.mark.parametrize("signum,existing", [(signal.SIGTERM, False), (signal.SIGINT, True)],
-                         ids=["SIGTERM, new --out", "SIGINT, --out with folders of its own"])
+@pytest.mark.parametrize("signum,existing", [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGHUP, False)],
+                         ids=["SIGTERM, new --out", "SIGINT, --out with folders of its own", "SIGHUP, new --out"])
 def test_a_signal_during_the_write_leaves_no_folders_behind(tmp_path, signum, existing):
     """The signal lands while the profile is written aside: exit 143/130, one line saying no profile was written,
     and under --out exactly what was there before -- no empty profiles/event/join/<slug>/ chain; the folders that
@@ -84,7 +84,8 @@ def test_a_signal_during_the_write_leaves_no_folders_behind(tmp_path, signum, ex
     pytest.fail("in 3 runs the signal never landed while the profile was being written")
 
 
-@pytest.mark.parametrize("signum,delay", [(signal.SIGTERM, 0.0), (signal.SIGINT, 0.0), (signal.SIGTERM, 0.05)])
+@pytest.mark.parametrize("signum,delay", [(signal.SIGTERM, 0.0), (signal.SIGINT, 0.0), (signal.SIGTERM, 0.05),
+                                          (signal.SIGHUP, 0.0)])
 def test_a_signal_after_the_profile_is_reported_keeps_it_and_ends_sanely(tmp_path, signum, delay):
     """Once "profile: <path>" is printed the profile is complete; a signal then must not kill the process with no
     word (it was exit -15/-2). The run ends with its own exit status, or -- where the signal still finds it

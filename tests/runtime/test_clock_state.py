@@ -41,7 +41,7 @@ def test_what_the_lock_script_really_writes_is_accepted_and_locked(smi, monkeypa
     """Run the real script against the fake nvidia-smi, then the profiler's decision."""
     r = subprocess.run(["bash", str(ROOT / "scripts" / "lock-gpu-clock.sh")], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "NVIDIA_SMI": str(smi["fake"]),
-                            "FAKE_SMI_LOG": str(smi["tmp"] / "smi.log"), "APP_CLOCK_STATE": str(smi["state"])})
+                            "FAKE_SMI_LOG": str(smi["tmp"] / "smi.log"), "APP_CLOCK_STATE": str(smi["state"]), "APP_LOCK_DIR": str(smi["tmp"])})
     assert r.returncode == 0, r.stderr
     assert not smi["state"].exists()                              # the record is this GPU's own file
     got, why = read_state(state_path_for(UUID), UUID)
@@ -65,7 +65,7 @@ def test_matching_uuid_and_clocks_is_locked(smi, capsys):
 
 def test_each_gpu_has_its_own_record_and_an_old_single_record_is_still_read(smi, monkeypatch):
     env = {"PATH": "/usr/bin:/bin", "NVIDIA_SMI": str(smi["fake"]), "FAKE_SMI_LOG": str(smi["tmp"] / "smi.log"),
-           "APP_CLOCK_STATE": str(smi["state"])}
+           "APP_CLOCK_STATE": str(smi["state"]), "APP_LOCK_DIR": str(smi["tmp"])}
     lock = ["bash", str(ROOT / "scripts" / "lock-gpu-clock.sh")]
     assert subprocess.run(lock + ["--gpu", "0"], capture_output=True, env=env).returncode == 0
     assert subprocess.run(lock + ["--gpu", "1"], capture_output=True, env=env | {"FAKE_SMI_UUID": OTHER}).returncode == 0
@@ -198,7 +198,7 @@ def test_clocks_the_gpu_reports_held_are_unknown_not_not_locked(smi, monkeypatch
 def test_a_lock_at_the_max_clock_cannot_be_confirmed(smi, monkeypatch, capsys):
     """lock-gpu-clock.sh --clock 1980 (the max), then someone's nvidia-smi -rgc: boosting reads like the lock."""
     env = {"PATH": "/usr/bin:/bin", "NVIDIA_SMI": str(smi["fake"]), "FAKE_SMI_LOG": str(smi["tmp"] / "smi.log"),
-           "APP_CLOCK_STATE": str(smi["state"])}
+           "APP_CLOCK_STATE": str(smi["state"]), "APP_LOCK_DIR": str(smi["tmp"])}
     r = subprocess.run(["bash", str(ROOT / "scripts" / "lock-gpu-clock.sh"), "--clock", "1980"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0, r.stderr

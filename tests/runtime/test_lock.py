@@ -1,5 +1,7 @@
 """The device lock against a real second process, a planted symbolic link, and another user's file."""
 import os
+import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +34,12 @@ def holder():
     for p in procs:
         p.kill()
         p.wait()
+
+
+@pytest.fixture(autouse=True)
+def _refuse_at_once(monkeypatch):
+    """These tests hold their own locks: a busy one is refused at once unless a test sets APP_LOCK_WAIT."""
+    monkeypatch.delenv("APP_LOCK_WAIT", raising=False)
 
 
 def test_a_second_process_holding_the_lock_refuses_the_profile(holder, tmp_path, capsys):
@@ -70,7 +78,8 @@ def test_app_lock_wait_waits_for_a_real_holder_then_takes_the_lock(holder, monke
     with device_lock("cpu"):
         waited = time.monotonic() - t0
     assert 0.2 < waited < 10
-    assert capsys.readouterr().err.count(f"waiting for cpu: pid {p.pid} is profiling on it") == 1     # said once
+    err = capsys.readouterr().err
+    assert err.count(f"waiting for cpu: pid {p.pid} is profiling on it (uid {os.geteuid()}); waiting up to 20 s") == 1
 
 
 @pytest.mark.parametrize("value", [None, "0"])
@@ -88,7 +97,7 @@ def test_a_busy_lock_is_refused_at_once_by_default_and_with_zero(holder, monkeyp
             pass
     assert time.monotonic() - t0 < 0.5
     message = str(refused.value)
-    assert message.startswith(f"another profile is running on cpu (pid {p.pid}, lock ")
+    assert message.startswith(f"another profile is running on cpu (pid {p.pid}, uid {os.geteuid()}, lock ")
     assert message.endswith("); wait for it to finish -- one profiling at a time per device")     # no wait named
 
 
@@ -125,8 +134,12 @@ def test_a_planted_symlink_is_refused_and_its_target_untouched(tmp_path):
     assert victim.read_text() == "precious"
 
 
-def test_a_lock_file_of_another_user_is_refused_not_a_crash(tmp_path, monkeypatch, capsys):
-    lock = tmp_path / "app-kernel-profile-cpu.lock"
+def test_a_lock_file_of_another_user_in_your_own_folder_is_refused_not_a_crash(tmp_path, monkeypatch, capsys):
+    """In the private default folder a file of someone else's is planted: refused, and never "remove it"."""
+    monkeypatch.delenv("APP_LOCK_DIR")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    lock = Path(lock_dir()) / "app-kernel-profile-cpu.lock"
     lock.write_text("123")
     if os.geteuid() == 0:
         os.chown(lock, 12345, 12345)                     # really another owner
@@ -136,6 +149,7 @@ def test_a_lock_file_of_another_user_is_refused_not_a_crash(tmp_path, monkeypatc
                  "--out", str(tmp_path / "out")]) == 4
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a regular file owned by you" in err[0]
+    assert "remove" not in err[0] and "APP_LOCK_DIR" in err[0]
     assert lock.read_text() == "123"
 
 
@@ -163,10 +177,24 @@ def test_default_folder_is_private(tmp_path, monkeypatch):
     assert lock_dir() == str(tmp_path / ".cache" / "app-kernel" / "locks")
 
 
-def test_lock_records_the_holder_pid(tmp_path):
+def test_lock_records_the_holder_pid_private_in_your_own_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("APP_LOCK_DIR")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
     with device_lock("cpu") as path:
         assert Path(path).read_text() == str(os.getpid())
         assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_lock_in_app_lock_dir_is_made_for_everyone_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        with device_lock("cpu") as path:
+            assert Path(path).read_text() == str(os.getpid())
+            assert oct(os.stat(path).st_mode & 0o777) == "0o666"
+    finally:
+        os.umask(old)
 
 
 @pytest.mark.parametrize("raw,expected", [
@@ -222,4 +250,165 @@ def test_the_measurement_window_waits_for_a_real_holder(holder, capsys):
     with measurement_window() as window:
         pass
     assert 0.2 < window["waited_seconds"] < 30
-    assert f"waiting for host-measurement-window: pid {p.pid}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"waiting for another profile on this host (pid {p.pid}, uid {os.geteuid()}) to finish its measured runs" \
+        in err
+    assert "waiting up to 900 s (set APP_LOCK_WAIT to wait longer)" in err and "host-measurement-window" not in err
+
+
+def test_the_measurement_window_says_what_it_waited_for_in_words(holder):
+    from app.runtime.lock import measurement_window
+
+    p = holder("host-measurement-window")
+    with pytest.raises(ProfileBusy) as refused:
+        with measurement_window(wait=0.2):
+            pass
+    message = str(refused.value)
+    assert message.startswith(f"another profile on this host (pid {p.pid}, uid {os.geteuid()}) was still in its "
+                              "measured runs after waiting 0.2 s; measured runs take turns host-wide")
+    assert "APP_LOCK_WAIT" in message and "per device" not in message
+
+
+def test_a_hard_link_a_fifo_or_a_large_file_is_refused_and_left_alone(tmp_path):
+    lock = tmp_path / "app-kernel-profile-cpu.lock"
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    os.link(victim, lock)                                   # another file under the lock's name
+    with pytest.raises(LockUnusable, match="2 hard links"):
+        with device_lock("cpu"):
+            pass
+    assert victim.read_text() == "precious"
+    lock.unlink()
+    lock.write_text("x" * 100)
+    with pytest.raises(LockUnusable, match="100 bytes, so it is not a lock file"):
+        with device_lock("cpu"):
+            pass
+    assert lock.read_text() == "x" * 100
+    lock.unlink()
+    os.mkfifo(lock)
+    with pytest.raises(LockUnusable, match="is not a regular file"):      # and no hang on opening it
+        with device_lock("cpu"):
+            pass
+
+
+def test_python_m_lock_path_prints_the_lock_file(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), APP_LOCK_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "app.runtime.lock", "path", "gpu-GPU-abc"], capture_output=True,
+                       text=True, env=env, timeout=30)
+    assert r.returncode == 0 and r.stdout == f"{tmp_path}/app-kernel-profile-gpu-GPU-abc.lock\n", r.stderr
+    assert subprocess.run([sys.executable, "-m", "app.runtime.lock"], capture_output=True, env=env,
+                          timeout=30).returncode == 64
+
+
+# -- Two users sharing one APP_LOCK_DIR: really another user (nobody), started with setpriv.
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def _can_be_nobody() -> bool:
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return False
+    return subprocess.run([*NOBODY, sys.executable, "-c", "import app.runtime.lock"], capture_output=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=30).returncode == 0
+
+
+needs_second_user = pytest.mark.skipif(not _can_be_nobody(), reason="needs root and setpriv to run as another user")
+
+
+@pytest.fixture
+def shared_dir(monkeypatch):
+    """A folder both users can write, as a team's APP_LOCK_DIR would be (sticky, like /tmp)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="app-shared-locks-", dir="/tmp"))
+    d.chmod(0o1777)
+    monkeypatch.setenv("APP_LOCK_DIR", str(d))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _as_nobody(code: str, shared: Path, *args: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), APP_LOCK_DIR=str(shared), HOME=str(shared))
+    env.pop("APP_LOCK_WAIT", None)
+    return subprocess.Popen([*NOBODY, sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(shared), **kw)
+
+
+TAKE = ("import sys\nfrom app.errors import AppError\nfrom app.runtime.lock import device_lock\n"
+        "try:\n    with device_lock(sys.argv[1]):\n        print('took it')\n"
+        "except AppError as e:\n    print(e, file=sys.stderr); sys.exit(e.exit_code)\n")
+
+
+@needs_second_user
+def test_a_shared_lock_dir_lets_a_second_user_take_turns(shared_dir):
+    """Root profiled once (its lock file stays); nobody profiles now that no one holds it: it may, and back."""
+    with device_lock("gpu-GPU-x"):
+        pass
+    p = _as_nobody(TAKE, shared_dir, "gpu-GPU-x")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and out == "took it\n", err
+    p = _as_nobody(TAKE, shared_dir, "gpu-GPU-y")          # a lock nobody makes is usable by root after it
+    assert p.communicate(timeout=60)[0] == "took it\n"
+    assert os.stat(shared_dir / "app-kernel-profile-gpu-GPU-y.lock").st_uid == 65534
+    with device_lock("gpu-GPU-y") as path:
+        assert Path(path).read_text() == str(os.getpid())
+
+
+@needs_second_user
+def test_a_shared_lock_dir_serialises_two_users_and_names_the_holder(shared_dir, holder):
+    """Root holds the GPU: nobody is refused with root's pid and uid, and never told to remove the lock."""
+    p = holder("gpu-GPU-x")
+    q = _as_nobody(TAKE, shared_dir, "gpu-GPU-x")
+    out, err = q.communicate(timeout=60)
+    assert q.returncode == 4 and out == ""
+    assert err.strip() == (f"another profile is running on gpu-GPU-x (pid {p.pid}, uid 0, lock {shared_dir}/"
+                           "app-kernel-profile-gpu-GPU-x.lock); wait for it to finish -- one profiling at a time "
+                           "per device")
+    p.kill()
+    p.wait()
+    hold = _as_nobody("import sys, time\nfrom app.runtime.lock import device_lock\nwith device_lock(sys.argv[1]):\n"
+                      "    print('held', flush=True); time.sleep(30)\n", shared_dir, "gpu-GPU-x")
+    try:
+        assert hold.stdout.readline().strip() == "held"
+        with pytest.raises(ProfileBusy, match=rf"\(pid {hold.pid}, uid 65534, lock "):
+            with device_lock("gpu-GPU-x"):
+                pass
+    finally:
+        hold.kill()
+        hold.wait()
+
+
+@needs_second_user
+def test_an_old_private_lock_of_another_user_is_explained_not_removed(shared_dir):
+    """A lock made 0600 by an older version: nobody cannot read it. The fix named is chmod, never rm."""
+    lock = shared_dir / "app-kernel-profile-gpu-GPU-x.lock"
+    lock.write_text("1")
+    lock.chmod(0o600)
+    q = _as_nobody(TAKE, shared_dir, "gpu-GPU-x")
+    out, err = q.communicate(timeout=60)
+    assert q.returncode == 4 and len(err.strip().splitlines()) == 1, err
+    assert "uid 0, mode 0600" in err and "chmod a+rw" in err and "remove" not in err
+    assert lock.exists() and stat.S_IMODE(lock.stat().st_mode) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a file away to another user")
+def test_a_foreign_lock_in_your_own_folder_names_its_holder_when_held(tmp_path, monkeypatch):
+    monkeypatch.delenv("APP_LOCK_DIR")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    lock = Path(lock_dir()) / "app-kernel-profile-cpu.lock"
+    lock.write_text("")
+    os.chown(lock, 12345, 12345)
+    code = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\ntime.sleep(30)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(LockUnusable) as refused:
+            with device_lock("cpu"):
+                pass
+        assert f"so it is not used; it is held by pid {p.pid} (uid 0): once no profile of uid 12345 runs" \
+            in str(refused.value)
+    finally:
+        p.kill()
+        p.wait()

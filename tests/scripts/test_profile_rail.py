@@ -45,8 +45,24 @@ def test_rows_per_kernel_and_tile_size(tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [(["--tile-size", "100"], "is not allowed"),
-                                           (["--repeat", "0"], "must be >= 1")])
+                                           (["--repeat", "0"], "--repeat must be >= 1, got 0"),
+                                           (["--rows", "0"], "--rows must be >= 1, got 0"),
+                                           (["--overlay-rows", "-3"], "--overlay-rows must be >= 1, got -3"),
+                                           (["--join-rows", "0"], "--join-rows must be >= 1, got 0"),
+                                           (["--rows", "x"], "invalid int value")])
 def test_bad_arguments_are_one_line(tmp_path, args, fragment):
     r = rail("--kernel", "join", "--rows", "10", *args, tmp_path=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().startswith("error: ") and fragment in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_help_speaks_to_users_and_names_every_default(tmp_path):
+    r = rail("--help", tmp_path=tmp_path)
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[0].startswith("usage: scripts/profile_kernels.py")
+    assert "Profile the join and overlay kernels" in r.stdout and "seed" not in r.stdout and "rail" not in r.stdout
+    for option in ("--kernel", "--rows", "--join-rows", "--overlay-rows", "--tile-size", "--repeat", "--nvtx",
+                   "--device"):
+        block = r.stdout.split(f"  {option}", 1)[1].split("\n  --", 1)[0]
+        assert "default" in block, (option, block)
+    assert "under 6" in r.stdout and "95% interval" in r.stdout

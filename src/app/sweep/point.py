@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.runtime.profiling.tools import set_parent_death_signal
+
 # A point waits this long for its device's lock: points routed to one device take turns.
 LOCK_WAIT_SECONDS = 3600
 _TAIL = 2000
@@ -40,12 +42,7 @@ def restore_sigint_in_children() -> None:
 def _die_with_parent() -> None:           # runs in the child between fork and exec (Linux)
     if _SIGINT_TO_CHILDREN:               # an ignored signal stays ignored across exec: a Ctrl-C stops the profile
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    set_parent_death_signal(signal.SIGTERM)                          # PR_SET_PDEATHSIG
 
 
 def _where() -> str:

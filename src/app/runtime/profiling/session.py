@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -21,6 +19,7 @@ from app.runtime.autotune import tiling_files
 from app.runtime.clocks import clock_report, clock_snapshot, gpu_uuid
 from app.runtime.lock import device_key, device_lock
 from app.runtime.memory import check_fits
+from app.runtime.profiling.tools import tool_tmpdir
 
 
 def worker_command(plan, out_json: str, warmup: int, iterations: int = 1, collect: str = "none",
@@ -60,21 +59,26 @@ class Session:
 def gpu_session(plan, options, label: str):
     """Check for a GPU, make a temporary folder, hold the device lock.
 
-    The folder (worker JSON, captures) is removed however the block ends."""
+    The folder (worker JSON, captures) is removed however the block ends.
+
+    The error names only what the user asked for: with the default --device auto there is no
+    --device flag to blame, so it says why no GPU is usable and points at the CPU mode."""
     try:
         selection = devmod.select("gpu" if options.device == "auto" else options.device)
     except DeviceUnavailable as exc:
+        if options.device == "auto":
+            why = devmod.probe_gpu()[1]
+            raise DeviceUnavailable(f"{label} needs a GPU and none is usable here ({why}); "
+                                    "use --prof_type event to profile on the CPU") from None
         raise DeviceUnavailable(f"{label} needs a GPU: {exc}") from None
     if selection.selected != "gpu":
-        raise DeviceUnavailable(f"{label} needs a GPU; use --prof_type event on the CPU")
+        raise DeviceUnavailable(f"{label} needs a GPU but --device {options.device} was asked for; "
+                                "use --device auto or gpu, or --prof_type event to profile on the CPU")
     check_fits(plan, selection.selected)
-    tmpdir = tempfile.mkdtemp(prefix=f"app-{label.split()[0]}-")
-    try:
-        with device_lock(device_key(selection)):
-            selection.clock_start = clock_snapshot(selection)     # before the worker; the end in profile_files
-            yield Session(tmpdir, selection)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    # A folder a killed profile leaves (SIGKILL runs no clean-up) is removed by the next tool run's tool_tmpdir.
+    with tool_tmpdir(label.split()[0]) as tmpdir, device_lock(device_key(selection)):
+        selection.clock_start = clock_snapshot(selection)     # before the worker; the end in profile_files
+        yield Session(tmpdir, selection)
 
 
 def profile_files(plan, worker: dict, selection, options, mode: str, tools: dict) -> dict:
