@@ -82,10 +82,16 @@ def test_the_run_minimum_counts_a_sides_runs():
     assert five["verdict"] == "noise" and five["why"].startswith("too few runs to judge: 5 and 6; need ≥ 6")
     one = verdict_of([1.0], [2.0])
     assert one["verdict"] == "noise" and one["ci_pct"] == [None, None] and one["change_pct"] == pytest.approx(100)
-    # several processes a side: every run of the side counts, as the JSON's `samples` does
-    assert process_verdict([a[:3], a[3:]], [[2 * x for x in a[:3]]] * 2)["verdict"] == "slower"
-    assert process_verdict([a[:2], a[2:4]], [[2 * x for x in a[:3]]] * 2)["why"].startswith(
-        "too few runs to judge: 4 and 6")
+    # several processes a side: each process needs MIN_RUNS runs (its median enters the figure) and a side
+    # MIN_PROCESSES processes (the interval resamples them); runs summed over a side (`samples`) are neither
+    from app.analysis.compare import MIN_PROCESSES
+
+    assert process_verdict([a] * MIN_PROCESSES, [[2 * x for x in a]] * MIN_PROCESSES)["verdict"] == "slower"
+    two = process_verdict([a[:3], a[3:]], [[2 * x for x in a[:3]]] * 2)
+    assert two["verdict"] == "noise" and two["samples"] == [6, 6]
+    assert two["why"].startswith(f"too few processes (2 a side; a verdict needs {MIN_PROCESSES})")
+    few = process_verdict([a[:2]] * MIN_PROCESSES, [[2 * x for x in a[:3]]] * MIN_PROCESSES)
+    assert few["verdict"] == "noise" and few["why"].startswith("too few runs to judge: 2 and 3 in a process")
 
 
 def test_the_whole_plan_row_is_each_profiles_total_and_is_not_called_end_to_end(runs, capsys):

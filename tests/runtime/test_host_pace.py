@@ -91,7 +91,10 @@ def test_the_report_states_what_the_capture_holds():
     t = json.loads(CAPTURE.read_text())
     p = t["timing"]["host_pace"]
     again = host_pace.summarise(p["samples"], t["timing"]["total"]["samples"])
-    assert again == p
+    # The capture's interval of the median was taken from the normal approximation's ranks (one rank narrower at
+    # 60 samples); today's exact ranks hold it, and every other figure is the capture's own.
+    (lo, hi), (old_lo, old_hi) = again.pop("median_ci95"), p.pop("median_ci95")
+    assert again == p and lo <= old_lo <= old_hi <= hi
     roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
     md = build_report(t, PARAMS, roof, None)
     row = next(line for line in md.splitlines() if line.startswith("| host CPU pace before each timed run"))
@@ -143,7 +146,7 @@ def test_compare_says_when_the_host_itself_changed_the_same_way():
     # a trace made before the loop was timed: said, not guessed
     old = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())
     assert pace_change(old, base) is None
-    assert "host CPU pace: not recorded in both profiles" in table(compare_traces(old, base), old, base, "")
+    assert "host CPU pace: not recorded in either profile" in table(compare_traces(old, base), old, base, "")
 
 
 def test_drift_the_host_shared_is_not_blamed_on_warm_up():
@@ -185,4 +188,4 @@ def test_a_batch_of_runs_at_another_level_is_flagged_and_one_at_the_same_level_i
         assert f"{statistics.median(samples) * 1e6:,.1f} (95% interval" in row
         assert ("**The machine's pace moved during the profile**" in headline) is apart
         assert ("compare figures only within one batch" in row) is apart
-        assert ("both batches ran at one level" in row) is not apart
+        assert ("no change between the two batches is resolved" in row) is not apart

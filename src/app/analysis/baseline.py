@@ -12,8 +12,9 @@ import json
 import math
 import os
 import stat
+import sys
 
-from app.errors import BadParameter
+from app.errors import BadParameter, VerificationFailed
 
 MAX_BYTES = 64 << 20          # a trace of this tool is kilobytes; anything this large is not one
 
@@ -55,6 +56,7 @@ def load_baseline(path: str | None, plan=None, device_name: str | None = None, f
     if not path:
         return None
     trace = read_trace(path)
+    refuse_unverified(trace, path, "--baseline")
     mismatch = "" if plan is None else mismatch_of(trace, plan.kernel, plan.version, plan.params, device_name)
     if mismatch and not force:
         raise BadParameter(f"--baseline {path} was measured for {mismatch}; compare like with like, or pass "
@@ -66,19 +68,30 @@ def load_baseline(path: str | None, plan=None, device_name: str | None = None, f
 
 def latest_profile(parent, device_name: str | None) -> str:
     """The newest earlier profile folder under ``parent`` (same mode, kernel, version and parameters by
-    construction of the folder layout) that ran on ``device_name``."""
+    construction of the folder layout) that ran on ``device_name`` and whose output was not found wrong: a profile
+    whose output did not match the reference (or whose check could not run) times a wrong answer, so it is
+    skipped, and each one skipped is named on stderr (the newest good one is what a comparison wants after a
+    broken run is fixed). A profile made with --no-verify is taken: its maker chose to time without a check."""
     folders = sorted((p for p in parent.glob("*") if p.is_dir() and not p.name.startswith(".")),
                      key=lambda p: p.name, reverse=True) if parent.is_dir() else []
+    skipped = 0
     for folder in folders:
         try:
             with open(folder / "trace.json", encoding="utf-8") as f:
-                name = json.load(f).get("device", {}).get("name")
+                trace = json.load(f)
+            name = trace.get("device", {}).get("name")
         except (OSError, ValueError, AttributeError):
             continue
         if device_name is None or name == device_name:
+            reason = unverified_reason(trace)
+            if reason:
+                skipped += 1
+                print(f"baseline latest: skipped {folder}: {reason}", file=sys.stderr)
+                continue
             return str(folder)
+    also = f" with a verified output ({skipped} skipped above)" if skipped else ""
     raise BadParameter(f"--baseline latest: no earlier profile of these parameters on {device_name or 'this device'} "
-                       f"under {parent}; run once without --baseline first")
+                       f"under {parent}{also}; run once without --baseline first")
 
 
 def _check_shape(path, trace, what: str = "--baseline") -> None:
@@ -215,3 +228,96 @@ def mismatch_of(trace: dict, kernel: str, version: str, params: dict | None, dev
     if device_name and theirs and theirs != device_name:
         diffs.append(f"device {theirs} (this run: {device_name})")
     return "; ".join(diffs)
+
+
+# --- verification: a profile whose output was wrong, or not checked when a check was asked for, is no measurement
+
+# How many rows of each kind a verification lists at most (the plans' oracles keep their first or worst five).
+LISTED = 5
+
+
+def verification_of(trace: dict) -> dict | None:
+    """The profile's verification record: None when none was made (``--no-verify``); a record that is no JSON
+    object (a trace edited by hand) reads as a check that could not be read, never as a pass."""
+    meta = trace.get("metadata") if isinstance(trace, dict) else None
+    v = meta.get("verification") if isinstance(meta, dict) else None
+    if v is None or isinstance(v, dict):
+        return v
+    return {"error": f"the trace's verification record is damaged ({_shown(v)})", "matches": None}
+
+
+def verification_state(v: dict | None) -> str:
+    """``skipped`` (--no-verify), ``error`` (the oracle could not run: neither a pass nor a mismatch), ``ok`` or
+    ``mismatch``."""
+    if not v:
+        return "skipped"
+    if v.get("error"):
+        return "error"
+    return "ok" if v.get("matches") is True else "mismatch"
+
+
+def pair_text(key) -> str:
+    """A result row's key, (point, polygon) or (a, b)."""
+    return f"({key[0]}, {key[1]})"
+
+
+def _some(rows: list, count) -> str:
+    """How many rows one side has: the plan's count where it recorded one, else the rows listed (all of them when
+    fewer than the oracle lists)."""
+    if isinstance(count, int):
+        return f"{count:,}"
+    return f"{len(rows)}" if len(rows) < LISTED else f"{LISTED} or more"
+
+
+def worst_text(row) -> str:
+    """One of the overlay's worst rows, ((a, b), got, expected): which pair, both areas and the difference."""
+    key, got, exp = row
+    if not exp:
+        return f"{pair_text(key)} extra (area {got:.6g}, none expected)"
+    if not got:
+        return f"{pair_text(key)} missing (area {exp:.6g} expected)"
+    return f"{pair_text(key)} area {got:.6g} vs {exp:.6g} expected ({100 * (got / exp - 1):+.3g}%)"
+
+
+def what_differs(v: dict) -> str:
+    """What a failed verification found, in one line: the counts (pairs differing, missing, extra) and the worst or
+    first rows; every figure the record holds, none it does not."""
+    rows = f"{v.get('pairs', 0):,} rows vs {v.get('expected_pairs', 0):,} expected"
+    if v.get("problem"):
+        return f"not a valid answer ({v['problem']}); {rows}"
+    if isinstance(v.get("mismatched_pairs"), int):
+        n = v["mismatched_pairs"]
+        worst = v.get("worst") or []
+        text = f"{n:,} pair{' differs' if n == 1 else 's differ'} ({rows})"
+        return text + (f"; worst: {'; '.join(worst_text(r) for r in worst[:3])}" if worst else "")
+    if "missing" in v or "extra" in v:
+        missing, extra = v.get("missing") or [], v.get("extra") or []
+        text = (f"{rows}: {_some(missing, v.get('missing_count'))} missing, "
+                f"{_some(extra, v.get('extra_count'))} extra")
+        text += "".join(f"; {what}: {', '.join(pair_text(k) for k in keys[:3])}" + (" ..." if len(keys) > 3 else "")
+                        for what, keys in (("missing", missing), ("extra", extra)) if keys)
+        if not missing and not extra:
+            text += " (the same rows, out of order or one repeated)"
+        return text
+    return rows
+
+
+def unverified_reason(trace: dict) -> str:
+    """Why a profile cannot stand as a measurement (its output did not match the reference, or the check could not
+    run), or '' (the check passed, or --no-verify asked for none)."""
+    v = verification_of(trace)
+    state = verification_state(v)
+    if state == "mismatch":
+        return f"its output did not match the reference ({v.get('oracle')}: {what_differs(v)})"
+    if state == "error":
+        return f"its output was not verified: the verification could not run ({v['error']})"
+    return ""
+
+
+def refuse_unverified(trace: dict, path, what: str) -> None:
+    """One line, exit 9, where ``trace`` is of a wrong (or unverified) output: ``what`` (devlog, compare's BASE or
+    NEW, --baseline) takes it as no measurement. A profile made with --no-verify passes: its maker chose that."""
+    reason = unverified_reason(trace)
+    if reason:
+        raise VerificationFailed(f"{what} {path}: {reason}; a wrong answer's timings are no measurement: fix the "
+                                 "output and profile again")

@@ -6,8 +6,10 @@ comparison is reproducible). The verdict is ``noise`` when a side has fewer than
 ``MIN_RUNS`` runs (no interval of a median means anything then), when the interval
 includes zero, or when the change is smaller than either run's own robust spread
 (1.4826 x MAD / median) or the floor ``threshold`` -- two runs of identical code
-must not read as a regression. A stage that only one side timed is listed apart,
-with no verdict.
+must not read as a regression. Profiles of several processes a side (a set each) need
+``MIN_PROCESSES`` a side and ``MIN_RUNS`` runs in each process for a verdict, since
+their interval resamples the processes. A stage that only one side timed is listed
+apart, with no verdict.
 
 Beside the verdict, the host's pace in each profile (event mode times a fixed Python loop, and on a GPU a few
 launches of an empty kernel, before every timed run; nsys mode before every traced iteration): where the host
@@ -29,6 +31,17 @@ DEFAULT_FLOOR = 0.05
 # is narrower, holds it less often still (from 2 runs a side each resampled median takes one of three values, so a
 # slight difference reads as a resolved change).
 MIN_RUNS = MIN_CI_SAMPLES
+# The fewest processes a side for a verdict from sets of processes (each with MIN_RUNS runs or more). Their interval
+# resamples the processes, so the processes, not the runs, set how finely it resolves: from 2 a side each resampled
+# figure takes one of three values, and identical code reads faster or slower often. Simulated: identical code on
+# both sides, each process's pace drawn with a standard deviation of 5, 10, 20 or 30% (six processes of the default
+# join's identical code read 373 to 597 us on an H200 host), 6 runs a process within 1%, the default 5% floor, 1,000
+# comparisons a cell, two seeds. The share of false verdicts (faster or slower): 2 a side 17, 34, 33% (5-20%, 300
+# comparisons); 3 a side 5.1, 8.8, 8.5, 9.4%; 4 a side 4.7, 6.5, 6.9, 6.9% and 4.9, 6.6, 6.8, 4.6%; 5 a side 1.7, 2.2,
+# 2.9, 3.0% and 2.5, 2.9, 2.2, 1.7%; 6 a side 2.4, 3.7, 4.4, 3.1%. Five is the fewest under 5% (the interval's own
+# 95% promise) at every spread. One process a side is the two-profile comparison, with its note that the host's
+# change between processes is left out (ONE_PROCESS_NOTE).
+MIN_PROCESSES = 5
 
 
 def samples_of(trace: dict, stage: str | None = None) -> list[float]:
@@ -80,12 +93,23 @@ def process_change_interval(base: list[list[float]], new: list[list[float]],
     return change, float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
-def too_few_runs(base_runs: int, new_runs: int) -> str | None:
-    """Why a verdict cannot be drawn from this many runs a side (``MIN_RUNS``), or None."""
+def too_few_runs(base_runs: int, new_runs: int, per_process: bool = False) -> str | None:
+    """Why a verdict cannot be drawn from this many runs a side (``MIN_RUNS``), or None. ``per_process``: the counts
+    are the fewest runs of a side's processes, each of which needs MIN_RUNS (its median enters the figure)."""
     if min(base_runs, new_runs) >= MIN_RUNS:
         return None
-    return (f"too few runs to judge: {base_runs} and {new_runs}; need ≥ {MIN_RUNS}: profile again with "
-            f"--bench_runs {MIN_RUNS} or more")
+    where = " in a process (the fewest of each side's)" if per_process else ""
+    return (f"too few runs to judge: {base_runs} and {new_runs}{where}; need ≥ {MIN_RUNS}"
+            f"{' in every process' if per_process else ''}: profile again with --bench_runs {MIN_RUNS} or more")
+
+
+def too_few_processes(base_processes: int, new_processes: int) -> str | None:
+    """Why a verdict cannot be drawn from sets of this many processes a side (``MIN_PROCESSES``), or None."""
+    if min(base_processes, new_processes) >= MIN_PROCESSES:
+        return None
+    count = (f"{base_processes}" if base_processes == new_processes else f"{base_processes} and {new_processes}")
+    return (f"too few processes ({count} a side; a verdict needs {MIN_PROCESSES}): profile each side in "
+            f"{MIN_PROCESSES} or more processes, the two in turns")
 
 
 def _unjudged(base_median: float, new_median: float) -> str | None:
@@ -114,14 +138,15 @@ def verdict_of(base: list[float], new: list[float], floor: float = DEFAULT_FLOOR
 
 def process_verdict(base: list[list[float]], new: list[list[float]], floor: float = DEFAULT_FLOOR) -> dict:
     """verdict_of for several processes a side (lists of each process's samples): one process a side is
-    verdict_of itself."""
+    verdict_of itself. Otherwise a verdict needs MIN_PROCESSES processes a side and MIN_RUNS runs in every process:
+    the interval resamples the processes, so runs summed over a side (``samples``) say nothing of its resolution."""
     if len(base) == 1 and len(new) == 1:
         return verdict_of(base[0], new[0], floor) | {"processes": [1, 1]}
     medians = [[float(np.median(x)) for x in sets] for sets in (base, new)]
     samples = [sum(map(len, base)), sum(map(len, new))]
     figures = float(np.median(medians[0])), float(np.median(medians[1]))
-    # Counted a side, as `samples` is: every run of a side enters its figure and its interval.
-    why = _unjudged(*figures) or too_few_runs(*samples)
+    why = (_unjudged(*figures) or too_few_processes(len(base), len(new))
+           or too_few_runs(min(map(len, base)), min(map(len, new)), per_process=True))
     if why:
         verdict = _no_verdict(*figures, why)
     else:
@@ -162,15 +187,15 @@ def compare_processes(base: list[dict], new: list[dict], floor: float = DEFAULT_
                     for key in ("host_pace", "launch_pace"))
     notes = [ONE_PROCESS_NOTE] if min(len(base), len(new)) == 1 else []
     return {"verdict": total["verdict"], "total": total, "stages": stages, "one_side_stages": one_side,
-            "floor_pct": 100 * floor, "min_runs": MIN_RUNS, "host_pace": pace, "launch_pace": launch,
-            "caution": machine_caution(total, pace, launch), "notes": notes}
+            "floor_pct": 100 * floor, "min_runs": MIN_RUNS, "min_processes": MIN_PROCESSES, "host_pace": pace,
+            "launch_pace": launch, "caution": machine_caution(total, pace, launch), "notes": notes}
 
 
 # Said whenever a side is one profile: its interval holds that process's runs only, not the host's change between
 # processes, which on a lent host is often larger than the code's change.
 ONE_PROCESS_NOTE = ("a side of one process cannot show how much its host changes from one process to the next, so "
-                    "the interval leaves that change out: profile each side again in three or more processes, the two "
-                    "in turns, and compare them as sets (compare BASE1,BASE2,BASE3 NEW1,NEW2,NEW3)")
+                    f"the interval leaves that change out: profile each side again in {MIN_PROCESSES} or more "
+                    "processes, the two in turns, and compare them as sets (compare BASE1,...,BASE5 NEW1,...,NEW5)")
 
 
 def _one_side(name: str, base: list[list[float]], new: list[list[float]]) -> dict:
@@ -200,8 +225,8 @@ def machine_caution(total: dict, pace: dict | None, launch: dict | None) -> str 
             moved.append(what.format(pct=abs(p["change_pct"]), way="slower" if slower else "faster",
                                      longer="longer" if slower else "less time"))
     return (" and ".join(moved) + ", the same way as the plan: part or all of this change may be the machine's, "
-            "not the code's; profile each side again in three or more processes, the two in turns, and compare "
-            "them as sets (compare BASE1,BASE2,BASE3 NEW1,NEW2,NEW3)") if moved else None
+            f"not the code's; profile each side again in {MIN_PROCESSES} or more processes, the two in turns, and "
+            "compare them as sets (compare BASE1,...,BASE5 NEW1,...,NEW5)") if moved else None
 
 
 def pace_samples(trace: dict, key: str = "host_pace") -> list[float]:

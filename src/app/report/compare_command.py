@@ -10,7 +10,8 @@ import json
 import math
 from pathlib import Path
 
-from app.analysis.baseline import mismatch_of, other_backend, other_card, read_trace, same_cpu_stages
+from app.analysis.baseline import (mismatch_of, other_backend, other_card, read_trace, refuse_unverified,
+                                   same_cpu_stages)
 from app.analysis.compare import DEFAULT_FLOOR, MIN_RUNS, compare_processes, regression
 from app.errors import BadParameter, OneLineParser
 from app.report.timing_text import host_pace_change
@@ -24,10 +25,12 @@ def parser() -> OneLineParser:
                             "bootstrap interval, and a verdict (faster, slower or noise; noise below "
                             f"{MIN_RUNS} runs a side). A host's speed can change from one process to the "
                             "next by more than a code change: give each side as several profiles, each made in its "
-                            "own process, and the interval holds that change too.")
+                            "own process, and the interval holds that change too. A profile whose output did not "
+                            "match the reference, or could not be checked, is refused (exit 9): it times a wrong "
+                            "answer.")
     p.add_argument("base", metavar="BASE[,BASE...]",
                    help="the earlier profile folder (or its trace.json); or several, comma-separated, each made in "
-                        "its own process (profile each side 3 or more times, the two sides' processes in turns)")
+                        "its own process (profile each side in 5 or more processes for a verdict, the two sides' processes in turns)")
     p.add_argument("new", metavar="NEW[,NEW...]", help="the later profile folder, or several, as BASE")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     p.add_argument("--fail-on-regression", type=float, metavar="PCT",
@@ -57,7 +60,7 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
     if warning:
         lines.append(f"WARNING: {warning}")
     total = result["total"]
-    few = f", {total['why']}" if total["why"].startswith("too few runs") else ""
+    few = f", {total['why']}" if total["why"].startswith("too few") else ""
     lines.append(f"{new['kernel']} {new['version']}: {base.get('mode')} profile vs {new.get('mode')} profile on "
                  f"{new.get('device', {}).get('name')} -- {TOTAL_LABEL}: {result['verdict'].upper()}{few}")
     lines.append(f"{'':<28} {'base (us)':>12} {'new (us)':>12} {'change':>9} {'95% interval':>20}  verdict")
@@ -67,7 +70,8 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
         if lo is not None:
             ci = f"[{lo:+.1f}%, {hi:+.1f}%]"
         else:       # no interval: too few runs or a median out of range; the reason is given under the table
-            ci = "(too few runs)" if r["why"].startswith("too few runs") else "(none)"
+            ci = next((f"({few})" for few in ("too few runs", "too few processes") if r["why"].startswith(few)),
+                      "(none)")
             if r["why"] not in reasons:
                 reasons.append(r["why"])
         change = "--" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"
@@ -92,13 +96,13 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
     if pace:
         lines.append(f"host CPU pace (a fixed Python loop before each timed run): {host_pace_change(pace)}")
     else:
-        lines.append("host CPU pace: not recorded in both profiles (profiles made before it was measured)")
+        lines.append("host CPU pace: not recorded in either profile (profiles made before it was measured)")
     launch = result.get("launch_pace")
     if launch:
         lines.append(f"host launch pace (an empty kernel launched before each timed run, us a launch): "
                      f"{host_pace_change(launch)}")
     else:
-        lines.append("host launch pace: not recorded in both profiles (GPU profiles only, and only since it was "
+        lines.append("host launch pace: not recorded in either profile (GPU profiles only, and only since it was "
                      "measured)")
     if result.get("caution"):
         lines.append(f"CAUTION: {result['caution']}")
@@ -123,7 +127,10 @@ def _side(paths: str, what: str) -> list[dict]:
             also = "" if seen[key] == path else f" (also as {seen[key]})"
             raise BadParameter(f"{what} lists the profile {path} twice{also}: give each process's profile once")
         seen[key] = path
-    return [read_trace(path, what) for path in seen.values()]
+    traces = [read_trace(path, what) for path in seen.values()]
+    for path, trace in zip(seen.values(), traces):
+        refuse_unverified(trace, path, what)       # a wrong answer's timings are compared with nothing
+    return traces
 
 
 def run_compare(argv: list[str]) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jinja2
 
-from app.analysis.baseline import MACHINES_CAVEAT, backend_of, other_card, read_trace
+from app.analysis.baseline import MACHINES_CAVEAT, backend_of, other_card, read_trace, refuse_unverified
 from app.analysis.compare import machine_caution, pace_samples, samples_change, samples_of, verdict_of
 from app.errors import BadParameter, OutputNotWritable
 from app.report.clock_text import lock_known
@@ -200,6 +200,7 @@ def check_devlog(kernel: str, file: str | None) -> None:
 def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     """(devlog path, appended?) -- False when this profile's entry is already there."""
     trace = read_trace(profile, "devlog")
+    refuse_unverified(trace, profile, "devlog")     # a wrong answer's timings start no series and end none
     folder = Path(profile) if Path(profile).is_dir() else Path(profile).parent
     summary = _summary(trace, profile)
     params = _params(folder / "params.json", profile)

@@ -6,6 +6,7 @@ import math
 from app.analysis.kernel_metrics import DURATION, L2_JUDGE_MIN_BYTES, kernel_time, kernel_time_text
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
+from app.report.sections import with_verification_headline
 
 
 def _pct(v) -> str:
@@ -109,4 +110,5 @@ def _l2(k) -> str:
 
 
 def render_report(trace, sections, headline) -> str:
-    return render(trace["kernel"], trace["version"], headline, sections)
+    # a wrong or unverified output leads the report, above every counter it reads
+    return render(trace["kernel"], trace["version"], with_verification_headline(trace, headline), sections)

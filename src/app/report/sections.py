@@ -2,6 +2,7 @@
 verification against the oracle, and the device the plan ran on."""
 from __future__ import annotations
 
+from app.analysis.baseline import pair_text, verification_of, verification_state, what_differs, worst_text
 from app.report.clock_text import lock_word
 from app.report.markdown import Section, fmt
 
@@ -22,13 +23,75 @@ def transfers_section(trace: dict) -> Section:
                         "nothing on the device waits for it.")
 
 
+def verification_line(trace: dict) -> str:
+    """The terminal summary's line on the check, for every mode."""
+    v = verification_of(trace)
+    state = verification_state(v)
+    if state == "skipped":
+        return "  not verified (--no-verify)"
+    if state == "error":
+        return f"  verification could not run: {v['error']}"
+    if state == "ok":
+        return f"  verified against {v['oracle']}: OK ({v.get('pairs', 0):,} rows)"
+    return f"  verified against {v.get('oracle')}: MISMATCH, {what_differs(v)}"
+
+
+def verification_banner(trace: dict, markdown: bool = False) -> str:
+    """The line that leads a profile's summary and report.md when its output is wrong or unverified ('' when the
+    check passed or was not asked for): every figure below it times an answer that is wrong, or not known right."""
+    v = verification_of(trace)
+    state = verification_state(v)
+    if state == "mismatch":
+        head = "OUTPUT DOES NOT MATCH THE REFERENCE"
+        return (f"{'**' + head + '**' if markdown else head} ({v.get('oracle')}): {what_differs(v)}. The figures "
+                "below time a wrong answer: fix the output before reading them (no devlog entry, compare or "
+                "--baseline takes this profile).")
+    if state == "error":
+        head = "VERIFICATION COULD NOT RUN"
+        return (f"{'**' + head + '**' if markdown else head}: {v['error']}. The output is unverified: the figures "
+                "below may time a wrong answer (no devlog entry, compare or --baseline takes this profile).")
+    return ""
+
+
+def with_verification_headline(trace: dict, headline: str) -> str:
+    """A report's headline with the verification's word: the banner first where the output is wrong or unverified,
+    and a closing sentence where no check was made."""
+    banner = verification_banner(trace, markdown=True)
+    if banner:
+        return f"{banner}\n\n{headline}"
+    if verification_state(verification_of(trace)) == "skipped":
+        return f"{headline} Output not verified (`--no-verify`)."
+    return headline
+
+
+def with_verification_summary(trace: dict, summary: str) -> str:
+    """A terminal summary with the verification's line at its end and, where the output is wrong or unverified, its
+    banner first. Idempotent: a summary that has them already is returned as it is."""
+    line, banner = verification_line(trace), verification_banner(trace)
+    if line.strip() not in summary:
+        summary = f"{summary}\n{line}"
+    if banner and not summary.startswith(banner):
+        summary = f"{banner}\n{summary}"
+    return summary
+
+
 def verification_section(trace: dict) -> Section:
-    v = trace["metadata"].get("verification")
-    if not v:
+    v = verification_of(trace)
+    state = verification_state(v)
+    if state == "skipped":
         return Section("Verification", text="Not verified (`--no-verify`).")
-    verdict = "matches" if v["matches"] else "DOES NOT MATCH"
-    return Section("Verification", text=f"Output {verdict} {v['oracle']}: {v['pairs']:,} result rows, "
-                                        f"{v['expected_pairs']:,} expected.")
+    if state == "error":
+        return Section("Verification", text=f"**Verification could not run:** {v['error']}. The output is "
+                                            "unverified: neither a pass nor a mismatch.")
+    if state == "ok":
+        return Section("Verification", text=f"Output matches {v['oracle']}: {v['pairs']:,} result rows, "
+                                            f"{v['expected_pairs']:,} expected.")
+    items = [worst_text(r) for r in v.get("worst") or []]
+    items += [f"{pair_text(k)} missing" for k in v.get("missing") or []] + [f"{pair_text(k)} extra"
+                                                                          for k in v.get("extra") or []]
+    return Section("Verification", text=f"Output DOES NOT MATCH {v.get('oracle')}: {what_differs(v)}.",
+                   items=items, note="The rows listed are the oracle's worst (or first) five of each kind; "
+                                     "trace.json holds them under metadata.verification." if items else None)
 
 
 def device_section(trace: dict, params_json: dict) -> Section:

@@ -8,6 +8,8 @@ from app.analysis.timeline import CAUSE_TEXT, CAUSES
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
+from app.report.sections import (verification_line, verification_section, with_verification_headline,
+                                 with_verification_summary)
 from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
 from app.runtime.stats import STABLE_REL_SPREAD
 
@@ -161,7 +163,6 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
     config_cols = list(trace["metadata"]["params"]) + ["device", "backend", "iterations", "clocks"]
     config = [fmt(v) for v in trace["metadata"]["params"].values()] + [
         trace["device"]["name"], backend, it["instances"], clock_cell(clocks)]
-    verification = trace["metadata"].get("verification")
     sections = [
         Section("Configuration", columns=config_cols, rows=[config], note=throttle_note(clocks) or None),
         Section("Stages", columns=["Stage", "Duration (us)", "TC%", "DRAM%", "Occ%", "Bottleneck", "Key Issue"],
@@ -184,7 +185,8 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
             f"**What is the smallest structural change that moves it back to a GPU shape?** "
             f"{analysis['answers'][1]}"]),
         _copies(trace),
-        Section("Capture", columns=["what", "value"], rows=_capture_rows(trace, analysis, verification)),
+        verification_section(trace),
+        Section("Capture", columns=["what", "value"], rows=_capture_rows(trace, analysis)),
     ]
     headline = (f"`{params['command_line']}` — {trace['device']['name']}, {it['instances']} iterations traced with "
                 f"{backend}: {it['span_us']:,.1f} us per iteration (median span), GPU busy {it['busy_us']:,.1f} us "
@@ -195,7 +197,8 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
     if trace["selected_runtime"] != "gpu" or trace["metadata"]["planner_selected_runtime"] != "gpu":
         headline = f"**CPU fallback or planner override: ran on {trace['selected_runtime']}.** " + headline
-    return render(trace["kernel"], trace["version"], headline, sections)
+    # a wrong or unverified output leads the report, above every figure it times
+    return render(trace["kernel"], trace["version"], with_verification_headline(trace, headline), sections)
 
 
 def _baseline_warning(trace: dict, baseline: dict | None) -> str:
@@ -250,7 +253,7 @@ def _copies(trace) -> Section:
                    rows=rows)
 
 
-def _capture_rows(trace, analysis, verification) -> list[list]:
+def _capture_rows(trace, analysis) -> list[list]:
     cap, tool = analysis["capture"], trace["metadata"]["tool"]
     rows = [["source", cap["source"]], ["tool", f"{tool['backend']} {tool.get('version') or ''}".strip()],
             ["GPU ops in capture", f"{cap['ops']:,} ({cap['kernels']:,} kernels, {cap['memcpys']:,} memcpy, "
@@ -263,8 +266,7 @@ def _capture_rows(trace, analysis, verification) -> list[list]:
         o = tool["overhead"]
         rows.append(["CUPTI overhead", f"{o['overhead_pct']:+.2f}% ({o['untraced_wall_us']:,.1f} -> "
                                        f"{o['traced_wall_us']:,.1f} us per iteration, {o['note']})"])
-    if verification:
-        rows.append(["verified against", f"{verification['oracle']}: {'OK' if verification['matches'] else 'MISMATCH'}"])
+    rows.append(["verification", verification_line(trace).strip()])
     return rows
 
 
@@ -278,7 +280,8 @@ def stage_summary_line(trace: dict, analysis: dict) -> str:
                      f"event {analysis['event_us'][s['name']]:>9,.1f}  top idle: {idle} {s['idle_us'][idle]:,.1f}")
     for f in analysis["findings"][:5]:
         lines.append(f"  [{f['severity']}] {f['rule']} in {f['stage']}: {f['evidence']}")
-    return "\n".join(lines)
+    # the check's line last and, where the output is wrong or unverified, its banner first
+    return with_verification_summary(trace, "\n".join(lines))
 
 
 def timeline_text(path: str, summaries: list[dict], findings: list[dict], capture: dict) -> str:

@@ -32,6 +32,17 @@ PROFILE_RANGE = "profile"
 CUPTI_WARM_RUNS = 3
 
 
+def verify_output(plan, inputs, host_output) -> dict:
+    """The oracle's verdict on the output. An oracle that cannot run (shapely missing or raising) is recorded as
+    ``{"error": ..., "matches": None}`` -- neither a pass nor a mismatch -- so the finished profile is still
+    written and says so, rather than lost to a traceback."""
+    try:
+        return plan.verify(inputs, host_output)
+    except Exception as exc:        # the oracle's failure, whatever it is; Ctrl-C and SIGTERM still stop the run
+        lines = str(exc).strip().splitlines()
+        return {"error": f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__, "matches": None}
+
+
 def _iterations(rec: Recorder, nvtx: Nvtx, plan, inputs, backend, n: int, before=None) -> tuple[list, tuple]:
     """``n`` runs, each in a profile range; ``before`` is called before each, outside every range (the paces'
     timing, as event mode times them outside its timed runs)."""
@@ -94,7 +105,7 @@ def run_worker(plan, device: str, warmup, out_path: str, iterations: int = 1, co
     if paces is not None:
         extra["pace"] = {"loop_seconds": paces.loop, "launch_seconds": paces.launches}
     # After the profiled iterations and outside every range: the oracle check the other modes make.
-    verification = plan.verify(inputs, backend.outputs_to_host(output)) if verify else None
+    verification = verify_output(plan, inputs, backend.outputs_to_host(output)) if verify else None
     first = records[0]
     costs = {s["name"]: asdict(plan.cost(s["name"], s["rows_in"], s["rows_out"], s["meta"], inputs))
              for s in first.stages}
