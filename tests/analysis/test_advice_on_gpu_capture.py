@@ -119,7 +119,8 @@ def test_the_report_says_why_the_overhead_pairs_stopped():
     row = next(line for line in build_report(v3, params, roof, None).splitlines() if "instrumentation overhead" in line)
     assert "interleaved pairs)" in row and "stopped" not in row and "for each of" not in row   # nor a mark's cost
     v3["timing"]["instrumentation"] |= {"extra_marks": 5, "per_mark_seconds": 3.1e-6, "per_mark_ci95": [-1e-6, 6.2e-6]}
-    assert ("; 3.1 us a mark (95% interval -1.0 to 6.2 us) for the 5 marks the bare plan does not record ("
+    assert ("; 3.1 us a mark (95% interval -1.0 to 6.2 us, not resolved) for the 5 marks the bare plan does not "
+            "record ("
             in build_report(v3, params, roof, None))
     for stop, text in (("interval", "stopped once the interval was within +-0.5%"),
                        ("budget", "stopped by the time budget, short of the +-0.5% interval aimed at"),
@@ -269,7 +270,7 @@ def test_the_report_says_when_the_timed_runs_were_still_changing():
     steady = json.loads((DATA / "join_v3_100k_10k_h200.trace.json").read_text())
     roof = plan_roofline(steady["device"]["name"], steady["selected_runtime"], steady["stages"])
     md = build_report(steady, params, roof, None)
-    assert "still changing" not in md and "| drift over the timed runs | steady: " in md
+    assert "still changing" not in md and "| drift over the timed runs | no drift resolved: " in md
     # The graph comparison's eager runs are measured apart from the timed runs: both figures are shown.
     from app.report.markdown import us
 
@@ -349,7 +350,8 @@ def test_the_stage_times_without_the_other_marks_are_the_captures_own():
         alo, ahi = s["marks_add_ci95"]
         assert s["resolved"] and cells[1] == f"{s['marked_seconds'] * 1e6:,.1f}"
         assert cells[2] == f"{s['seconds'] * 1e6:,.1f}" and cells[3] == f"{lo * 1e6:,.1f} – {hi * 1e6:,.1f}"
-        assert cells[4] == f"{s['marks_add_seconds'] * 1e6:,.1f} ({alo * 1e6:,.1f} – {ahi * 1e6:,.1f})"
+        assert cells[4] == (f"{s['marks_add_seconds'] * 1e6:,.1f} ({alo * 1e6:,.1f} – {ahi * 1e6:,.1f})"
+                            + ("" if alo > 0 else ", not resolved"))
     # the filter's Duration with every stage marked is 29.5 us, of which the other marks add 5.8 us
     assert "| candidate_filter | 29.5 | 20.5 | 17.2 – 23.6 | 5.8 (3.3 – 9.2) |" in section
     whole = next(line for line in section.splitlines() if line.startswith("| whole plan |"))

@@ -62,10 +62,11 @@ def test_device_that_ran_is_reported(profile):
 
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)
 def test_a_build_that_staged_nothing_says_its_dma_alone_was_not_measured(profile):
-    _, d, trace, _ = profile
+    device, d, trace, _ = profile
     assert "staging_dma" in trace["timing"] and trace["timing"]["staging_dma"] is None   # 20k x 2k: nothing staged
-    assert "| host->device DMA alone: the build's staged bytes again, from their pinned buffers (us) | not " \
-           "measured: the last run staged nothing" in (d / "report.md").read_text()
+    row = "| host->device DMA alone: the build's staged bytes again, from their pinned buffers (us) | "
+    assert row + ("not measured: the last run staged nothing" if device == "gpu" else
+                  "n/a (a CPU run: no host->device copy)") in (d / "report.md").read_text()
 
 
 @pytest.mark.parametrize("profile", DEVICES, indirect=True)
@@ -109,7 +110,8 @@ def test_stage_times_add_up_with_spread_and_cold_apart(profile):
     for s in trace["stages"]:
         sp = s["spread"]
         assert sp["runs"] == 5 and sp["min"] <= sp["median"] <= sp["max"]
-        assert sp["stable"] == (sp["robust_rel_spread"] <= 0.02)
+        assert sp["stable"] is None and sp["outliers"] == sum(             # five runs: stability not judged
+            v < sp["q1"] - 1.5 * sp["iqr"] or v > sp["q3"] + 1.5 * sp["iqr"] for v in sp["samples"])
         assert s["cold_seconds"] > 0
     assert trace["cold"]["total_seconds"] > 0 and "compile_seconds" in trace["cold"]
 
@@ -256,4 +258,4 @@ def test_end_to_end_and_after_build_come_from_the_same_runs(tmp_path):
     build = trace["stages"][0]["spread"]["samples"]
     per_run = [t - b for t, b in zip(tm["total"]["samples"], build)]
     assert tm["after_build"]["samples"] == per_run and tm["after_build"]["median"] < tm["total"]["median"]
-    assert "after the host->device build (owned_buffer_build left out)" in (d / "report.md").read_text()
+    assert "after the input build (owned_buffer_build left out)" in (d / "report.md").read_text()   # a CPU run

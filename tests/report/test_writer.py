@@ -132,7 +132,7 @@ def test_an_uncreatable_output_folder_and_a_failed_write_name_the_fix(tmp_path, 
     with pytest.raises(OutputNotWritable, match=r"failed \(No space left on device\); check free space and "
                                                 r"permissions$"):
         write_profile(tmp_path / "out", {"trace.json": {}})
-    assert not list((tmp_path / "out").iterdir())              # nothing half-written left behind
+    assert not (tmp_path / "out").exists()     # nothing half-written left behind, nor the empty folder made for it
 
 
 def test_nan_infinities_and_numpy_values_are_written_as_strict_json(tmp_path):

@@ -139,8 +139,8 @@ def test_report_and_trace_from_a_real_capture(kernel):
         assert timing[key]["samples"] == worker["pace"][raw] and len(worker["pace"][raw]) == 3, key
         assert timing[key]["median"] == pytest.approx(statistics.median(worker["pace"][raw]))
     assert "## Drift and the host's pace" in report
-    assert ("| drift over the traced iterations | not checked: 3 timed runs: the check compares thirds of at least 6 "
-            "runs |") in report
+    assert ("| drift over the traced iterations | not checked: 3 timed runs: the check needs 18 (it compares the "
+            "first and last thirds, 6 runs each at least) |") in report
     assert (f"| host launch pace before each traced iteration (an empty kernel, us a launch) | "
             f"{timing['launch_pace']['median'] * 1e6:.1f} median (the mean of 16 launches;") in report
     # A capture whose worker did not time them (made before they were) says so, in the report and trace alike.
@@ -166,7 +166,7 @@ def test_drift_and_paces_of_thirty_real_iterations():
     rows = dict(section.rows)
     d = timing["drift"]
     assert rows["drift over the traced iterations"] == (
-        f"steady: first third's median {d['first_third_median'] * 1e6:.1f} us, last third's "
+        f"no drift resolved: first third's median {d['first_third_median'] * 1e6:.1f} us, last third's "
         f"{d['last_third_median'] * 1e6:.1f} us ({100 * d['change']:+.1f}%; 10 runs each), their 95% intervals "
         "overlap")
     loop = rows["host CPU pace before each traced iteration (a fixed Python loop, us)"]

@@ -38,9 +38,27 @@ def test_each_stage_is_the_step_between_the_times_to_its_marks_round_by_round():
     assert [s["marked_seconds"] for s in out["stages"]] == [3.0, 2.0, 4.0, 2.5]
     assert [s["marks_add_seconds"] for s in out["stages"]] == [0.0, 0.5, 0.5, 0.5]
     assert out["bare_median_seconds"] == out["stage_sum_seconds"] == 10.0 and out["marked_median_seconds"] == 11.5
-    # the one-mark runs against their rounds' bare runs: +0.5, +0.25, +0.75 -> median +0.5
+    # the one-mark runs against their rounds' bare runs: +0.5, +0.25, +0.75 -> +0.5 a round, every round alike
     assert out["overhead_seconds"] == 0.5 and out["overhead_fraction"] == 0.05
-    assert out["overhead_ci95"] == [0.025, 0.075]
+    assert out["overhead_ci95"] == [0.05, 0.05]
+
+
+def test_the_one_mark_overhead_takes_one_figure_a_round_and_no_interval_under_six_rounds():
+    """A round's one-mark runs share its bare run: they are one sample, not n - 1. Two rounds of three one-mark
+    runs each are 2 samples (no interval), not 6; with 9 rounds the interval is the rounds' medians'."""
+    two = estimate(NAMES, _rounds([10.0, 12.0], [[3.0, 2.0, 4.0, 2.5]] * 2, {1: [3.0] * 2, 2: [4.5] * 2, 3: [8.0] * 2},
+                                  {1: [10.5, 12.1], 2: [10.25, 12.2], 3: [10.75, 12.3]}))
+    assert two["overhead_seconds"] == pytest.approx((0.5 + 0.2) / 2)
+    assert all(math.isnan(v) for v in two["overhead_ci95"])
+    r = 9
+    bare = [10.0 + i for i in range(r)]
+    nine = estimate(NAMES, _rounds(bare, [[3.0, 2.0, 4.0, 2.5]] * r, {1: [3.0] * r, 2: [4.5] * r, 3: [8.0] * r},
+                                   {k: [b + 0.1 * i + d for i, b in enumerate(bare)]
+                                    for k, d in ((1, 0.0), (2, 1.0), (3, 2.0))}))
+    # each round's median difference is its middle run's: 1.0 + 0.1 i, i = 0..8; their median 1.4
+    assert nine["overhead_seconds"] == pytest.approx(1.4)
+    lo, hi = (v * nine["bare_median_seconds"] for v in nine["overhead_ci95"])
+    assert lo == pytest.approx(1.1) and hi == pytest.approx(1.7)      # ranks 2 and 8 of 9 (median_rank(9) = 2)
 
 
 def test_a_stage_lost_in_the_plans_noise_is_not_resolved_and_a_clear_one_is():

@@ -15,7 +15,7 @@ from app.sweep.scaling import best_per_size, crossovers, exponents
 from app.sweep.spec import SweepSpec
 
 STAGES = ["refine"]
-RUN = [{"command": "python -m app.kernel sweep join ...", "runner": "sequential (one point at a time)",
+RUN = [{"command": "python -m app.kernel sweep join ...", "runner": "this process, one point at a time (no Dask)",
         "wall_seconds": 12.5, "start_seconds": 0.5, "points_seconds": 11.9, "close_seconds": 0.1}]
 
 
@@ -154,7 +154,7 @@ def test_a_sweep_of_size_zero_reports_and_resume_keeps_its_options_and_its_run(t
     assert (d / "scaling.png").exists()
     report = (d / "report.md").read_text()
     (first,) = json.loads((d / "runs.json").read_text())
-    assert f"- Ran on: sequential (one point at a time); wall time {first['wall_seconds']:,.1f} s" in report
+    assert f"- Ran on: this process, one point at a time (no Dask); wall time {first['wall_seconds']:,.1f} s" in report
     capsys.readouterr()
     assert main(["sweep", "--resume", str(d), "--bench_runs", "20", "--device", "gpu"]) == 2
     err = capsys.readouterr().err

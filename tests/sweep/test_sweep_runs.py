@@ -201,7 +201,7 @@ def test_ctrl_c_keeps_finished_points_stops_the_cluster_and_resume_runs_the_rest
     report = (d / "report.md").read_text()           # both runs that made the table, each with its own command
     assert "- Ran on: Dask LocalCluster, 2 worker processes; wall time " in report
     assert "; interrupted; command " in report
-    assert "- Resumed on: sequential (one point at a time); wall time " in report
+    assert "- Resumed on: this process, one point at a time (no Dask); wall time " in report
     assert f"command `python -m app.kernel sweep --resume {d} --workers 1`." in report
 
 

@@ -50,9 +50,10 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
                 issues.append(f"{mid} host sync(s) for allocation sizes")
             if dram is not None and bneck == "latency-bound":
                 issues.append(f"DRAM {dram:.1f}% of peak")
-            if not s["spread"].get("stable", True) and s["spread"]["runs"] > 1:
+            if s["spread"].get("stable") is False and s["spread"]["runs"] > 1:      # None: too few runs to judge
                 issues.append(f"unstable (±{100 * robust_of(s['spread']):.1f}% robust spread"
-                              + (f", {outlier_runs(s['spread']['outliers'])})" if "outliers" in s["spread"] else ")"))
+                              + (f", {outlier_runs(s['spread']['outliers'])})"
+                                 if s["spread"].get("outliers") is not None else ")"))
             if s["name"] in marks_add:
                 issues.append(marks_add[s["name"]])
             issue = "; ".join(issues) or "-"

@@ -29,7 +29,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--prof_type", "--prof-type", default="event", metavar="{event,annotation,ncu,nsys}",
         help="event (default): CUDA events in process; annotation / ncu: Nsight Compute counters; "
              "nsys: timeline and wall-time accounting")
-    add("--device", default="auto", choices=devmod.DEVICES, help="auto: GPU if usable; gpu: fail if not")
+    add("--device", default="auto", choices=devmod.DEVICES,
+        help="auto (default): the GPU if one is usable, else the CPU; gpu: fail if none is usable; cpu: the CPU")
     add("--bench_runs", "--bench-runs", type=bench_runs_arg, default=None, metavar="{N,auto}",
         help=f"timed runs (default 10, at most {MAX_BENCH_RUNS:,}); auto (event mode): until the median's 95%% "
              "interval is within 1%% or 10 s are spent; annotation and ncu profile one warm iteration and accept "
@@ -40,8 +41,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--autotune", action="store_true", help="GPU: search the stages' tunables with event timing (once per "
         "kernel, version, GPU, driver and parameters; cached and reused by every mode)")
     add("--retune", action="store_true", help="search again even when the autotune cache has an answer")
-    add("--tiling", action="append", metavar="STAGE.KEY=VALUE", help="set one tunable by hand, e.g. "
-        "bounds.block=128 (repeatable; wins over the cache)")
+    add("--tiling", action="append", metavar="STAGE.KEY=VALUE", help="set one tunable of a stage of this kernel "
+        "(stages as `list` names them) by hand, e.g. candidate_filter.block=128 for join or "
+        "segment_mbr_filter.block=128 for overlay (repeatable; wins over the cache)")
     add("--graph", action="store_true", help="event mode: say whether the plan can be captured as a CUDA graph "
         "and why not; on a GPU, also time the stages after the build replayed as one graph (with the sizes an "
         "eager run read) next to the same stages launched eagerly")
@@ -53,18 +55,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help=f"discarded runs after the cold run: N (at most {MAX_WARMUP:,}), or auto (default): until the plan's "
              "time stops changing (two windows of 5 runs within 2%%, after at least 0.5 s; at most 5 s)")
     add("--nvtx", action="store_true", help="emit an NVTX range per stage (domain = kernel)")
-    add("--out", default="out", help="output root; profiles go to OUT/profiles/<mode>/<kernel>/<params>/<time>/")
+    add("--out", default="out", metavar="DIR",
+        help="output root (default: out, under the current folder); profiles go to "
+             "DIR/profiles/<mode>/<kernel>/<params>/<time>/")
     add("--json", action="store_true", help="print trace.json to stdout")
     add("--baseline", metavar="PROFILE", help="a previous profile folder (or its trace.json) to compare against, or "
-        "'latest' (the newest profile of this kernel, version, mode, parameters and device under --out); it must be "
-        "of the same kernel, version, parameters and device")
+        "'latest' (the newest profile of this kernel, version, mode, parameters and device under --out whose output "
+        "matched the reference: newer ones whose output did not, or could not be checked, are skipped and named); it "
+        "must be of the same kernel, version, parameters and device, and a profile with a wrong output is refused")
     add("--devlog", nargs="?", const="", metavar="FILE", help="append this profile's Performance block to a devlog "
-        "(default docs/kernels/<kernel>.md under the current folder)")
+        "(default docs/kernels/<kernel>.md under the current folder); nothing is appended when the output did not "
+        "match the reference or could not be checked")
     add("--force", action="store_true", help="compare with a --baseline of another kernel, version, parameters or "
         "device anyway (the report warns at the top)")
     add("--no-verify", dest="verify", action="store_false", help="skip the shapely check of the output")
-    add("--ncu", help="Nsight Compute executable (default: $NCU, PATH, CUDA folders)")
-    add("--ncu-timeout", type=float, default=600.0, help="seconds before ncu is stopped (default 600)")
+    add("--ncu", metavar="PATH", help="Nsight Compute executable (default: $NCU, PATH, CUDA folders)")
+    add("--ncu-timeout", type=float, default=600.0, metavar="SECONDS",
+        help="seconds before ncu is stopped (default 600)")
     add("--ncu-clock-control", choices=("none", "base"), default="none",
         help="ncu's clock control: none (default; lock clocks with scripts/) or base")
     add("--nsys", metavar="PATH", help="Nsight Systems executable (default: $NSYS, PATH, Nsight install folders)")
@@ -138,7 +145,10 @@ def parse(argv: list[str]):
                            allow_abbrev=False)
     _common(parser)
     for p in cls.params_spec:
-        parser.add_argument(f"--{p.name}", dest=f"param_{p.name}", default=None, help=p.help)
+        # Checked by the plan (Param.parse), not argparse: show the choices and the default, parse nothing here.
+        metavar = "{" + ",".join(map(str, p.choices)) + "}" if p.choices else ("N" if p.type is int else "VALUE")
+        parser.add_argument(f"--{p.name}", dest=f"param_{p.name}", default=None, metavar=metavar,
+                            help=f"{p.help} (default {p.default})")
     args = parser.parse_args(rest)
     given = {k[len("param_"):]: v for k, v in vars(args).items() if k.startswith("param_") and v is not None}
     for flag in ("ncu_timeout", "nsys_timeout"):
@@ -257,8 +267,12 @@ def _search_progress(plan):
     return update
 
 
+class _HungUp(Terminated):
+    """SIGHUP (the terminal or SSH session closed): cleaned up as SIGTERM is; exit 129."""
+
+
 def _terminate(signum, frame):
-    raise Terminated()
+    raise _HungUp() if signum == signal.SIGHUP else Terminated()
 
 
 def _ignore_signals_until_exit() -> None:
@@ -269,6 +283,7 @@ def _ignore_signals_until_exit() -> None:
     reported as any other after the write."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     exiting = argv is None
     argv = sys.argv[1:] if argv is None else argv
     previous = signal.signal(signal.SIGTERM, _terminate)
+    previous_hup = signal.getsignal(signal.SIGHUP)
+    if previous_hup != signal.SIG_IGN:        # under nohup SIGHUP stays ignored, as asked
+        signal.signal(signal.SIGHUP, _terminate)
     try:
         return _main(argv, exiting)
     except AppError as exc:
@@ -285,15 +303,20 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:                   # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except KeyboardInterrupt as exc:          # Ctrl-C, or SIGTERM (Terminated)
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+    except KeyboardInterrupt as exc:          # Ctrl-C, or SIGTERM/SIGHUP (Terminated)
+        what, code = (("hung up", 129) if isinstance(exc, _HungUp) else ("terminated", 143)
+                      if isinstance(exc, Terminated) else ("interrupted", 130))
         written = getattr(exc, "profile_dir", None)
-        print(f"{what}: " + (f"the profile was complete and is kept at {written}" if written
-                             else "no profile was written"), file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
+        try:                                  # after a hang-up the terminal may be gone
+            print(f"{what}: " + (f"the profile was complete and is kept at {written}" if written
+                                 else "no profile was written"), file=sys.stderr)
+        except OSError:
+            pass
+        return code
     finally:
         if not (exiting and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN):   # ignored until exit: stays so
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGHUP, previous_hup)
 
 
 def _main(argv: list[str], exiting: bool = False) -> int:
@@ -301,6 +324,10 @@ def _main(argv: list[str], exiting: bool = False) -> int:
         extra = [a for a in argv[1:] if a not in ("-h", "--help")]
         if extra:       # an option meant for another command: say so rather than ignore it
             raise BadParameter(f"list takes no arguments, got {' '.join(extra)} (see python -m app.kernel --help)")
+        if len(argv) > 1:       # list --help
+            print("usage: python -m app.kernel list\n\nEvery kernel with its versions (and the default one), its "
+                  "parameters with their defaults and choices, and its stages in order.")
+            return 0
         print(list_kernels())
         return 0
     if argv and argv[0] == "timeline":
@@ -335,8 +362,15 @@ def _main(argv: list[str], exiting: bool = False) -> int:
         return 0
     plan, args = parsed
     if args.worker:
+        import signal
+
+        from app.runtime.profiling.tools import set_parent_death_signal
         from app.runtime.profiling.worker import run_worker
 
+        # The tool (ncu, nsys) running this worker dies with the profile (run_tool's parent-death signal), but that
+        # is not inherited: without its own, a worker would keep the GPU busy after a killed profile released the
+        # device lock.
+        set_parent_death_signal(signal.SIGKILL)
         if args.worker_tiling:           # the parent's tiling (cache, search or --tiling), exactly
             plan = type(plan)(plan.params, json.loads(args.worker_tiling))
         return run_worker(plan, args.device, args.warmup, args.worker, args.worker_iterations, args.worker_collect,
@@ -367,19 +401,44 @@ def _main(argv: list[str], exiting: bool = False) -> int:
         raise
 
 
-def _report_written(profile, out_dir, args) -> int:
-    print(profile.summary, file=sys.stderr if args.json else sys.stdout)
-    print(f"profile: {out_dir}", file=sys.stderr if args.json else sys.stdout)
-    if args.devlog is not None:
-        from app.report.devlog import append_devlog
+# The exit status of a profile whose oracle could not run: neither a pass (0) nor a wrong output (9,
+# VerificationFailed).
+VERIFICATION_COULD_NOT_RUN = 10
 
-        path, added = append_devlog(str(out_dir), args.devlog or None)
-        print(f"devlog: {'appended to' if added else 'already in'} {path}", file=sys.stderr if args.json else sys.stdout)
+
+def _report_written(profile, out_dir, args) -> int:
+    from app.analysis.baseline import verification_of, verification_state, what_differs
+    from app.report.sections import with_verification_summary
+
+    where = sys.stderr if args.json else sys.stdout
+    v = verification_of(profile.trace)
+    state = verification_state(v)
+    # A mode's own verdict of a wrong output stands even where its trace holds no failed check: never a pass.
+    differs = what_differs(v) if state == "mismatch" else "the profile's mode reported it wrong"
+    if not profile.ok and state in ("ok", "skipped"):
+        state, v = "mismatch", {"oracle": (v or {}).get("oracle", "the reference")}
+    # Every mode's summary ends with the check's line and, where the output is wrong or unverified, opens with it.
+    print(with_verification_summary(profile.trace, profile.summary), file=where)
+    print(f"profile: {out_dir}", file=where)
+    if args.devlog is not None:
+        from app.report.devlog import append_devlog, devlog_path
+
+        if state in ("mismatch", "error"):       # a wrong or unverified answer's timings are no entry
+            why = "did not match the reference" if state == "mismatch" else "could not be verified"
+            print(f"devlog: nothing appended to {devlog_path(profile.trace['kernel'], args.devlog or None)}: the "
+                  f"profile's output {why}", file=where)
+        else:
+            path, added = append_devlog(str(out_dir), args.devlog or None)
+            print(f"devlog: {'appended to' if added else 'already in'} {path}", file=where)
     if args.json:
         print(json.dumps(profile.trace, indent=2, default=str))
-    if not profile.ok:
-        v = profile.trace["metadata"]["verification"]
-        print(f"error: output does not match {v['oracle']} ({v['pairs']} rows vs {v['expected_pairs']} "
-              f"expected); the profile is kept at {out_dir} for inspection", file=sys.stderr)
+    if state == "error":
+        print(f"error: verification could not run ({v['error']}); the profile is kept at {out_dir} with its output "
+              "unverified: install or fix the oracle and profile again, or pass --no-verify to time without a "
+              "check", file=sys.stderr)
+        return VERIFICATION_COULD_NOT_RUN
+    if state == "mismatch":
+        print(f"error: output does not match {v.get('oracle')}: {differs}; the profile is kept at {out_dir} "
+              "for inspection", file=sys.stderr)
         return 9
     return 0

@@ -12,9 +12,10 @@ from app.analysis import advice
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render, us
-from app.report.sections import device_section, transfers_section, verification_section
+from app.report.sections import (device_section, transfers_section, verification_section,
+                                 with_verification_headline)
 from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
-from app.runtime.stats import MIN_CI_SAMPLES, robust_of
+from app.runtime.stats import MIN_CI_SAMPLES, OUTLIER_MIN_RUNS, intervals_apart, robust_of
 
 
 def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None,
@@ -60,17 +61,17 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["total, median of timed runs (us): host arrays in, result "
              + ("on the device" if trace["selected_runtime"] == "gpu" else "in host memory (a CPU run)"),
              us(trace["total_elapsed_seconds"])],
-            *([[f"after the host->device build ({', '.join(timing['build_stages'])} left out) (us)",
+            *([[f"after the {'host->device' if trace['selected_runtime'] == 'gpu' else 'input'} build "
+                f"({', '.join(timing['build_stages'])} left out) (us)",
                 us(timing["after_build"]["median"])]] if timing.get("after_build") else []),
             *([["end to end, host arrays in and out (us)", _end_to_end(timing["end_to_end"])]]
               if timing.get("end_to_end") else []),
             *([["host->device DMA alone: the build's staged bytes again, from their pinned buffers (us)",
-                _staging_dma(timing["staging_dma"])]] if "staging_dma" in timing else []),
+                _staging_dma(timing["staging_dma"], trace["selected_runtime"])]] if "staging_dma" in timing else []),
             ["total min / max (us)", f"{us(timing['total']['min'])} / {us(timing['total']['max'])}"],
             ["95% interval of the median (us)", _ci_text(timing["total"])],
             ["total robust spread (1.4826 x MAD / median)", _robust_text(timing["total"], followed)],
-            ["outlier runs (outside 1.5 x IQR)", f"{timing['total']['outliers']} of {timing['total']['runs']}"
-             if "outliers" in timing["total"] else "n/a (not recorded in this trace)"],
+            ["outlier runs (outside 1.5 x IQR)", _outliers_text(timing["total"])],
             ["total rel. stdev (for reference; outliers inflate it)", fmt(100 * timing["total"]["rel_stdev"], 2, "%")],
             ["sum of stages, run by run (median of each run's sum, us)", us(timing["stage_sum_seconds"])],
             ["sum of the Duration column (each stage's own median, us)", _column_sum_text(trace)],
@@ -94,7 +95,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
         verification_section(trace),
         device_section(trace, params_json),
     ]
-    unstable = [s["name"] for s in trace["stages"] if s["spread"]["runs"] > 1 and not s["spread"]["stable"]]
+    unstable = [s["name"] for s in trace["stages"] if s["spread"].get("stable") is False]    # None: not judged
     headline = (f"`{params_json['command_line']}` — {trace['selected_runtime'].upper()} "
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
@@ -105,6 +106,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                    if (timing.get("repeated_later") or {}).get("apart") else ""))
     if baseline and baseline.get("_mismatch"):
         headline = f"**Warning:{mismatch_warning(baseline)}** " + headline
+    # a wrong or unverified output leads the report, above every figure it times
+    headline = with_verification_headline(trace, headline)
     return render(trace["kernel"], trace["version"], headline, [s for s in sections if s])
 
 
@@ -173,9 +176,20 @@ def _ci_text(sp: dict) -> str:
 def _robust_text(sp: dict, followed: list[str]) -> str:
     if sp.get("runs", 0) < 2:
         return "n/a (one timed run has no spread; stability not judged)"
+    if sp.get("stable") is None:        # under MIN_CI_SAMPLES runs (traces made before kept a bool)
+        return (fmt(100 * robust_of(sp), 2, "%") + f" (stability not judged from {sp['runs']} runs: it needs "
+                f"{MIN_CI_SAMPLES})")
     return fmt(100 * robust_of(sp), 2, "%") + (
         " (stable)" if sp["stable"] else
         f" (UNSTABLE: > 2%; the runs followed {' and '.join(followed)}, see below)" if followed else " (UNSTABLE: > 2%)")
+
+
+def _outliers_text(sp: dict) -> str:
+    if "outliers" not in sp:
+        return "n/a (not recorded in this trace)"
+    if sp["outliers"] is None or sp["runs"] < OUTLIER_MIN_RUNS:     # older traces wrote 0 for too few runs
+        return f"n/a ({sp['runs']} timed run{'s' if sp['runs'] != 1 else ''}: outliers are counted from {OUTLIER_MIN_RUNS})"
+    return f"{sp['outliers']} of {sp['runs']}"
 
 
 def _finite(*values) -> bool:
@@ -221,7 +235,8 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
         if ins.get("per_mark_seconds") is not None:
             lo_m, hi_m = ins.get("per_mark_ci95") or (None, None)
             each = (f"; {us(ins['per_mark_seconds'])} us a mark" +
-                    (f" (95% interval {us(lo_m)} to {us(hi_m)} us)" if _finite(lo_m, hi_m) else "") +
+                    (f" (95% interval {us(lo_m)} to {us(hi_m)} us{', not resolved' if lo_m <= 0 else ''})"
+                     if _finite(lo_m, hi_m) else "") +
                     f" for the {ins['extra_marks']} marks the bare plan does not record")
         rows.append(["instrumentation overhead (per-stage marks)",
                      f"{fmt(100 * ins['overhead_fraction'], 2, '%')} of the bare plan{within}{each} "
@@ -249,13 +264,26 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
                       "compare the interleaved pair"
                       if own.get("median") and replay["graph_after_build_seconds"] > 0 else "")
             rows.append(["graph replay vs eager, after the build (us)",
-                         f"{us(replay['graph_after_build_seconds'])} replayed vs "
-                         f"{us(replay['eager_after_build_seconds'])} eager ({fmt(replay['speedup'], 2, 'x')}; "
+                         f"{us(replay['graph_after_build_seconds'])} replayed{_ci_of(replay.get('graph_ci95'))} vs "
+                         f"{us(replay['eager_after_build_seconds'])} eager{_ci_of(replay.get('eager_ci95'))} "
+                         f"({fmt(replay['speedup'], 2, 'x')}{_graph_resolved(replay)}; "
                          f"medians of {replay['runs']} interleaved runs{beside}): "
                          + replay["why"]])
         elif replay:
             rows.append(["graph replay", replay["why"]])
     return rows
+
+
+def _ci_of(ci) -> str:
+    return f" [95% interval {us(ci[0])} – {us(ci[1])}]" if ci and _finite(*ci) else ""
+
+
+def _graph_resolved(replay: dict) -> str:
+    """Whether the replay's and the eager runs' medians are told apart: their 95% intervals must not overlap."""
+    g, e = replay.get("graph_ci95"), replay.get("eager_ci95")
+    if not (g and e and _finite(*g, *e)):
+        return f", not resolved: {replay['runs']} pairs give no 95% interval (it needs {MIN_CI_SAMPLES})"
+    return "" if intervals_apart(g, e) else ", not resolved: the two 95% intervals overlap"
 
 
 def _one_mark_section(trace: dict) -> Section | None:
@@ -273,7 +301,9 @@ def _one_mark_section(trace: dict) -> Section | None:
         alo, ahi = o["marks_add_ci95"]
         rows.append([o["name"], us(o["marked_seconds"]),
                      us(o["seconds"]) if o["resolved"] else f"not resolved ({us(o['seconds'])})",
-                     f"{us(lo)} – {us(hi)}", f"{us(o['marks_add_seconds'])} ({us(alo)} – {us(ahi)})"])
+                     f"{us(lo)} – {us(hi)}",
+                     # resolved as advice.py reads it: only an interval above zero says the marks cost this stage
+                     f"{us(o['marks_add_seconds'])} ({us(alo)} – {us(ahi)})" + ("" if alo > 0 else ", not resolved")])
     ins = trace["timing"]["instrumentation"]          # the pairs the one-mark runs ran beside
     paired = ins["overhead_fraction"] * ins["bare_median_seconds"]
     rows.append(["whole plan", us(one["marked_median_seconds"]),
@@ -290,8 +320,8 @@ def _one_mark_section(trace: dict) -> Section | None:
                         "the median over the rounds. These times carry no other mark's cost, but each has the spread "
                         "of the plan up to it, so its interval is wider than the timed runs' Duration. \"Every stage "
                         "marked\" is the median of the same rounds' marked runs, so the last column compares like "
-                        "with like: the median of the rounds' differences. Not resolved: the interval reaches zero, "
-                        "and no conclusion is drawn from the figure. In the whole plan's row the first two figures "
+                        "with like: the median of the rounds' differences. Not resolved: the figure's interval reaches "
+                        "zero (or there are too few rounds for one), and no conclusion is drawn from it. In the whole plan's row the first two figures "
                         "are each side's own median and the last is the median of the rounds' differences: on a "
                         "noisy machine the two medians can even fall the other way round, while the paired "
                         "difference, taken from runs side by side, is the steadier measure of what the marks cost.")
@@ -352,7 +382,9 @@ def _end_to_end(e2e: dict) -> str:
     return f"{text} (median of {e2e['runs']} runs: {e2e['how']})"
 
 
-def _staging_dma(dma: dict | None) -> str:
+def _staging_dma(dma: dict | None, runtime: str) -> str:
+    if not dma and runtime != "gpu":
+        return "n/a (a CPU run: no host->device copy)"
     if not dma:
         return ("not measured: the last run staged nothing (inputs under the staging threshold take the pageable "
                 "copy, and inputs already in pinned memory go straight to the device)")
@@ -380,7 +412,9 @@ def _repeated_text(r: dict) -> str:
     if not _finite(a, b, c, d):
         return f"{level}: a side has too few runs for a 95% interval, so the two levels are not compared"
     if not r["apart"]:
-        return f"{level}: their intervals overlap, so both batches ran at one level"
-    return (f"{level}: their intervals do not overlap, so the machine ran at another speed a few seconds later. "
+        # Overlap resolves no change; it does not show there was none (a later batch of 10 pairs can be wide).
+        return f"{level}: their intervals overlap, so no change between the two batches is resolved"
+    return (f"{level}: their intervals do not overlap, so the same runs read differently a few seconds later (the "
+            "machine's pace moving is the likely cause). "
             "The overhead pairs' figures (the bare plan, end to end, the stage times without the other marks) and "
             "the graph pairs' come from other batches than the timed runs: compare figures only within one batch")

@@ -25,7 +25,8 @@ def drift_text(d: dict, pace: dict | None = None, launch: dict | None = None) ->
     level = (f"first third's median {us(f)} us, last third's {us(lst)} us ({100 * d['change']:+.1f}%; "
              f"{d['runs_per_third']} runs each)")
     if not d["significant"]:
-        return f"steady: {level}, their 95% intervals overlap"
+        # Overlap resolves no drift; it does not prove the runs steady (with 6 runs a third the intervals are wide).
+        return f"no drift resolved: {level}, their 95% intervals overlap"
     moved = [f"{what} before each run: {100 * p['drift']['change']:+.1f}%"
              for what, p in (("a fixed Python loop", pace), ("an empty kernel's launch", launch))
              if moved_with_runs(p, d)]

@@ -41,9 +41,9 @@ def write_profile(parent: Path, files: dict[str, str | bytes | dict | list]) -> 
     into place once complete. Two runs finishing in the same second get distinct
     names (the rename is retried with the next free suffix, never overwriting), and
     partial folders left by writers that were killed are removed here. When a signal
-    (or any error but the file system's) stops it before the rename, the folders this
-    call created on the way to ``parent`` go too, unless something else was put in them
-    meanwhile: an interrupted run leaves the output root as it found it.
+    (or any error, a full disk's too) stops it before the rename, the folders this call
+    created on the way to ``parent`` go too, unless something else was put in them
+    meanwhile: an interrupted or failed run leaves the output root as it found it.
     """
     check_writable(parent)
     created: list[Path] = []          # the folders made here, outermost first
@@ -79,8 +79,7 @@ def write_profile(parent: Path, files: dict[str, str | bytes | dict | list]) -> 
             shutil.rmtree(tmp, ignore_errors=True)
             if final is not None:
                 shutil.rmtree(final, ignore_errors=True)     # the name we claimed, still empty
-            if not isinstance(exc, OSError):
-                remove_empty(created)
+            remove_empty(created)     # a full disk too: the run leaves the output root as it found it
         if isinstance(exc, OSError):
             raise OutputNotWritable(f"writing the profile under {parent} failed ({exc.strerror or exc}); "
                                     "check free space and permissions") from None

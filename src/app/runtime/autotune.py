@@ -63,7 +63,9 @@ def parse_overrides(items: list[str], plan_cls) -> dict:
         name, eq, raw = item.partition("=")
         stage, dot, key = name.partition(".")
         if not (eq and dot):
-            raise BadParameter(f"--tiling {item!r}: expected STAGE.KEY=VALUE, e.g. bounds.block=128")
+            example = next((f"{s.name}.{k}={v[0]}" for s in plan_cls.stages for k, v in s.tunables.items() if v), None)
+            raise BadParameter(f"--tiling {item!r}: expected STAGE.KEY=VALUE"
+                               + (f", e.g. {example}" if example else ""))
         if stage not in stages:
             raise BadParameter(f"--tiling {item!r}: no stage {stage!r}; stages: {', '.join(stages)}")
         choices = stages[stage].tunables.get(key)

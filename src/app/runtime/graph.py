@@ -153,6 +153,8 @@ class Captured:
             read_to_host(self.cp, array)
 
 
+GRAPH_MAX_PAIRS = 400       # the graph pairs' cap, the instrumentation pairs' own (timing.OVERHEAD_MAX_PAIRS)
+
 def graph_replay(plan, inputs, backend, flush, runs: int, progress=None, warmup="auto") -> dict:
     """Time graph replay of the stages after the build next to the same stages run eagerly (interleaved),
     after ``warmup`` pairs of them (a count, or "auto": until a pair's time is steady, as a profile's warm-up)."""
@@ -174,12 +176,19 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None, warmup=
         # 118.8 us replayed (medians), against 291-325 and 106-107 us in the 90 pairs after them.
         warmed = warm_up(lambda: stages.timed(stages.eager, flush) + stages.timed(captured.replay, flush), warmup,
                          lambda: None, progress, seconds=lambda pair: pair)
+        # As many pairs as the profile's timed runs, up to the overhead pairs' cap (--bench_runs auto can run
+        # thousands); each pair's order alternates, so neither side always runs first after the other.
+        runs = min(runs, GRAPH_MAX_PAIRS)
         eager, replay = [], []
         for i in range(runs):
             if progress:
                 progress.update(f"graph replay {i + 1}/{runs}")
-            eager.append(stages.timed(stages.eager, flush))
-            replay.append(stages.timed(captured.replay, flush))
+            if i % 2:
+                replay.append(stages.timed(captured.replay, flush))
+                eager.append(stages.timed(stages.eager, flush))
+            else:
+                eager.append(stages.timed(stages.eager, flush))
+                replay.append(stages.timed(captured.replay, flush))
         if not _equal(backend.outputs_to_host(captured.state["output"]), ref_host):
             return {"replayed": False, "why": "the graph's output changed between replays: no figure is given"}
     e, g = statistics.median(eager), statistics.median(replay)
@@ -191,7 +200,8 @@ def graph_replay(plan, inputs, backend, flush, runs: int, progress=None, warmup=
             "result_reads_in_replay": len(captured.result_arrays),
             "why": f"the {after} stages after the build captured as one CUDA graph {_scope(stages)}, "
                    f"output checked equal to the eager run's; after {warmed['runs']} warm-up pairs, eager and "
-                   "replay runs interleaved, each timed from the end of its own build, as the profile's runs are"
+                   "replay runs interleaved (which goes first alternating pair by pair), each timed from the end "
+                   "of its own build, as the profile's runs are"
                    + ("; each replay timed with its read of the result's length, as an eager run reads it"
                       if captured.result_arrays else "")}
 

@@ -1,8 +1,18 @@
-"""NVTX ranges per stage, reported as emitted only when they really were (truth rule 4)."""
+"""NVTX ranges per stage, reported as emitted only when they really were (a range pushed and popped)."""
 from __future__ import annotations
 
 import os
 import threading
+
+
+def _version(module) -> str:
+    """The nvtx package's version: it has no ``__version__``, so from its installed distribution's metadata."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("nvtx")
+    except (ImportError, PackageNotFoundError, ValueError):
+        return getattr(module, "__version__", None) or "(version unknown)"
 
 
 class Nvtx:
@@ -28,7 +38,7 @@ class Nvtx:
             self.reason = "the nvtx package is not installed (pip install nvtx)"
             return
         self._nvtx = nvtx
-        self.reason = f"nvtx {getattr(nvtx, '__version__', '?')} push/pop per stage"
+        self.reason = f"nvtx {_version(nvtx)} push/pop per stage"
         # The domain handle and one registered attribute set per range name are made once: a push is
         # then one C call, which keeps the instrumentation out of the stage times it brackets.
         dom = nvtx.get_domain(domain) if hasattr(nvtx, "get_domain") else None

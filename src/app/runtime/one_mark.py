@@ -23,7 +23,8 @@ terms of a difference alike. Beside each stage: its time in the same rounds' eve
 the other marks add to it (the median of the rounds' differences, with its interval).
 
 Each one-mark run carries one mark more than a bare run: their overhead -- each against the bare run of its
-round -- is the instrumentation overhead of these stage times.
+round, one figure a round (the median of its runs' differences) -- is the instrumentation overhead of these stage
+times.
 
 The price is noise. A difference of two runs has the spread of the plan up to the stage, not of the stage alone,
 so the intervals are wider than the timed runs'. A stage whose interval reaches zero is not resolved by these
@@ -74,7 +75,10 @@ def estimate(names: list[str], samples: list[dict]) -> dict:
     bare = statistics.median(r["bare"] for r in samples)
     out = {"bare_median_seconds": bare, "marked_median_seconds": statistics.median(r["marked_total"] for r in samples),
            "stage_sum_seconds": sum(s["seconds"] for s in stages), "stages": stages, "how": HOW}
-    diffs = [r[k][1] - r["bare"] for r in samples for k in range(1, n)]
+    # One figure a round: the median of its one-mark runs' differences from its bare run. The n - 1 differences
+    # of a round share that bare run, so pooling them all into one interval would count a round's noise n - 1
+    # times over (a 95% interval held the truth 83% of the time in simulation); the rounds are independent.
+    diffs = [statistics.median(r[k][1] - r["bare"] for k in range(1, n)) for r in samples] if n > 1 else []
     if diffs:
         lo, hi = median_interval(diffs)
         mid = statistics.median(diffs)

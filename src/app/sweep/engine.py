@@ -34,7 +34,7 @@ LOCAL_CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0}
 class Sequential:
     """Points one after another in this process's children: no Dask needed."""
 
-    description = "sequential (one point at a time)"
+    description = "this process, one point at a time (no Dask)"
     parallel = False
 
     def __init__(self):

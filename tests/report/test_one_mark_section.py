@@ -1,0 +1,52 @@
+"""The report's table of stage times without the other marks, from a real H100 trace: what the other marks add
+to a stage is called resolved only where its interval is above zero, the rule the advice reads it by."""
+import json
+from pathlib import Path
+
+from app.report.event_report import _one_mark_section
+
+TRACE = Path(__file__).parents[1] / "data" / "event" / "join_v4_100k_10k_h100_host_pace_again.trace.json"
+
+
+def test_what_the_other_marks_add_says_not_resolved_where_its_interval_reaches_zero():
+    trace = json.loads(TRACE.read_text())
+    section = _one_mark_section(trace)
+    rows = {r[0]: r for r in section.rows}
+    stages = trace["timing"]["one_mark"]["stages"]
+    # the capture holds both kinds: build and filter reach zero, the others do not
+    assert {s["name"] for s in stages if s["marks_add_ci95"][0] <= 0} == {"owned_buffer_build", "candidate_filter"}
+    for s in stages:
+        assert rows[s["name"]][4].endswith(", not resolved") == (s["marks_add_ci95"][0] <= 0), rows[s["name"]]
+
+
+def test_too_few_rounds_for_an_interval_is_not_resolved():
+    trace = json.loads(TRACE.read_text())
+    for s in trace["timing"]["one_mark"]["stages"]:
+        s["marks_add_ci95"] = [float("nan"), float("nan")]
+    rows = _one_mark_section(trace).rows[:-1]
+    assert rows and all(r[4].endswith(", not resolved") and "n/a" in r[4] for r in rows)
+
+
+def test_graph_replay_row_gives_both_intervals_and_says_when_they_overlap():
+    """On a real H200 trace the replay and eager medians are shown with their 95% intervals; a replay whose
+    interval overlaps the eager one, or pairs too few for one, is said not resolved."""
+    from app.report.event_report import _hygiene_rows
+    from app.runtime.graph import GRAPH_MAX_PAIRS
+    from app.runtime.timing import OVERHEAD_MAX_PAIRS
+
+    assert GRAPH_MAX_PAIRS == OVERHEAD_MAX_PAIRS
+    trace = json.loads((TRACE.parent / "join_v3_100k_10k_h200.trace.json").read_text())
+    timing = trace["timing"]
+    replay = timing["graph"]["replay"]
+
+    def row():
+        return dict(_hygiene_rows(timing))["graph replay vs eager, after the build (us)"]
+
+    g, e = replay["graph_ci95"], replay["eager_ci95"]
+    assert g[1] < e[0]                                        # this capture's replay is clearly faster
+    text = row()
+    assert text.count("[95% interval ") == 2 and "not resolved" not in text
+    replay["graph_ci95"] = [g[0], e[0] + 1e-6]                # overlapping intervals
+    assert ", not resolved: the two 95% intervals overlap" in row()
+    replay["graph_ci95"] = replay["eager_ci95"] = [float("nan")] * 2
+    assert "not resolved: " in row() and "[95% interval" not in row()
