@@ -7,7 +7,8 @@ from shapely import affinity
 
 from app.errors import BadParameter
 from app.kernel.datagen import make_polygons
-from app.kernel.geometry import COORD_RANGE, CoordinateRangeError, PolygonBuffers, polygons_from_shapely
+from app.kernel.geometry import (COORD_RANGE, CoordinateRangeError, PolygonBuffers, out_of_range,
+                                 polygons_from_shapely)
 from app.kernel.join import spatial_join
 from app.kernel.overlay import overlay_areas
 from app.kernel.overlay.oracle import compare, layer_measures, shapely_overlay
@@ -29,6 +30,22 @@ def test_coordinates_outside_the_range_are_refused_with_one_line(call, what):
     assert isinstance(err.value, CoordinateRangeError) and isinstance(err.value, BadParameter)
     text = str(err.value)
     assert what in text and COORD_RANGE in text and "\n" not in text
+    assert "set to 0 values that are only rounding noise around 0" in text
+
+
+def test_a_polygon_make_valid_repairs_is_checked_again():
+    """A bowtie whose corners are all in range: make_valid adds a vertex where its edges cross, at x = -1.4e-125
+    (rounding noise around 0), which the check before the repair never saw."""
+    bowtie = shapely.Polygon([(-3.5e-100, 1.5e-100), (2.5e-100, -1.5e-100), (-2.5e-100, 4.5e-100),
+                              (2.5e-100, 1.5e-100)])
+    assert not bowtie.is_valid and out_of_range(shapely.get_coordinates(shapely.make_valid(bowtie))).any()
+    with pytest.raises(CoordinateRangeError) as err:
+        polygons_from_shapely([shapely.box(0, 0, 1, 1), bowtie], make_valid=True)
+    text = str(err.value)
+    assert "polygon 1 has a coordinate (" in text and "after make_valid repaired it" in text
+    assert COORD_RANGE in text and "rounding noise around 0" in text and "\n" not in text
+    with pytest.raises(BadParameter, match="polygon 1 is invalid"):      # without the repair: refused as invalid
+        polygons_from_shapely([shapely.box(0, 0, 1, 1), bowtie])
 
 
 def test_zero_nan_and_the_range_ends_are_accepted():
@@ -41,8 +58,9 @@ def test_zero_nan_and_the_range_ends_are_accepted():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("scale", [1e-90, 1e90])
 def test_a_triangle_at_the_range_ends_joins_exactly(device, scale):
-    """The audit's point-in-triangle at 1e-90 scale: 10% of answers were wrong (their orientations' detleft *
-    detright underflowed to zero and skipped the exact path)."""
+    """Points against a triangle scaled to 1e-90 (its vertices, edge midpoints, points along its edges and random
+    points around it): 10% of the answers were wrong, their orientations' detleft * detright underflowing to zero
+    and skipping the exact path."""
     rng = np.random.default_rng(0)
     tri = shapely.Polygon([(0, 0), (scale, 0.3 * scale), (0.2 * scale, 1.7 * scale)])
     c = shapely.get_coordinates(tri)

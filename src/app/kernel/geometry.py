@@ -12,9 +12,15 @@ coordinate differences, and of those with split parameters, as expansions of
 doubles, exact only while no product overflows (from about 1e150 the overlay's
 expansions do, and orient2d's determinant from about 1e154) and every product's
 rounding error is itself a double (below about 1e-146 it underflows: at 1e-160
-every near-degenerate orientation came out wrong). polygons_from_shapely and
-points_from_any, through which the public API's inputs come, refuse a coordinate
-outside the range with CoordinateRangeError, a ValueError.
+every near-degenerate orientation came out wrong). The range bounds coordinates only:
+the overlay's exact test of a point e0 + t (e1 - e0) on an edge also multiplies such
+terms by the split parameter t, which has no lower bound, and is exact only while no
+such product underflows (|t| from about 1e-60 at the bottom of the range; see
+robust.py's caveat). polygons_from_shapely and points_from_any, through which the
+public API's inputs come, refuse a coordinate outside the range with
+CoordinateRangeError, a ValueError; polygons_from_shapely checks the polygons
+make_valid repaired again (a repair adds vertices where edges cross, which can fall
+outside the range: a bowtie with corners near 1e-100 can get one at 1e-125).
 """
 from __future__ import annotations
 
@@ -39,11 +45,13 @@ def out_of_range(coords: np.ndarray) -> np.ndarray:
     return ((a > COORD_MAX) | ((a < COORD_MIN) & (a != 0.0))).any(axis=-1)
 
 
-def _refuse_range(kind: str, i: int, values) -> None:
+def _refuse_range(kind: str, i: int, values, repaired: bool = False) -> None:
     bad = [float(v) for v in np.ravel(values) if v != 0.0 and not (COORD_MIN <= abs(v) <= COORD_MAX)]
-    raise CoordinateRangeError(f"{kind} {i} has a coordinate ({bad[0]:g}) outside the supported range: every "
+    where = " after make_valid repaired it" if repaired else ""
+    raise CoordinateRangeError(f"{kind} {i} has a coordinate ({bad[0]:g}) outside the supported range{where}: every "
                                f"coordinate must be {COORD_RANGE} (the exact orientation tests overflow or underflow "
-                               f"outside it); scale the data into that range")
+                               f"outside it); scale the data into that range, and set to 0 values that are only "
+                               f"rounding noise around 0")
 
 
 @dataclass(frozen=True)
@@ -124,10 +132,7 @@ def polygons_from_shapely(geoms, make_valid: bool = False) -> PolygonBuffers:
     if not np.isfinite(coords).all():
         _refuse(np.array([not np.isfinite(shapely.get_coordinates(g)).all() for g in geoms]),
                 "polygon {i} has NaN or infinite coordinates; fix or drop it", geoms)
-    if out_of_range(coords).any():
-        owner = shapely.get_coordinates(geoms, return_index=True)[1]
-        i = int(owner[np.flatnonzero(out_of_range(coords))[0]])
-        _refuse_range("polygon", i, shapely.get_coordinates(geoms[i]))
+    _refuse_polygon_range(geoms, coords)
     invalid = ~shapely.is_valid(geoms)
     if invalid.any():
         if not make_valid:
@@ -138,6 +143,9 @@ def polygons_from_shapely(geoms, make_valid: bool = False) -> PolygonBuffers:
         geoms = geoms.copy()
         geoms[invalid] = [_polygonal(shapely.make_valid(g)) for g in geoms[invalid]]
         _refuse(shapely.is_empty(geoms), "polygon {i} has no area left after make_valid; drop it", geoms)
+        # The repair adds vertices where edges cross: check those too (only the repaired polygons changed).
+        repaired = np.flatnonzero(invalid)
+        _refuse_polygon_range(geoms[repaired], shapely.get_coordinates(geoms[repaired]), repaired)
     # Shells CCW, holes CW: to_shapely and the area kernels rely on it.
     geoms = shapely.orient_polygons(geoms, exterior_cw=False)
     parts, part_geom = shapely.get_parts(geoms, return_index=True)
@@ -151,6 +159,20 @@ def polygons_from_shapely(geoms, make_valid: bool = False) -> PolygonBuffers:
         ring_offsets=np.concatenate([[0], np.cumsum(ring_len)]).astype(np.int64),
         geom_ring_offsets=np.concatenate([[0], np.cumsum(rings_per_geom)]).astype(np.int64),
     )
+
+
+def _refuse_polygon_range(geoms, coords, index=None) -> None:
+    """Refuse the first of ``geoms`` with a coordinate outside COORD_RANGE (``coords``: theirs, in order), named by
+    its index (``index[i]`` where given: the polygons make_valid repaired, checked again)."""
+    import shapely
+
+    far = out_of_range(coords)
+    if not far.any():
+        return
+    owner = shapely.get_coordinates(geoms, return_index=True)[1]
+    i = int(owner[np.flatnonzero(far)[0]])
+    _refuse_range("polygon", i if index is None else int(index[i]), shapely.get_coordinates(geoms[i]),
+                  repaired=index is not None)
 
 
 def _polygonal(geom):

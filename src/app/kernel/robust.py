@@ -4,7 +4,9 @@
 clockwise, zero when collinear -- the sign is exact for every fp64 input in the
 supported range (geometry.COORD_RANGE: each coordinate 0 or of magnitude between
 1e-100 and 1e100, where no product of coordinate differences overflows and every
-two_product's error term is a double, so the expansions below are exact).
+two_product's error term is a double, so the expansions below are exact). The tests
+of a point at a parameter t on a segment are exact under a further condition on t
+(the caveat below).
 
 Fast path: Shewchuk's filter. ``det`` computed in fp64 has the right sign when
 |det| >= (3 + 16 eps) eps (|detleft| + |detright|), or when detleft and detright
@@ -21,6 +23,16 @@ the overlay's split parameters are ratios of these (segments.py).
 ``segment_orient_exact`` and ``segment_coord_exact`` decide exactly on which side
 of a line, or of a coordinate, the point ``e0 + t (e1 - e0)`` lies, for a double t:
 pip.classify_segment_points runs them where its filter cannot tell.
+
+Caveat: the range bounds the coordinates, not t. Those two multiply t into terms made
+of coordinates (differences, products of differences, and the rounding errors of both),
+and a product's error term is itself a double only while the product is 0 or at least
+2^-969 (about 2e-292) in magnitude. In COORD_RANGE every coordinate is a multiple of
+2^-385, so every such term is 0 or at least 2^-770 (about 1.7e-232): their signs are
+exact for t = 0 and for |t| >= 2^-199 (about 1.2e-60). A smaller t can underflow a
+product, and the sign is then not guaranteed. Nothing bounds the overlay's split
+parameters that way: a crossing 1e-60 of its edge's length from the edge's start, and
+the piece's middle before it, have such a t.
 """
 from __future__ import annotations
 
@@ -169,7 +181,9 @@ def _fsum_signs(terms) -> np.ndarray:
 
 
 def segment_coord_exact(v, c0, c1, t) -> np.ndarray:
-    """Exact sign of v - (c0 + t (c1 - c0)): where a coordinate v lies against the point at t on a segment."""
+    """Exact sign of v - (c0 + t (c1 - c0)): where a coordinate v lies against the point at t on a segment. Exact
+    while t * (c1 - c0) and t times its rounding error do not underflow (each 0 or at least 2^-969 in magnitude:
+    see the module's caveat on small t)."""
     s, s_t = _two_diff(v, c0)
     d, d_t = _two_diff(c1, c0)
     p, p_t = _two_product(t, d)
@@ -179,7 +193,9 @@ def segment_coord_exact(v, c0, c1, t) -> np.ndarray:
 
 def segment_orient_exact(ax, ay, bx, by, x0, y0, x1, y1, t) -> np.ndarray:
     """Exact sign of orient2d(a, b, P) for P = e0 + t (e1 - e0): orientation is affine in P, so it is
-    orient2d(a, b, e0) + t ((b - a) x (e1 - e0)), 48 doubles summed exactly."""
+    orient2d(a, b, e0) + t ((b - a) x (e1 - e0)), 48 doubles summed exactly -- while no product of t with one of
+    the cross product's 16 terms underflows (each 0 or at least 2^-969 in magnitude: see the module's caveat on
+    small t)."""
     terms = _orient_terms(ax, ay, bx, by, x0, y0)
     bax, bax_t = _two_diff(bx, ax)
     bay, bay_t = _two_diff(by, ay)

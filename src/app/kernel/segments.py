@@ -55,10 +55,13 @@ def _inside_split(t):
 
 
 def classify_pairs(e0x, e0y, e1x, e1y, f0x, f0y, f1x, f1y, marks: bool = False) -> PairSplits:
-    """With ``marks`` (overlay v3, which carries inside/outside status along each ring and so may lose no
-    point where the other boundary meets a ring), a proper crossing keeps its parameter even where it rounds
-    to 0 or 1, and a touch at a segment's own end, which splits nothing, is recorded as a mark at t = 0 or 1
-    on that segment (when the segment has no split of its own)."""
+    """With ``marks`` (every overlay version: a ring with no record is judged by one vertex, and v3 carries
+    inside/outside status along each ring, so no point where the other boundary meets a ring may be lost), every
+    contact leaves a record on both segments: a proper crossing keeps its parameter even where it rounds to 0 or
+    1, an endpoint of one segment on the other keeps its parameter on the other even where it is or rounds to 0
+    or 1, and a touch at a segment's own end, which splits nothing, is recorded as a mark at t = 0 or 1 on that
+    segment (when neither endpoint of the other segment is on it). Without ``marks`` only parameters strictly
+    inside (0, 1) are recorded."""
     n = len(e0x)
     o1, a1 = orient2d_flags(e0x, e0y, e1x, e1y, f0x, f0y)
     o2, a2 = orient2d_flags(e0x, e0y, e1x, e1y, f1x, f1y)
@@ -124,10 +127,14 @@ def classify_pairs(e0x, e0y, e1x, e1y, f0x, f0y, f1x, f1y, marks: bool = False) 
             on_end.append(on_seg)
             hit |= on_seg
             t = _param(px[i], py[i], x0[i], y0[i], x1[i], y1[i])
+            # With marks the parameter is kept even where it is (or rounds to) 0 or 1, as refine_pairs' end_param:
+            # (0.5, 1 - 2^-53), strictly inside the segment from (0.5, -1) to (0.5, 1), is at (2 - 2^-53) / 2,
+            # which rounds to 1, and dropping it left the segment with no record of the contact.
+            t = np.clip(t, 0.0, 1.0) if marks else _inside_split(t)
             col_idx = slot % 2
-            out[i, col_idx] = np.where(on_seg, _inside_split(t), out[i, col_idx])
+            out[i, col_idx] = np.where(on_seg, t, out[i, col_idx])
         kind[i[hit]] = TOUCH
-        if marks:       # as overlay_area.cu's refine_pairs: a segment's own end on the other one, when nothing split it
+        if marks:       # as refine_pairs: a segment's own end on the other, when neither of the other's ends is on it
             for out, first, second in ((e_t, on_end[2], on_end[3]), (f_t, on_end[0], on_end[1])):
                 bare = hit & np.isnan(out[i, 0]) & np.isnan(out[i, 1])
                 out[i[bare & first], 0] = 0.0

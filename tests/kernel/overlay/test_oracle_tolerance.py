@@ -1,7 +1,8 @@
 """The overlay's verification tolerance (oracle.RULE): 1e-9 of the smaller polygon's area, never below rounding's
 floor (16 ulps of the pair's largest |coordinate| times the smaller perimeter); a pair only one side reports is a
-mismatch above that floor. Scaled by the larger polygon's area, a 40 km square let a 1 m^2 feature's area be off
-by half and a 0.25 m^2 pair go missing (the audit's /tmp/exact/tol.py)."""
+mismatch above that floor. Scaled by the larger polygon's area, as it was, the tolerance beside a 40 km square
+(1.6 m^2) let a 1 m^2 square inside it be reported at one and a half times its area, and a 0.25 m^2 square inside it
+go missing altogether: the cases below."""
 import numpy as np
 import pytest
 import shapely

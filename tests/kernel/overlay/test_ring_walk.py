@@ -12,7 +12,7 @@ from app.runtime.recorder import Recorder
 
 def walk(pieces, records, answers, shared=()):
     """pieces: (ring, row, t0, t1); records: (row, t, proper crossing?); answers: piece -> (inside, on the
-    boundary, in the box) for the midpoint tests. Returns (keep, tests, the pieces tested)."""
+    boundary, in the box) for the tests of the pieces' middle points. Returns (keep, tests, the pieces tested)."""
     ring, r, t0, t1 = (np.array(c) for c in zip(*pieces))
     ring_of_row = np.zeros(r.max() + 1, dtype=np.int64)
     ring_of_row[r] = ring
@@ -23,7 +23,7 @@ def walk(pieces, records, answers, shared=()):
     flip = np.array([f for *_, f in records], dtype=bool)
     asked = []
 
-    def midpoint_test(q):
+    def classify_piece_middles(q):
         asked.extend(q.tolist())
         inside, bnd, box = (np.array([answers[i][k] for i in q], dtype=bool) for k in range(3))
         return inside, bnd, box
@@ -31,7 +31,7 @@ def walk(pieces, records, answers, shared=()):
     is_shared = np.isin(np.arange(len(r)), list(shared))
     keep = np.zeros(len(r), dtype=bool)
     keep, tests = _walk(r, t0.astype(float), t1.astype(float), is_shared, keep, ring_of_row, before, flip,
-                        midpoint_test)
+                        classify_piece_middles)
     return keep.tolist(), tests, sorted(asked)
 
 

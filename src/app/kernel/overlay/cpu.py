@@ -14,9 +14,9 @@ the other side of a boundary the piece runs along. A proper crossing's parameter
 the ratio of two orientations, each to about an ulp (segments.py), so the pieces are
 where the exact ones are, to a few ulps of their edge. Every contact of the two
 boundaries leaves a record on both edges (a touch at a segment's own end a mark at
-t = 0 or 1, a crossing that rounds to an end kept there), so a ring with no record
-does not meet the other boundary at all, and one of its vertices (an input point,
-off that boundary) decides it.
+t = 0 or 1; a crossing, or a vertex of one edge on the other, whose parameter rounds
+to an end kept there), so a ring with no record does not meet the other boundary at
+all, and one of its vertices (an input point, off that boundary) decides it.
 
 v1 and v2 test every piece. v3 (v1's candidates) carries each cut ring's
 inside/outside status along it, as overlay_v3.cu's area_cut_rings does: refine says
@@ -220,7 +220,8 @@ class OverlayCPU:
             whole = np.flatnonzero(~is_cut & _boxes_meet(L["ring_box"][ring], O["bbox"][other_geoms[pair]]))
             e0 = L["ring_edge_offsets"][ring[whole]]
             E = L["edges"]
-            inside, _, in_box = _classify_mids(np.stack([E.ax[e0], E.ay[e0]], axis=1), O, other_geoms[pair[whole]])
+            inside, _, in_box = _classify_vertices(np.stack([E.ax[e0], E.ay[e0]], axis=1), O,
+                                                   other_geoms[pair[whole]])
             # v3 counts the tests that ran (test points in the other polygon's bbox), as its GPU kernels do.
             pip_tests += int(in_box.sum()) if self.version == "v3" else len(whole)
             area2 += np.bincount(pair[whole[inside]], weights=L["ring_area2"][ring[whole[inside]]],
@@ -299,19 +300,20 @@ class OverlayCPU:
             shared[frag[on]] = True
             keep[frag[on & state["ov_keep"][k]]] = True
 
-        def midpoint_test(q):
+        def classify_piece_middles(q):
             e = edge[r[q]]
             return _classify_pieces(E, e, 0.5 * (t0[q] + t1[q]), O, other_geoms[epair[r[q]]])
 
         if ring_row is None:
             test = np.flatnonzero(~shared)
-            keep[test] = midpoint_test(test)[0]
+            keep[test] = classify_piece_middles(test)[0]
             tests = len(test)
         else:
             # Each record comes before the first piece that starts at or after it: records sit in f_t after the
             # row's 0 and before its 1, ties in any order, and a piece starts at the last of equal values.
             ev_before = np.searchsorted(nxt, ev_at, side="left")
-            keep, tests = _walk(r, t0, t1, shared, keep, ring_row[by_slot], ev_before, ev_flip, midpoint_test)
+            keep, tests = _walk(r, t0, t1, shared, keep, ring_row[by_slot], ev_before, ev_flip,
+                                classify_piece_middles)
         k = np.flatnonzero(keep)
         e, pair = edge[r[k]], epair[r[k]]
         # The shoelace's origin: the middle of the overlap of the pair's bboxes, where the kept pieces lie (the
@@ -331,14 +333,14 @@ class OverlayCPU:
 TRUST_T = 1e-6
 
 
-def _walk(r, t0, t1, shared, keep, ring_of_row, before, flip, midpoint_test):
+def _walk(r, t0, t1, shared, keep, ring_of_row, before, flip, classify_piece_middles):
     """v3's pieces kept or not with the inside/outside status carried along each ring, as overlay_v3.cu's
     area_cut_rings walks it: a proper crossing flips the status; a touch or a mark at a segment's end, a shared
-    piece, or a midpoint test that cannot be trusted makes it unknown, and the next piece is tested by its
-    midpoint (outside the other polygon's box: outside, and trusted). Pieces are (row r, t0, t1), sorted by row
-    then t, rows in walk order; each record comes ``before`` a piece (the first that starts at or after its t;
-    for t = 1 the next row's first; len(r): none) and is a proper crossing where ``flip``. Returns (keep,
-    point-in-polygon tests run).
+    piece, or a test of a piece's middle point that cannot be trusted makes it unknown, and the next piece is
+    tested by its middle point (classify_piece_middles; outside the other polygon's box: outside, and trusted).
+    Pieces are (row r, t0, t1), sorted by row then t, rows in walk order; each record comes ``before`` a piece
+    (the first that starts at or after its t; for t = 1 the next row's first; len(r): none) and is a proper
+    crossing where ``flip``. Returns (keep, point-in-polygon tests run).
 
     Vectorised: the pieces whose status is unknown are found first (ring starts, after a touch or a shared
     piece), tested, and the piece after each untrusted test joins them, until none is left; every other piece
@@ -356,7 +358,7 @@ def _walk(r, t0, t1, shared, keep, ring_of_row, before, flip, midpoint_test):
     tests = 0
     todo = np.flatnonzero(unknown & ~shared)
     while len(todo):
-        inside, on_boundary, in_box = midpoint_test(todo)
+        inside, on_boundary, in_box = classify_piece_middles(todo)
         tested[todo], result[todo] = True, inside
         tests += int(in_box.sum())                          # outside the box no edge is tested
         trusted = ~in_box | (~on_boundary & (t1[todo] - t0[todo] >= TRUST_T))
@@ -397,9 +399,9 @@ def _sweep_pairs(pair_a, ia, a_yhi, pair_b, jb, b_ylo, n_pairs):
 
 
 def _classify_pieces(E, e, tm, O, geoms):
-    """As _classify_mids for the exact points at tm on edges e of E (each piece's middle): inside, on the boundary,
-    in the bbox grown by the rounding bound of the point (the exact point may be in it when the rounded one is
-    just outside). overlay_exact.cu's piece_inside does the same."""
+    """As _classify_vertices for the exact points at tm on edges e of E (each piece's middle): inside, on the
+    boundary, in the bbox grown by the rounding bound of the point (the exact point may be in it when the rounded
+    one is just outside). overlay_exact.cu's piece_inside does the same."""
     x0, y0, x1, y1 = E.ax[e], E.ay[e], E.bx[e], E.by[e]
     mx, my, dx, dy = segment_points(x0, y0, x1, y1, tm)
     box = O["bbox"][geoms]
@@ -414,9 +416,10 @@ def _classify_pieces(E, e, tm, O, geoms):
     return inside, on_boundary, in_box
 
 
-def _classify_mids(points, O, geoms):
-    """(strictly inside polygon geoms[i] of layer O, on its boundary, in its bbox) of input points: a point
-    outside the bbox skips the edge loop (outside, not on the boundary)."""
+def _classify_vertices(points, O, geoms):
+    """(strictly inside polygon geoms[i] of layer O, on its boundary, in its bbox) of input points (the first
+    vertex of each ring with no record): a point outside the bbox skips the edge loop (outside, not on the
+    boundary)."""
     box = O["bbox"][geoms]
     in_box = ((box[:, 0] <= points[:, 0]) & (points[:, 0] <= box[:, 2])
               & (box[:, 1] <= points[:, 1]) & (points[:, 1] <= box[:, 3]))

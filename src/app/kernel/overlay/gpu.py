@@ -27,8 +27,9 @@ whose lanes hold a's edges, and broadcasts b's near edges to them by shuffles (v
 and candidates, with no lane looping over b on its own), writing the candidates in one
 pass. Area reconstruction walks each cut ring carrying its inside/outside status: refine
 records which splits are proper crossings (the status flips there) and marks touches at a
-segment's own ends (the status is unknown past them), so a point-in-polygon test is
-needed only where the status is unknown -- about one a cut ring instead of one a piece.
+segment's own ends, or at parameters that round to them (the status is unknown past
+them), so a point-in-polygon test is needed only where the status is unknown -- about
+one a cut ring instead of one a piece.
 On the CPU, v3 finds v1's candidates and carries the status along each ring the same way
 (cpu.py's _walk: the same pieces, kept pieces and point-in-polygon tests, tested). v3 also
 sorts refine's records with a table entry for every 32 edge slots instead of every slot
@@ -476,7 +477,7 @@ class OverlayGPU(GpuBackend):
                 self.mod.fn["area_rings_exact"](redo_grid, (block,), (
                     *side_a, *side_b, *pairs, np.int32(max_rings), *records, redo, led["redo"], contrib, led["area"]))
         else:
-            # v3: uncut rings settled by one midpoint test each, cut rings listed, then walked 32 to a warp
+            # v3: uncut rings settled by a test of their first vertex each, cut rings listed, then walked 32 to a warp
             # carrying their inside/outside status (flipped at proper crossings). The walk's grid is fixed:
             # its threads stride over the list, whose length only the device knows.
             cut_list = ws.empty("cut_list", npairs * 2 * max_rings, cp.int64)

@@ -10,11 +10,14 @@
 // [2] collinear overlap, [3] ambiguous pairs, [4] split events, [5] marks at segment ends.
 // With ev_kind (v3) each split record also says whether it is a proper crossing (1) or
 // not (0: a touch, or an end of a shared stretch). Every version marks a touch at a segment's
-// own end (t = 0 or 1) and keeps a proper crossing whose parameter rounds to an end: every contact
-// of the two boundaries leaves a record on both rings, so a ring with none meets the other
-// boundary nowhere and one of its vertices decides it (area_rings). A proper crossing's parameter
-// is O3 / (O3 - O4) on e and O1 / (O1 - O2) on f, from orientation values to about an ulp
-// (orient2d_value): within a few ulps of the exact crossing even for nearly collinear segments.
+// own end (t = 0 or 1), keeps a proper crossing whose parameter rounds to an end, and keeps the
+// parameter of one segment's endpoint on the other where it rounds to 0 or 1 (end_param): every
+// contact of the two boundaries leaves a record on both rings (a shared stretch its overlap
+// records too), so a ring with none meets the other boundary nowhere and one of its vertices
+// decides it (area_rings), and v3's walk meets a record wherever its status may change. A proper
+// crossing's parameter is O3 / (O3 - O4) on e and O1 / (O1 - O2) on f, from orientation values
+// to about an ulp (orient2d_value): within a few ulps of the exact crossing even for nearly
+// collinear segments.
 __device__ __forceinline__ double seg_param(double px, double py, double2 s0, double2 s1) {
     return fabs(s1.x - s0.x) >= fabs(s1.y - s0.y) ? (px - s0.x) / (s1.x - s0.x) : (py - s0.y) / (s1.y - s0.y);
 }
@@ -24,6 +27,14 @@ __device__ __forceinline__ bool in_box(double px, double py, double2 s0, double2
 }
 
 __device__ __forceinline__ double inside_split(double t) { return (t > 0.0 && t < 1.0) ? t : -1.0; }
+
+// The parameter along s0->s1 of a point p on that segment (in its box), 0 and 1 included (a record there is a
+// mark), or -1 (none) for a segment of length 0 (0 / 0; the marks below record its contacts), as segments.py's
+// np.clip leaves NaN.
+__device__ __forceinline__ double end_param(double2 p, double2 s0, double2 s1) {
+    double t = seg_param(p.x, p.y, s0, s1);
+    return isnan(t) ? -1.0 : fmin(fmax(t, 0.0), 1.0);
+}
 
 // The input vertex (an endpoint of e or f) whose dominant coordinate is c.
 __device__ __forceinline__ double2 interval_point(double c, bool use_x, double2 e0, double2 e1, double2 f0, double2 f1) {
@@ -91,16 +102,22 @@ extern "C" __global__ void REFINE_MAX_REGISTERS refine_pairs(const double2* ca, 
             te[0] = crossing_param(cb + kb, ca + ka);
             tf[0] = crossing_param(ca + ka, cb + kb);
         } else if (!col || lo == hi) {
+            // An endpoint of one segment on the other. Its parameter is recorded even where it is (or rounds to)
+            // 0 or 1: (0.5, 1 - 2^-53), strictly inside the segment from (0.5, -1) to (0.5, 1), is at
+            // (2 - 2^-53) / 2, which rounds to 1, and inside_split dropping it left that segment with no record of
+            // a contact its ring has (a ring with none is judged by its first vertex; v3's walk went on past it
+            // with the status it had). A record at 0 or 1 is a mark: it cuts no piece.
             bool hit = false;
-            if (o1 == 0 && in_box(f0.x, f0.y, e0, e1)) { te[0] = inside_split(seg_param(f0.x, f0.y, e0, e1)); hit = true; }
-            if (o2 == 0 && in_box(f1.x, f1.y, e0, e1)) { te[1] = inside_split(seg_param(f1.x, f1.y, e0, e1)); hit = true; }
-            if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) { tf[0] = inside_split(seg_param(e0.x, e0.y, f0, f1)); hit = true; }
-            if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) { tf[1] = inside_split(seg_param(e1.x, e1.y, f0, f1)); hit = true; }
+            if (o1 == 0 && in_box(f0.x, f0.y, e0, e1)) { te[0] = end_param(f0, e0, e1); hit = true; }
+            if (o2 == 0 && in_box(f1.x, f1.y, e0, e1)) { te[1] = end_param(f1, e0, e1); hit = true; }
+            if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) { tf[0] = end_param(e0, f0, f1); hit = true; }
+            if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) { tf[1] = end_param(e1, f0, f1); hit = true; }
             n_touch = hit;
             if (hit) {
-                // A touch at a segment's own end splits nothing, but the other boundary meets this ring there
-                // (v3's walk: its status is unknown past it): mark the end (t = 0 or 1). Two segments
-                // that are not collinear meet in one point, so a segment with no split has at most one mark.
+                // A touch at a segment's own end (the other segment's endpoint is not on it) splits nothing, but
+                // the other boundary meets this ring there (v3's walk: its status is unknown past it): mark the
+                // end (t = 0 or 1). Two segments that are not collinear meet in one point, so a segment with no
+                // record of its own has at most one mark.
                 if (te[0] < 0.0 && te[1] < 0.0) {
                     if (o3 == 0 && in_box(e0.x, e0.y, f0, f1)) te[0] = 0.0;
                     else if (o4 == 0 && in_box(e1.x, e1.y, f0, f1)) te[0] = 1.0;

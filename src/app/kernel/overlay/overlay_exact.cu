@@ -105,7 +105,8 @@ __device__ __forceinline__ void segment_point(double2 e0, double2 e1, double t, 
 }
 
 // Exact sign of v - P.y (y) or v - P.x, for P on the segment e[0] -> e[1] at t: six doubles summed exactly
-// (robust.py's segment_coord_exact). Out of line: rare, only where v lies within the bound of m.
+// (robust.py's segment_coord_exact), while no product with t underflows (robust.py's caveat: t = 0 or
+// |t| >= 2^-199 suffices in COORD_RANGE). Out of line: rare, only where v lies within the bound of m.
 __device__ __noinline__ int segment_coord_exact(double v, const double2* e, double t, bool y) {
     double c0 = y ? e[0].y : e[0].x, c1 = y ? e[1].y : e[1].x;
     double x[6];
@@ -119,7 +120,8 @@ __device__ __noinline__ int segment_coord_exact(double v, const double2* e, doub
 }
 
 // Exact sign of orient2d(a, b, P) for P on e[0] -> e[1] at t: orientation is affine in P, so it is
-// orient2d(a, b, e0) + t ((b - a) x (e1 - e0)), 48 doubles summed exactly (robust.py's segment_orient_exact). Each
+// orient2d(a, b, e0) + t ((b - a) x (e1 - e0)), 48 doubles summed exactly (robust.py's segment_orient_exact), while
+// no product with t underflows (robust.py's caveat: t = 0 or |t| >= 2^-199 suffices in COORD_RANGE). Each
 // of the 16 products of coordinate differences (and their tails) is made and grown into the expansion in turn,
 // a loop not unrolled: a kernel's registers are the most any function it calls needs, and this one is rare.
 __device__ __noinline__ int segment_orient_exact(double2 a, double2 b, const double2* e, double t) {

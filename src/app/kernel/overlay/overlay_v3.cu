@@ -131,9 +131,10 @@ edge_pairs_warp(const double2* ca, const int* ro_a, const int* gro_a, const doub
 // middle outside the piece it stands for).
 //
 // Two kernels. area_rings_flip takes a thread per (pair, side, ring) as area_rings does:
-// a ring the other boundary does not cut is settled by one midpoint test, and a cut ring
-// is appended to a list. area_cut_rings walks the listed rings, 32 to a warp: walks are
-// long and the uncut rings short, and mixed in one warp the walk would hold the others.
+// a ring with no record (the other boundary meets it nowhere) is settled by one exact
+// point-in-polygon test of its first vertex, and a cut ring is appended to a list.
+// area_cut_rings walks the listed rings, 32 to a warp: walks are long and the uncut
+// rings short, and mixed in one warp the walk would hold the others.
 #define TRUST_T 1e-6
 
 struct RingRef {        // one ring of one side of a polygon pair, and the other polygon
