@@ -119,7 +119,6 @@ undo_reason=""
 # reset_clocks: -rmc where the memory clock was tried, -rgc; then this GPU's record goes. 1: a reset failed.
 reset_clocks() {
     local failed=0
-    undone=1
     if ((mem_tried)); then
         smi_exec -i "$gpu" -rmc
         if ((smi_rc != 0)) && ! { ((smi_rc == 3)) || printf '%s\n' "$smi_out" | grep -qi 'not supported'; }; then
@@ -135,6 +134,7 @@ reset_clocks() {
         fi
     fi
     drop_records "$uuid" "$gpu" quiet >/dev/null 2>&1 || true     # the locks it recorded are undone
+    undone=1                          # only now: an interrupted reset is not one that ran
     return "$failed"
 }
 reset_error=""

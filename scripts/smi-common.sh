@@ -31,6 +31,7 @@ smi_tmp=""
 on_exit_hook() { :; }
 on_interrupt_hook() { :; }
 on_exit() {
+    trap '' INT TERM HUP                 # a signal during the exit's own clean-up (a reset) must not stop it
     on_exit_hook || true
     [[ -z "$smi_tmp" ]] || rm -f "$smi_tmp"
 }

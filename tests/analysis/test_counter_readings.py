@@ -190,3 +190,13 @@ def test_a_stage_that_ran_gpu_work_without_a_kernel_in_the_capture_is_missing_no
                                                             for n in STAGES]}):
         refine = stage_table(kernels, STAGES, stages_with_gpu_work(w)).set_index("stage").loc["predicate_refine"]
         assert refine["bottleneck"] == "no kernels" and not refine["unprofiled"]
+
+    # A GPU stage of copies alone (the build) launches no kernel of ours: the backend's compile record lists the
+    # stages that do, and a capture with none in the build lost nothing there.
+    w = {"selection": {"selected": "gpu"}, "compile": {"occupancy": {n: 50.0 for n in STAGES[1:]}},
+         "stages": [{"name": n, "device": "gpu", "rows_in": 100} for n in STAGES]}
+    assert stages_with_gpu_work(w) == set(STAGES[1:])
+    no_build = df[kernels["stage"] != STAGES[0]].reset_index(drop=True)
+    build = stage_table(kernel_table(no_build, "join", STAGES, DEVICE), STAGES,
+                        stages_with_gpu_work(w)).set_index("stage").loc[STAGES[0]]
+    assert build["bottleneck"] == "no kernels" and not build["unprofiled"]

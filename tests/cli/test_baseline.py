@@ -329,3 +329,40 @@ def test_each_damaged_field_is_named_to_the_command_that_read_it(tmp_path, good)
     p = write(tmp_path, {**good, "timing": {**good["timing"], "total": 5}}, "total.json")
     with pytest.raises(BadParameter, match=f"^devlog {p}: field 'timing.total' is 5, not an object; "):
         read_trace(str(p), "devlog")
+
+
+def test_a_wrong_or_unchecked_output_is_no_baseline_and_latest_skips_it_saying_so(tmp_path, capsys):
+    """verification_state reads every record a trace can hold; load_baseline refuses a wrong answer (and one the
+    check could not run on) naming --baseline and the file; latest_profile skips each, named on stderr."""
+    from app.analysis.baseline import (latest_profile, load_baseline, unverified_reason, verification_of,
+                                       verification_state)
+    from app.errors import VerificationFailed
+
+    good = real()
+    v = good["metadata"]["verification"]
+    assert verification_of(good) is v and verification_state(v) == "ok" and unverified_reason(good) == ""
+    assert verification_of({"metadata": {"verification": None}}) is None and verification_of([]) is None
+    assert verification_state(None) == "skipped"
+    damaged = verification_of({"metadata": {"verification": "yes"}})
+    assert verification_state(damaged) == "error" and 'damaged ("yes")' in damaged["error"]
+    wrong = real()
+    wrong["metadata"]["verification"] |= {"matches": False, "missing": [[3, 87]], "extra": []}
+    assert verification_state(verification_of(wrong)) == "mismatch"
+    assert unverified_reason(wrong).startswith("its output did not match the reference (shapely")
+    assert "missing: (3, 87)" in unverified_reason(wrong)
+    broken = real()
+    broken["metadata"]["verification"] = {"error": "ImportError: no shapely", "matches": None}
+    assert unverified_reason(broken) == ("its output was not verified: the verification could not run "
+                                         "(ImportError: no shapely)")
+    for trace in (wrong, broken):
+        p = write(tmp_path, trace)
+        with pytest.raises(VerificationFailed, match=rf"^--baseline {p}: its output "):
+            load_baseline(str(p))
+    parent = tmp_path / "profiles"
+    for name, trace in (("20261126-100000", good), ("20261126-110000", wrong), ("20261126-120000", broken)):
+        (parent / name).mkdir(parents=True)
+        (parent / name / "trace.json").write_text(json.dumps(trace))
+    assert latest_profile(parent, None).endswith("20261126-100000")
+    err = capsys.readouterr().err
+    assert f"baseline latest: skipped {parent / '20261126-120000'}: its output was not verified" in err
+    assert f"baseline latest: skipped {parent / '20261126-110000'}: its output did not match" in err

@@ -85,6 +85,21 @@ def test_a_baseline_is_read_before_profiling(tmp_path, monkeypatch):
         assert json.loads((p.path / "params.json").read_text())["options"]["baseline"] is True
 
 
+def test_a_baseline_given_as_a_loaded_trace_is_checked_as_a_folders_is(no_profiling):
+    """A dict had been taken as it was: a trace of a wrong answer, or of other parameters, became the baseline,
+    and the whole dict was written into params.json's command line."""
+    from pathlib import Path
+
+    real = json.loads((Path(__file__).parents[1] / "data" / "event" /         # a real H100 profile's trace
+                       "join_v4_100k_10k_h100_host_pace_again.trace.json").read_text())
+    wrong = json.loads(json.dumps(real))
+    wrong["metadata"]["verification"]["matches"] = False
+    with pytest.raises(VerificationFailed, match=r"baseline=<the trace given>"):
+        profile("join", "v4", bench_runs=2, baseline=wrong, **TINY)
+    with pytest.raises(BadParameter, match=r"baseline=<the trace given> was measured for .*pass force=True"):
+        profile("join", "v4", bench_runs=2, baseline=real, **TINY)        # 100k x 10k on an H100: not these
+
+
 @pytest.mark.parametrize("kwargs,fragment", [
     ({"baseline": "latest", "points": 301}, "baseline='latest': no earlier profile of these parameters"),
     ({"baseline": "NOPE"}, "baseline=NOPE: not a readable profile"),

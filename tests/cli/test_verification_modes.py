@@ -101,7 +101,7 @@ def test_an_oracle_failure_in_the_worker_is_recorded_in_a_subprocess_mode(tmp_pa
     args = annotation() if mode == "annotation" else NSYS
     code = main([*args, "--out", str(out)])
     cap = capsys.readouterr()
-    assert code not in (0, 9) and "Traceback" not in cap.err, cap.err
+    assert code == 10 and "Traceback" not in cap.err, cap.err
     err = [line for line in cap.err.splitlines() if line.startswith("error")]
     assert len(err) == 1 and "verification could not run" in err[0], err
     report = (the_profile(out, mode) / "report.md").read_text()
@@ -120,3 +120,16 @@ def test_the_worker_records_an_oracle_failure_and_writes_its_report(tmp_path, mo
     v = json.loads(out.read_text())["verification"]
     assert v["error"] == "ImportError: import of shapely halted; None in sys.modules"
     assert v["matches"] is None
+
+
+def test_the_counter_modes_python_api_raises_on_a_wrong_answer_after_writing(tmp_path, monkeypatch):
+    """annotation_profile_plan had returned a wrong answer's Profile (ok=False) with no word."""
+    from app.errors import VerificationFailed
+    from app.runtime.profiling.annotation import annotation_profile_plan
+
+    with_verification(monkeypatch, MISMATCH)
+    with pytest.raises(VerificationFailed) as err:
+        annotation_profile_plan(get_plan_class("join", "v2")({"points": 3000, "polygons": 300}),
+                                out_dir=str(tmp_path / "out"), ncu=str(TOOLS / "ncu"))
+    assert "its output did not match the reference" in str(err.value) and "(0, 17)" in str(err.value)
+    assert err.value.profile.ok is False and (tmp_path / "out" / "profiles" / "annotation").is_dir()

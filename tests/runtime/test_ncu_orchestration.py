@@ -112,12 +112,12 @@ def test_timeout_stops_ncu(tmp_path, capsys, monkeypatch):
     pidfile = tmp_path / "ncu.pid"
     monkeypatch.setenv("FAKE_NCU_MODE", "hang")
     monkeypatch.setenv("FAKE_NCU_PIDFILE", str(pidfile))
-    before = set(Path(tempfile.gettempdir()).glob("app-ncu-*"))
+    before = set(Path(tempfile.gettempdir()).glob("app-kernel-tool-ncu-*"))
     assert main([*ARGS, "--ncu-timeout", "1", "--out", str(tmp_path / "out")]) == 2
     assert "did not finish within 1 s" in capsys.readouterr().err
     with pytest.raises(ProcessLookupError):
         os.kill(int(pidfile.read_text()), 0)                     # ncu (the fake) was stopped, not orphaned
-    assert set(Path(tempfile.gettempdir()).glob("app-ncu-*")) == before    # and its temp folder removed
+    assert set(Path(tempfile.gettempdir()).glob("app-kernel-tool-ncu-*")) == before    # its temp folder removed
 
 
 def test_missing_ncu(tmp_path, capsys):
@@ -246,16 +246,24 @@ def test_a_damaged_export_is_refused_in_one_line(tmp_path, capsys, monkeypatch, 
     assert not out.exists()
 
 
-def test_an_ncu_older_than_the_column_maps_is_refused_before_it_runs(tmp_path, capsys, monkeypatch):
+def test_an_ncu_older_than_the_column_maps_runs_after_a_warning_and_one_with_no_version_is_refused(
+        tmp_path, capsys, monkeypatch):
     calls = tmp_path / "calls"
     monkeypatch.setenv("FAKE_NCU_VERSION", "Version 2019.4.0 (build 27400000)")
     monkeypatch.setenv("FAKE_NCU_CALLS", str(calls))
     out = tmp_path / "out"
-    assert main([*ARGS, "--out", str(out)]) == 6
-    err = _one_error_line(capsys)
-    assert "ncu 2019.4.0 is older than 2025.3" in err and "pass --ncu PATH to a newer one" in err
+    assert main([*ARGS, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: ncu 2019.4.0" in err and "older than 2025.3" in err and "shown as missing" in err
+    assert calls.read_text().split()[0] == "--version"            # asked before the run
+    (report,) = out.glob("profiles/*/*/*/*/report.md")
+    assert "ncu 2019.4.0 --clock-control none" in report.read_text()      # the report names the ncu that ran
+    monkeypatch.setenv("FAKE_NCU_VERSION", "")
+    calls.unlink()
+    assert main([*ARGS, "--out", str(tmp_path / "out2")]) == 6
+    assert "could not read the version of ncu" in _one_error_line(capsys)
     assert calls.read_text().split() == ["--version"]            # asked its version, profiled nothing
-    assert not out.exists()
+    assert not (tmp_path / "out2").exists()
 
 
 def test_an_ncu_refusing_an_option_is_told_which_release_it_needs(tmp_path, capsys, monkeypatch):

@@ -358,7 +358,7 @@ def fake_gpu(monkeypatch):
 
 
 def _leftovers():
-    return set(Path(tempfile.gettempdir()).glob("app-nsys-*"))
+    return set(Path(tempfile.gettempdir()).glob("app-kernel-tool-nsys-*"))
 
 
 def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys):

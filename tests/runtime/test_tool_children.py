@@ -66,15 +66,26 @@ def test_a_tool_dies_with_a_profile_killed_outright(tmp_path):
 def test_only_folders_of_dead_makers_are_removed(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale_no_lock = tmp_path / f"app-ncu-{dead.pid}-abc123"          # its maker died before writing the lock file
+    stale_no_lock = tmp_path / f"app-kernel-tool-ncu-{dead.pid}-abc123"   # its maker died before its lock file
     stale_no_lock.mkdir()
     old = time.time() - 3600
     os.utime(stale_no_lock, (old, old))
-    fresh_no_lock = tmp_path / f"app-nsys-{dead.pid}-def456"         # too young to judge: kept
+    fresh_no_lock = tmp_path / f"app-kernel-tool-nsys-{dead.pid}-def456"  # too young to judge: kept
     fresh_no_lock.mkdir()
     other = tmp_path / "app-ncu-notours"                            # not one of tool_tmpdir's names: kept
     other.mkdir()
+    # Another program's folder named like ours by chance (app-build-2024-final), old, its "pid" dead: kept
+    # (the name alone judges nothing: it holds files of its own); and one of ours in the same state that holds
+    # more than the lock file's temporary name is kept too.
+    theirs = tmp_path / f"app-build-{dead.pid}-final"
+    (theirs / "sub").mkdir(parents=True)
+    os.utime(theirs, (old, old))
+    full = tmp_path / f"app-kernel-tool-ncu-{dead.pid}-full99"
+    full.mkdir()
+    (full / "profile.ncu-rep").write_text("")
+    os.utime(full, (old, old))
     assert remove_stale_tmpdirs(str(tmp_path)) == [str(stale_no_lock)]
+    assert theirs.is_dir() and full.is_dir()
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom app.runtime.profiling.tools import tool_tmpdir\n"
          "with tool_tmpdir('nsys', parent=sys.argv[1]) as t:\n    print(t, flush=True); time.sleep(60)\n",

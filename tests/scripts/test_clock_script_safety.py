@@ -275,6 +275,18 @@ def test_an_interrupted_lock_resets_the_clocks_and_leaves_no_record(smi, signum,
     assert changes(smi)[-1] == ["-i", "0", "-rgc"]
 
 
+def test_a_signal_during_the_exits_own_reset_does_not_stop_it(smi):
+    """-lmc fails, so the exit resets the SM clock; a SIGTERM while that reset's -rmc runs must not cut it short
+    (the -rgc after it would never run, leaving the SM clock locked with no record) nor be called 'no change'."""
+    p = _start(LOCK, smi, FAKE_SMI_FAIL="-lmc", WRAP_SLEEP_ON="-rmc", WRAP_SLEEP="2")
+    _wait_for_call(smi, "-rmc", p)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and "no clock was changed" not in err, err
+    assert locked(smi) == (False, False), changes(smi)
+    assert changes(smi)[-1] == ["-i", "0", "-rgc"] and not smi["state"].exists()
+
+
 def test_an_interrupt_before_any_clock_change_changes_nothing(smi):
     p = _start(LOCK, smi, WRAP_SLEEP_ON="-pm", WRAP_SLEEP="2")
     _wait_for_call(smi, "-pm", p)

@@ -285,3 +285,21 @@ def test_a_gpu_point_sees_only_its_workers_own_gpu(monkeypatch):
     env = child_environment("gpu", {"MALLOC_TRIM_THRESHOLD_": "1", "OMP_NUM_THREADS": None})
     assert "CUDA_VISIBLE_DEVICES" not in env and env["MALLOC_TRIM_THRESHOLD_"] == "1" and "OMP_NUM_THREADS" not in env
     assert env["APP_LOCK_WAIT"] == "3600"
+
+
+def test_a_point_whose_check_could_not_run_is_unverified_not_retried(tmp_path):
+    """Exit 10 (the oracle could not run: here shapely fails to import in the point's process) is no failure to
+    retry -- the oracle fails the same way again -- and no result: 'unverified', kept out of every fit."""
+    broken = tmp_path / "broken"
+    (broken / "shapely").mkdir(parents=True)
+    (broken / "shapely" / "__init__.py").write_text('raise ImportError("shapely is broken here (a test)")\n')
+    e = env()
+    e["PYTHONPATH"] = os.pathsep.join((str(broken), e["PYTHONPATH"]))
+    proc = subprocess.run([sys.executable, "-m", "app.kernel", "sweep", "join", "v1", "--grid", "points=1k",
+                           "--polygons", "50", "--device", "cpu", "--bench_runs", "2", "--workers", "1",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, env=e, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (row,) = rows(folder(tmp_path / "out"))
+    assert row["status"] == "unverified" and row["attempts"] == "1", row
+    assert "verification could not run (ImportError: shapely is broken here" in row["error"]
+    assert "1 not ok (failed, wrong or unverified)" in proc.stdout

@@ -8,7 +8,7 @@ measured values through the same functions.
 from __future__ import annotations
 
 from app.runtime.recorder import mid_plan_reads
-from app.runtime.stats import outlier_runs, robust_of
+from app.runtime.stats import MIN_CI_SAMPLES, outlier_runs, robust_of
 
 MEMORY_BOUND_PCT = 60.0      # "DRAM% high"
 COMPUTE_BOUND_PCT = 60.0     # "TC%/SM% high"
@@ -50,7 +50,7 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
                 issues.append(f"{mid} host sync(s) for allocation sizes")
             if dram is not None and bneck == "latency-bound":
                 issues.append(f"DRAM {dram:.1f}% of peak")
-            if s["spread"].get("stable") is False and s["spread"]["runs"] > 1:      # None: too few runs to judge
+            if s["spread"].get("stable") is False and s["spread"]["runs"] >= MIN_CI_SAMPLES:    # None: too few runs
                 issues.append(f"unstable (±{100 * robust_of(s['spread']):.1f}% robust spread"
                               + (f", {outlier_runs(s['spread']['outliers'])})"
                                  if s["spread"].get("outliers") is not None else ")"))

@@ -55,7 +55,14 @@ def read_trace(path: str, what: str = "--baseline") -> dict:
 def load_baseline(path: str | None, plan=None, device_name: str | None = None, force: bool = False) -> dict | None:
     if not path:
         return None
-    trace = read_trace(path)
+    return check_baseline(read_trace(path), path, plan, device_name, force)
+
+
+def check_baseline(trace: dict, path, plan=None, device_name: str | None = None, force: bool = False) -> dict:
+    """A baseline trace (read from ``path``, or handed over already loaded: the Python API's) checked as every
+    baseline is: whole, of a verified output, and of the same kernel, version, parameters and device unless
+    ``force`` (then marked so)."""
+    _check_shape(path, trace)
     refuse_unverified(trace, path, "--baseline")
     mismatch = "" if plan is None else mismatch_of(trace, plan.kernel, plan.version, plan.params, device_name)
     if mismatch and not force:

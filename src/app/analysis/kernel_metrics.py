@@ -177,11 +177,16 @@ def classify(r) -> str:
 
 def stages_with_gpu_work(worker: dict) -> set[str]:
     """The stages the worker ran on the GPU (the run's device: the recorder runs every stage on it) with input
-    rows: each launches kernels, so a capture holding none of them lost them (a kernel ncu failed to profile,
-    a cut-off export); it did not measure zero."""
+    rows and kernels of their own (the backend's compile record lists them: a stage of copies alone, as
+    owned_buffer_build is, or of library calls, launches none of ours): each launches kernels, so a capture
+    holding none of them lost them (a kernel ncu failed to profile, a cut-off export); it did not measure zero.
+    A worker with no such record (a CPU backend's) leaves every stage with rows expected."""
     on_gpu = (worker.get("selection") or {}).get("selected") == "gpu"
+    own = ((worker.get("compile") or {}).get("occupancy")
+           if isinstance(worker.get("compile"), dict) else None)      # stage -> occupancy, for stages with kernels
     return {s["name"] for s in worker.get("stages", [])
-            if (on_gpu or s.get("device") == "gpu") and (s.get("rows_in") or 0) > 0}
+            if (on_gpu or s.get("device") == "gpu") and (s.get("rows_in") or 0) > 0
+            and (own is None or s["name"] in own)}
 
 
 def stage_table(kernels: pd.DataFrame, stages: list[str], expected: set[str] | frozenset = frozenset()) -> pd.DataFrame:

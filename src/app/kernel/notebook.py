@@ -101,7 +101,9 @@ def call_text(kernel, version, prof_type: str, out, force: bool, kwargs: dict) -
     args = [_literal(kernel)] + ([_literal(version)] if version is not None else [])
     args += [f"prof_type={_literal(prof_type)}"] + ([f"out={_literal(out)}"] if out is not None else [])
     args += ["force=True"] if force else []
-    args += [f"{k}={_literal(v)}" for k, v in kwargs.items()]
+    # A baseline handed over as a loaded trace is named, not written out whole into the command line.
+    args += [f"{k}={'<a trace dict>' if k == 'baseline' and isinstance(v, dict) else _literal(v)}"
+             for k, v in kwargs.items()]
     return ["python", "-c", f"from app.kernel import profile; profile({', '.join(args)})"]
 
 
@@ -127,12 +129,17 @@ def _python_words(message: str) -> str:
 def _baseline(baseline, plan, prof_type: str, device: str, out, force: bool) -> dict | None:
     """``baseline`` read and checked before profiling, as the CLI's --baseline: a profile folder, its trace.json, or
     "latest" (the newest earlier profile of this kernel, version, mode, parameters and device under ``out``, or
-    under out/ -- the CLI's default -- when ``out`` is None); a trace already loaded (a dict) is taken as it is."""
-    from app.analysis.baseline import latest_profile, load_baseline
+    under out/ -- the CLI's default -- when ``out`` is None); a trace already loaded (a dict) is checked the same way."""
+    from app.analysis.baseline import check_baseline, latest_profile, load_baseline
     from app.report.writer import profile_parent
 
-    if baseline is None or isinstance(baseline, dict):
-        return baseline
+    if baseline is None:
+        return None
+    if isinstance(baseline, dict):      # loaded already: checked as one read from a folder is
+        try:
+            return check_baseline(baseline, "<the trace given>", plan, _device_name(device, prof_type), force)
+        except AppError as exc:
+            raise type(exc)(_python_words(str(exc))) from None
     if not isinstance(baseline, (str, os.PathLike)) or not os.fspath(baseline):
         raise BadParameter(f"baseline={baseline!r}: expected a profile folder, its trace.json, 'latest', or None")
     path, device_name = os.fspath(baseline), _device_name(device, prof_type)

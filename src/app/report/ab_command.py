@@ -23,6 +23,7 @@ from app.analysis.compare import MIN_PROCESSES, MIN_RUNS
 from app.errors import AppError, BadParameter, OneLineParser, Terminated
 from app.report.compare_command import run_compare
 from app.report.writer import check_writable
+from app.runtime.profiling.base import ONE_ITERATION_MODES
 
 
 # Each process is a whole profile of each revision, run in turns: a count past this is a typo, not a plan.
@@ -42,8 +43,7 @@ REFUSED = {
     "-h": "ab: -h after -- asks the kernel for its help, not a profile: run python -m app.kernel KERNEL --help",
 }
 # The modes that time one warm iteration: compare never judges their single run, so ab would make 2 x N profiles
-# for a certain "noise".
-ONE_RUN_MODES = ("annotation", "ncu")
+# for a certain "noise" (the profiles' own list: app.runtime.profiling.base.ONE_ITERATION_MODES).
 
 
 def parser() -> OneLineParser:
@@ -98,7 +98,7 @@ def _check_command(command: list[str]) -> None:
         if flag in command or any(a.startswith(flag + "=") for a in command):
             raise BadParameter(why)
     for mode in _option_values(command, "--prof_type", "--prof-type"):
-        if mode in ONE_RUN_MODES:
+        if mode in ONE_ITERATION_MODES:
             raise BadParameter(f"ab: --prof_type {mode} profiles one warm iteration, and compare judges nothing under "
                                f"{MIN_RUNS} runs in every process: use --prof_type event or nsys")
     for runs in _option_values(command, "--bench_runs", "--bench-runs"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from app.analysis.baseline import (mismatch_of, other_backend, other_card, read_trace, refuse_unverified,
                                    same_cpu_stages)
-from app.analysis.compare import DEFAULT_FLOOR, MIN_RUNS, compare_processes, regression
+from app.analysis.compare import DEFAULT_FLOOR, MIN_PROCESSES, MIN_RUNS, compare_processes, regression
 from app.errors import BadParameter, OneLineParser
 from app.report.timing_text import host_pace_change
 from app.report.writer import finite_or_null
@@ -25,12 +25,14 @@ def parser() -> OneLineParser:
                             "bootstrap interval, and a verdict (faster, slower or noise; noise below "
                             f"{MIN_RUNS} runs a side). A host's speed can change from one process to the "
                             "next by more than a code change: give each side as several profiles, each made in its "
-                            "own process, and the interval holds that change too. A profile whose output did not "
+                            "own process, and the interval holds that change too (a verdict from such sets needs "
+                            f"{MIN_PROCESSES} processes a side, {MIN_RUNS} runs in each). A profile whose output did not "
                             "match the reference, or could not be checked, is refused (exit 9): it times a wrong "
                             "answer.")
     p.add_argument("base", metavar="BASE[,BASE...]",
                    help="the earlier profile folder (or its trace.json); or several, comma-separated, each made in "
-                        "its own process (profile each side in 5 or more processes for a verdict, the two sides' processes in turns)")
+                        f"its own process (profile each side in {MIN_PROCESSES} or more processes for a verdict, the "
+                        "two sides' processes in turns)")
     p.add_argument("new", metavar="NEW[,NEW...]", help="the later profile folder, or several, as BASE")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     p.add_argument("--fail-on-regression", type=float, metavar="PCT",

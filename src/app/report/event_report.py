@@ -95,7 +95,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
         verification_section(trace),
         device_section(trace, params_json),
     ]
-    unstable = [s["name"] for s in trace["stages"] if s["spread"].get("stable") is False]    # None: not judged
+    unstable = [s["name"] for s in trace["stages"]            # None, or too few runs in an older trace: not judged
+                if s["spread"].get("stable") is False and s["spread"]["runs"] >= MIN_CI_SAMPLES]
     headline = (f"`{params_json['command_line']}` — {trace['selected_runtime'].upper()} "
                 f"({trace['device']['name']}), total {us(trace['total_elapsed_seconds'])} us median of "
                 f"{timing['timed_runs']} runs." + (f" Unstable stages (robust spread > 2%): {', '.join(unstable)}."
@@ -176,7 +177,7 @@ def _ci_text(sp: dict) -> str:
 def _robust_text(sp: dict, followed: list[str]) -> str:
     if sp.get("runs", 0) < 2:
         return "n/a (one timed run has no spread; stability not judged)"
-    if sp.get("stable") is None:        # under MIN_CI_SAMPLES runs (traces made before kept a bool)
+    if sp.get("stable") is None or sp["runs"] < MIN_CI_SAMPLES:    # older traces judged fewer runs: not here
         return (fmt(100 * robust_of(sp), 2, "%") + f" (stability not judged from {sp['runs']} runs: it needs "
                 f"{MIN_CI_SAMPLES})")
     return fmt(100 * robust_of(sp), 2, "%") + (
@@ -243,12 +244,16 @@ def _hygiene_rows(timing: dict) -> list[list[str]]:
                      f"({us(ins['bare_median_seconds'])} us bare vs {us(ins['instrumented_median_seconds'])} us; "
                      f"{how} {ins['pairs']} interleaved pairs{_pairs_stop(ins)})"])
     one = timing.get("one_mark") or {}
-    if one.get("overhead_fraction") is not None:
+    if one.get("overhead_fraction") is not None and one.get("overhead_ci95"):
         lo, hi = one["overhead_ci95"]
+        within = (f"95% interval {fmt(100 * lo, 2, '%')} to {fmt(100 * hi, 2, '%')}"
+                  + (", it reaches zero: not resolved from the runs' noise" if lo <= 0 else "")
+                  if _finite(lo, hi) else f"no 95% interval ({one['rounds']} rounds: it needs at least "
+                                          f"{MIN_CI_SAMPLES})")
         rows.append(["instrumentation overhead, one stage mark a run (the stage times without the other marks)",
-                     f"{fmt(100 * one['overhead_fraction'], 2, '%')} of the bare plan, 95% interval "
-                     f"{fmt(100 * lo, 2, '%')} to {fmt(100 * hi, 2, '%')} ({us(one['overhead_seconds'])} us; median "
-                     f"difference of each run from the bare run of its round, {one['rounds']} rounds)"])
+                     f"{fmt(100 * one['overhead_fraction'], 2, '%')} of the bare plan, {within} "
+                     f"({us(one['overhead_seconds'])} us; each round's median difference of its one-mark runs from "
+                     f"its bare run, the median over {one['rounds']} rounds)"])
     if timing.get("graph"):
         rows.append(["CUDA graph", timing["graph"]["why"]])
         replay = timing["graph"].get("replay")

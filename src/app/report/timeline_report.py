@@ -11,7 +11,7 @@ from app.report.markdown import Section, fmt, render
 from app.report.sections import (verification_line, verification_section, with_verification_headline,
                                  with_verification_summary)
 from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
-from app.runtime.stats import STABLE_REL_SPREAD
+from app.runtime.stats import MIN_CI_SAMPLES, STABLE_REL_SPREAD
 
 BOTTLENECK = {"sync_wait": "Sync-bound (host round trips)", "launch_gap": "Launch-bound (host issue rate)",
               "launch_latency": "Launch-bound (launch latency)", "before_first_op": "Host-preparation-bound",
@@ -218,11 +218,14 @@ def _spread(trace, it, stages) -> Section:
         sp = s["span_spread"]
         rows.append([s["name"], fmt(s["span_us"]), fmt(sp["min_us"]), fmt(sp["max_us"]),
                      f"±{100 * sp['robust_rel_spread']:.1f}%", f"{100 * sp['rel_stdev']:.1f}%",
-                     "unstable" if sp["robust_rel_spread"] > STABLE_REL_SPREAD else "stable"])
+                     # judged from MIN_CI_SAMPLES instances, as event mode judges its runs
+                     f"not judged ({s['instances']} instances)" if s.get("instances", MIN_CI_SAMPLES) < MIN_CI_SAMPLES
+                     else "unstable" if sp["robust_rel_spread"] > STABLE_REL_SPREAD else "stable"])
     return Section("Spread of the span over iterations",
                    columns=["Range", "median", "min", "max", "robust spread", "rel. stdev", ""], rows=rows,
                    note=f"Robust spread = 1.4826 x median absolute deviation / median (one outlier cannot move it); "
-                        f"unstable = robust spread above {100 * STABLE_REL_SPREAD:.0f}%.")
+                        f"unstable = robust spread above {100 * STABLE_REL_SPREAD:.0f}%, judged from "
+                        f"{MIN_CI_SAMPLES} instances.")
 
 
 def drift_and_paces(trace) -> list[Section]:

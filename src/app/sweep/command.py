@@ -235,8 +235,8 @@ def run_sweep(argv: list[str]) -> int:
     run["close_seconds"] = run["wall_seconds"] - run["start_seconds"] - run.get("points_seconds", 0.0)
     _write_report(spec, folder, rows, _with_run(runs, run, todo))
     bad = [r for r in rows if r["status"] != "ok"]
-    print(f"sweep: {len(rows)} point{'s' if len(rows) != 1 else ''}, {len(rows) - len(bad)} ok, {len(bad)} failed "
-          f"or wrong, {run['wall_seconds']:,.1f} s\nreport: {folder / 'report.md'}")
+    print(f"sweep: {len(rows)} point{'s' if len(rows) != 1 else ''}, {len(rows) - len(bad)} ok, {len(bad)} not ok "
+          f"(failed, wrong or unverified), {run['wall_seconds']:,.1f} s\nreport: {folder / 'report.md'}")
     for r in bad:
         print(f"  {r['point']}: {r['status']}: {r.get('error', '')}")
     return 1 if bad else 0

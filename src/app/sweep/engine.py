@@ -230,7 +230,9 @@ def run_points(spec, sweep_dir: Path, todo: list[dict], runner, rows: list[dict]
             continue
         handle, result = got
         point = by_handle.pop(handle)
-        status = "ok" if result.get("rc") == 0 else "wrong" if result.get("rc") == 9 else "failed"
+        # 9: the output differs from the reference; 10: the check could not run (the oracle failed: running the
+        # point again would fail the same way). Neither is retried, nor run again by --resume.
+        status = {0: "ok", 9: "wrong", 10: "unverified"}.get(result.get("rc"), "failed")
         lost = runner.worker_lost(handle)
         if status == "failed" and attempts[point["id"]] < MAX_ATTEMPTS:
             _log_attempt(sweep_dir, point, attempts[point["id"]], result)

@@ -168,7 +168,8 @@ def _best(frame, axes, versions=None) -> list[str]:
 
 _TIE = {True: " (tie: the 95% intervals overlap)", False: "",
         None: f" (unresolved, possibly noise: no 95% interval, fewer than {MIN_CI_SAMPLES} timed runs)"}
-_WHY = {"wrong": "wrong (output differs from shapely's)"}
+_WHY = {"wrong": "wrong (output differs from shapely's)",
+        "unverified": "unverified (the check against shapely could not run; the profile says why)"}
 
 
 def _crossovers(frame, axes, versions) -> list[str]:
@@ -273,7 +274,10 @@ def _points(frame, axes) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in frame.sort_values(["version", *axes]).to_dict("records"):
         pct = r.get("e2e_spread_pct")
-        spread = (f"±{pct:.1f}%" + (" unstable" if pct > UNSTABLE_PCT else "")) if pd.notna(pct) else "missing"
+        # judged as the profiles judge it, from 6 runs: a point with fewer has no 95% interval either
+        judged = pd.notna(r.get("e2e_ci95_lo_us"))
+        spread = (f"±{pct:.1f}%" + ((" unstable" if pct > UNSTABLE_PCT else "") if judged else " (not judged)")
+                  if pd.notna(pct) else "missing")
         uuid = r.get("gpu_uuid") if isinstance(r.get("gpu_uuid"), str) else "-"
         link = f"[profile]({r['profile']}/report.md)" if isinstance(r.get("profile"), str) else "-"
         device = r.get("device") if isinstance(r.get("device"), str) else "-"

@@ -27,7 +27,7 @@ from app.runtime.cache import write_atomic
 
 RESULTS = "results.csv"
 RUNS = "runs.json"                # each run of the sweep: the first, then the --resume runs that ran points
-DONE = ("ok", "wrong")            # statuses --resume does not run again
+DONE = ("ok", "wrong", "unverified")      # statuses --resume does not run again
 _FIRST = ["point", "version", "status", "verified", "e2e_us", "e2e_spread_pct", "e2e_ci95_lo_us", "e2e_ci95_hi_us",
           "e2e_host_out_us", "after_build_us", "floor_us", "host_pace_us", "host_pace_ci95_lo_us",
           "host_pace_ci95_hi_us", "launch_pace_us", "launch_pace_ci95_lo_us", "launch_pace_ci95_hi_us",

@@ -10,7 +10,7 @@ from dataclasses import fields
 
 from app.analysis.kernel_metrics import kernel_time
 from app.analysis.summary import counter_summary
-from app.errors import BadParameter
+from app.errors import BadParameter, VerificationFailed
 from app.kernel.plan import get_plan_class
 from app.report.sections import device_section, transfers_section, verification_section
 from app.runtime.profiling.base import ProfileOptions
@@ -120,7 +120,7 @@ def evidence_sections(trace: dict, params_json: dict) -> list:
 
 def profile_api(mode, plan, out_dir, version, bench_runs, options):
     """The Python API of a counter mode: profile ``plan`` (or its kernel at ``version``)."""
-    from app.report.writer import profile_parent, write_profile
+    from app.report.writer import check_writable, profile_parent, write_profile
 
     if version is not None:
         plan = get_plan_class(plan.kernel, version)(plan.params)
@@ -130,10 +130,22 @@ def profile_api(mode, plan, out_dir, version, bench_runs, options):
         known = sorted(f.name for f in fields(ProfileOptions) if f.name != "argv")
         raise BadParameter(f"{mode.name}_profile_plan got an unknown option among {sorted(options)}; known: "
                            + ", ".join(known)) from None
+    if out_dir is not None:            # checked before the run, as the CLI checks --out
+        check_writable(profile_parent(out_dir, mode.name, plan.kernel, plan.slug()))
     profile = mode.profile(plan, opts)
     if out_dir is not None:
         profile.files_written_to = write_profile(profile_parent(out_dir, mode.name, plan.kernel, plan.slug()),
                                                  profile.files)
+    if not profile.ok:                 # a wrong answer's timings are no measurement: raised, as the CLI exits 9
+        from app.analysis.baseline import unverified_reason
+
+        kept = (f"the profile is kept at {profile.files_written_to}" if out_dir is not None
+                else "nothing was written (pass out_dir to keep it)")
+        why = unverified_reason(profile.trace) or "the output was judged wrong"
+        err = VerificationFailed(f"{mode.name}_profile_plan: {why}; {kept}; the Profile is on this exception's "
+                                 ".profile")
+        err.profile = profile
+        raise err
     return profile
 
 

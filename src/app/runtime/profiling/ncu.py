@@ -53,7 +53,7 @@ class NcuMode(Mode):
 
             raw, units = parse_raw(exports["raw"], run.ncu_version, source=exported("raw"))
             metrics, rules = parse_details(exports["details"], run.ncu_version, source=exported("details"))
-            sources = parse_source(exports["source"], source=exported("source"))
+            sources = parse_source(exports["source"], source=exported("source"), kernels=len(raw))
             check_exports_agree(raw, metrics, sources, f"{rep_base}.ncu-rep")
             names = [s.name for s in plan.stages]
             device_name = run.worker["selection"]["device_name"]

@@ -34,7 +34,8 @@ class NcuRun:
 def run_under_ncu(plan, options, ncu_args: list[str], label: str):
     """Yields the NcuRun; its temporary folder (worker JSON, .ncu-rep) is removed afterwards."""
     ncu = find_tool("ncu", options.ncu)
-    # Before anything runs: an ncu older than every column map would be read with the wrong one.
+    # Before anything runs: an ncu whose version cannot be read is refused, one older than every column map warned
+    # about.
     version = check_ncu_version(tool_version(ncu), ncu)
     with gpu_session(plan, options, label) as ses:
         ncu_args = [a.replace("{tmp}", ses.tmpdir) for a in ncu_args]

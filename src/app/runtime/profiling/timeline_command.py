@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 from app.analysis.audit import audit
 from app.analysis.timeline import account_ranges, capture_summary, summarise
 from app.errors import AppError, BadParameter, OneLineParser
 from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite
-from app.runtime.profiling.tools import find_tool, run_tool
+from app.runtime.profiling.tools import find_tool, run_tool, tool_tmpdir
 
 JSON_KEYS = ("name", "domain", "instances", "span_us", "busy_us", "kernel_us", "memcpy_us", "memset_us", "ops",
              "idle_us")
@@ -38,20 +36,15 @@ def run_timeline(argv: list[str]) -> int:
     path = args.report
     if not os.path.isfile(path):
         raise BadParameter(f"{path}: no such file; pass an .nsys-rep or its .sqlite export")
-    tmp = None
-    try:
-        if path.endswith(".nsys-rep"):
-            nsys = find_tool("nsys", args.nsys)
-            tmp = tempfile.mkdtemp(prefix="app-timeline-")
+    if path.endswith(".nsys-rep"):
+        nsys = find_tool("nsys", args.nsys)
+        with tool_tmpdir("timeline") as tmp:        # a killed run's folder is removed by the next tool run
             sqlite = os.path.join(tmp, "export.sqlite")
             run_tool([nsys, "export", "--type", "sqlite", "-q", "true", "-f", "true", "-o", sqlite, path],
                      timeout=args.nsys_timeout, label="nsys export")
             tl = read_sqlite(sqlite, origin="nsys export")     # its failure names the export, not a temp path
-        else:
-            tl = read_sqlite(path)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tl = read_sqlite(path)
     instances = account_ranges(tl, domain=args.domain)
     if not instances:
         domains = sorted(set(tl.ranges["domain"].tolist()))

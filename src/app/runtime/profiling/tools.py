@@ -183,8 +183,10 @@ def progress_printer(prefix: str):
     return show
 
 
-# tool_tmpdir's folders: app-<label>-<maker pid>-<random>, with a lock file the maker holds while it lives.
-_TMP_NAME = re.compile(r"^app-[A-Za-z0-9_.]+-(\d+)-[A-Za-z0-9_]+$")
+# tool_tmpdir's folders: app-kernel-tool-<label>-<maker pid>-<random>, with a lock file the maker holds while it
+# lives. The prefix is this tool's own: a sweeper must never match another program's app-* folder.
+_TMP_PREFIX = "app-kernel-tool-"
+_TMP_NAME = re.compile(r"^" + re.escape(_TMP_PREFIX) + r"[A-Za-z0-9_.]+-(\d+)-[A-Za-z0-9_]+$")
 _TMP_LOCK = ".app-owner.lock"
 
 
@@ -203,7 +205,10 @@ def _stale(path: str, pid: int) -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return time.time() - st.st_mtime > 60     # a maker that is only now writing its lock file is alive
+            # A maker that is only now writing its lock file is alive; one that died before it left at most the
+            # lock file's temporary name: anything more is not a folder of ours to judge by its name alone.
+            return (time.time() - st.st_mtime > 60
+                    and set(os.listdir(path)) <= {_TMP_LOCK + ".new"})
         except PermissionError:
             return False
         return False
@@ -237,10 +242,11 @@ def remove_stale_tmpdirs(parent: str | None = None) -> list[str]:
 
 @contextmanager
 def tool_tmpdir(label: str, parent: str | None = None):
-    """A temporary folder for one tool run (``app-<label>-<pid>-<random>``), removed however the block ends;
+    """A temporary folder for one tool run (``app-kernel-tool-<label>-<pid>-<random>``), removed however the block ends;
     the stale folders of makers that died first are removed before it is made."""
     remove_stale_tmpdirs(parent)
-    tmpdir = tempfile.mkdtemp(prefix=f"app-{re.sub(r'[^A-Za-z0-9_.]', '_', label)}-{os.getpid()}-", dir=parent)
+    tmpdir = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{re.sub(r'[^A-Za-z0-9_.]', '_', label)}-{os.getpid()}-",
+                              dir=parent)
     fd = None
     try:
         # Locked under a temporary name, then renamed: a sweeper never finds the lock file free while we live.

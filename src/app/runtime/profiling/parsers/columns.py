@@ -5,6 +5,7 @@ A new Nsight release that renames a column is a new table here, not a hunt throu
 from __future__ import annotations
 
 import re
+import sys
 
 from app.errors import ToolNotFound
 
@@ -104,13 +105,16 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 
 def oldest_ncu() -> str:
-    """The oldest ncu release the column maps describe: an older one is refused before it runs."""
+    """The oldest ncu release the column maps describe: an older one runs with a warning."""
     return min(COLUMN_MAPS, key=_version_key)
 
 
 def check_ncu_version(version: str | None, path: str) -> str:
-    """``version`` (from ``ncu --version``) if a column map covers it or a newer release (whose newest map is
-    used); a ToolNotFound naming the release it needs otherwise."""
+    """``version`` (from ``ncu --version``); a ToolNotFound where none can be read (not an ncu, or a broken one).
+    A release older than every column map runs, read with the oldest map, after a warning: the metric names
+    these maps read have been stable for years (CUDA 12's ncu 2024.x prints the same), and a column it names
+    otherwise is a named missing reading in the report, never a wrong number; refusing it would turn away every
+    CUDA 12 install for no evidence."""
     oldest = oldest_ncu()
     key = _version_key(version or "")
     if len(key) < 2:
@@ -118,16 +122,19 @@ def check_ncu_version(version: str | None, path: str) -> str:
                            f"{repr(version) if version else 'nothing'}); pass --ncu PATH to Nsight Compute {oldest} "
                            "or newer")
     if key < _version_key(oldest):
-        raise ToolNotFound(f"ncu {version} is older than {oldest}, the oldest release whose CSV columns this tool "
-                           f"knows ({path}); pass --ncu PATH to a newer one")
+        print(f"warning: ncu {version} ({path}) is older than {oldest}, the oldest release this tool's CSV columns "
+              f"were checked against: its readings are taken with {oldest}'s columns, and any it names otherwise "
+              "is shown as missing (--ncu PATH picks another ncu)", file=sys.stderr)
     return version
 
 
 def ncu_columns(version: str | None = None) -> dict:
-    """The map for an ncu version string like '2025.3.1.0'; for a release newer than every map, the newest
-    (ncu_session refuses one older than every map before it runs)."""
+    """The map for an ncu version string like '2025.3.1.0'; for a release newer than every map, the newest; for
+    one older than every map, the oldest (check_ncu_version warned about it before the run)."""
     if version:
         for key, table in COLUMN_MAPS.items():
             if version.startswith(key):
                 return table
+        if _version_key(version) and _version_key(version) < _version_key(oldest_ncu()):
+            return COLUMN_MAPS[oldest_ncu()]
     return COLUMN_MAPS[max(COLUMN_MAPS, key=_version_key)]

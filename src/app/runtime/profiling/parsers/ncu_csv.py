@@ -154,15 +154,15 @@ def parse_details(text: str, version: str | None = None,
                                              "speedup_pct") if c in metrics]), rules
 
 
-def parse_source(text: str, source: str = "ncu source CSV") -> dict[str, pd.DataFrame]:
+def parse_source(text: str, source: str = "ncu source CSV", kernels: int | None = None) -> dict[str, pd.DataFrame]:
     """The source page (--print-source sass): per kernel, one row per SASS instruction, keyed by the kernel's
     name ("name #2" for its second launch, and so on), in the order of the raw page. A row whose length differs
     from its kernel's header is refused with its line. ncu 2025.3.1 may print a kernel's block twice in a row,
-    identical (seen on an H200 with join v2's kernels, each built with -lineinfo): a repeat is dropped, not
-    taken for a second launch (whose warp-stall samples would differ)."""
-    blocks: dict[str, pd.DataFrame] = {}
+    identical (seen on an H200 with join v2's kernels, each built with -lineinfo). Where the page holds more
+    blocks than the raw page's ``kernels``, such a repeat is dropped, not taken for a second launch; where it
+    holds as many, every block is a launch (two launches of a tiny kernel can have equal tables: no samples)."""
+    found: list[tuple[str, pd.DataFrame]] = []
     name, lines, first = None, [], 0
-    last: list = [None, None]            # the name and table of the block read last
 
     def flush():
         rows = [(n, r) for n, r in _csv_rows(lines, source, first) if r] if name is not None else []
@@ -175,13 +175,7 @@ def parse_source(text: str, source: str = "ncu source CSV") -> dict[str, pd.Data
         df = pd.DataFrame([r for _, r in rows[1:]], columns=header)
         for col in header[2:]:
             df[col] = df[col].map(to_number)
-        if last[0] == name and last[1].equals(df):
-            return
-        last[:] = [name, df]
-        key, n = name, 2
-        while key in blocks:
-            key, n = f"{name} #{n}", n + 1
-        blocks[key] = df
+        found.append((name, df))
 
     for i, line in enumerate(text.splitlines(), 1):
         if line.startswith('"Kernel Name"'):
@@ -193,6 +187,14 @@ def parse_source(text: str, source: str = "ncu source CSV") -> dict[str, pd.Data
         elif name is not None:
             lines.append(line)
     flush()
-    if not blocks:
+    if not found:
         raise MalformedToolOutput(f"{source} holds no 'Kernel Name' block; was it --page source --csv?")
+    if kernels is None or len(found) > kernels:
+        found = [b for i, b in enumerate(found) if not (i and found[i - 1][0] == b[0] and found[i - 1][1].equals(b[1]))]
+    blocks: dict[str, pd.DataFrame] = {}
+    for name, df in found:
+        key, n = name, 2
+        while key in blocks:
+            key, n = f"{name} #{n}", n + 1
+        blocks[key] = df
     return blocks
