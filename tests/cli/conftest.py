@@ -24,3 +24,21 @@ def no_profiling(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("profiling started before the baseline was checked")
     monkeypatch.setattr(EventMode, "profile", boom)
+
+
+def drop_a_row_of_the_join(monkeypatch):
+    """The join's last stage drops its first row, as a bug would: the output no longer matches the oracle."""
+    import app.kernel.join.cpu as join_cpu
+
+    orig = join_cpu.JoinCPU.output_sort
+
+    def dropped(self, state, st, tiling):
+        orig(self, state, st, tiling)
+        p, q = state["output"]
+        state["output"] = (p[1:], q[1:])
+    monkeypatch.setattr(join_cpu.JoinCPU, "output_sort", dropped)
+
+
+@pytest.fixture
+def drop_a_row(monkeypatch):
+    drop_a_row_of_the_join(monkeypatch)

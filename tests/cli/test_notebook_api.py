@@ -41,23 +41,10 @@ import json  # noqa: E402
 import math  # noqa: E402
 
 import app.kernel  # noqa: E402
-import app.kernel.join.cpu as join_cpu  # noqa: E402
 from app.errors import OutputNotWritable, VerificationFailed  # noqa: E402
 from app.runtime.profiling.base import CHOICES, ProfileOptions  # noqa: E402
 
 TINY = dict(points=300, polygons=30, device="cpu", warmup=0)
-
-
-@pytest.fixture
-def drop_a_row(monkeypatch):
-    """The join's last stage drops its first row, as a bug would: the output no longer matches the oracle."""
-    orig = join_cpu.JoinCPU.output_sort
-
-    def dropped(self, state, st, tiling):
-        orig(self, state, st, tiling)
-        p, q = state["output"]
-        state["output"] = (p[1:], q[1:])
-    monkeypatch.setattr(join_cpu.JoinCPU, "output_sort", dropped)
 
 
 def test_a_wrong_answer_raises_after_writing_and_names_the_profile(tmp_path, drop_a_row):

@@ -10,27 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import app.kernel.join.cpu as join_cpu
 import app.kernel.overlay.cpu as overlay_cpu
 from app.kernel.cli import main
+from tests.cli.conftest import drop_a_row_of_the_join
 
 JOIN = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2", "--warmup", "0"]
 OVERLAY = ["overlay", "--left", "30", "--right", "30", "--device", "cpu", "--bench_runs", "2", "--warmup", "0"]
-
-
-def _drop_a_row(monkeypatch):
-    orig = join_cpu.JoinCPU.output_sort
-
-    def dropped(self, state, st, tiling):
-        orig(self, state, st, tiling)
-        p, q = state["output"]
-        state["output"] = (p[1:], q[1:])
-    monkeypatch.setattr(join_cpu.JoinCPU, "output_sort", dropped)
-
-
-@pytest.fixture
-def drop_a_row(monkeypatch):
-    _drop_a_row(monkeypatch)
 
 
 @pytest.fixture
@@ -100,7 +85,7 @@ def bad_and_good(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert main([*JOIN, "--out", str(out)]) == 0
     good = only_profile(out)
-    _drop_a_row(monkeypatch)
+    drop_a_row_of_the_join(monkeypatch)
     assert main([*JOIN, "--out", str(out)]) == 9
     monkeypatch.undo()
     (bad,) = [d for d in out.glob("profiles/event/join/*/*") if d != good]

@@ -12,6 +12,7 @@ from app.errors import LockUnusable, ProfileBusy
 from app.kernel.cli import main
 from app.runtime.device import Selection
 from app.runtime.lock import device_key, device_lock, lock_dir
+from tests.users import NOBODY, can_be_nobody
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = ("import sys, time; from app.runtime.lock import device_lock\n"
@@ -302,17 +303,9 @@ def test_python_m_lock_path_prints_the_lock_file(tmp_path):
 
 # -- Two users sharing one APP_LOCK_DIR: really another user (nobody), started with setpriv.
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
-def _can_be_nobody() -> bool:
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        return False
-    return subprocess.run([*NOBODY, sys.executable, "-c", "import app.runtime.lock"], capture_output=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=30).returncode == 0
-
-
-needs_second_user = pytest.mark.skipif(not _can_be_nobody(), reason="needs root and setpriv to run as another user")
+needs_second_user = pytest.mark.skipif(not can_be_nobody(), reason="needs root and setpriv to run as another user")
 
 
 @pytest.fixture

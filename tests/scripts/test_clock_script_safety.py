@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_smi import UUID, install
+from tests.users import NOBODY, can_be_nobody
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "scripts" / "lock-gpu-clock.sh"
@@ -188,17 +189,9 @@ def test_the_scripts_lock_the_folder_the_profiler_uses(smi, case):
     assert tool == expected.get(case, str(home / ".cache" / "app-kernel" / "locks"))
 
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
-def _can_be_nobody() -> bool:
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        return False
-    return subprocess.run([*NOBODY, sys.executable, "-c", "import app.runtime.lock"], capture_output=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=30).returncode == 0
-
-
-@pytest.mark.skipif(not _can_be_nobody(), reason="needs root and setpriv to run as another user")
+@pytest.mark.skipif(not can_be_nobody(), reason="needs root and setpriv to run as another user")
 def test_under_sudo_the_script_sees_the_invoking_users_profile(smi, holder):
     """sudo bash scripts/lock-gpu-clock.sh: the profile runs as the user who ran sudo, in that user's own
     folder; the script (root) finds it through SUDO_UID and that user's home."""
