@@ -366,3 +366,24 @@ def test_a_wrong_or_unchecked_output_is_no_baseline_and_latest_skips_it_saying_s
     err = capsys.readouterr().err
     assert f"baseline latest: skipped {parent / '20261126-120000'}: its output was not verified" in err
     assert f"baseline latest: skipped {parent / '20261126-110000'}: its output did not match" in err
+
+
+def test_what_differs_gives_every_count_the_record_holds(tmp_path):
+    from app.analysis.baseline import check_baseline, read_trace, what_differs
+    from app.errors import BadParameter
+    from app.kernel.plan import get_plan_class
+
+    assert what_differs({"pairs": 3, "expected_pairs": 2, "extra": [[1, 2]]}) == \
+        "3 rows vs 2 expected: 0 missing, 1 extra; extra: (1, 2)"
+    assert what_differs({"pairs": 9, "expected_pairs": 2, "extra": [[1, 2]], "extra_count": 7}).startswith(
+        "9 rows vs 2 expected: 0 missing, 7 extra")
+    assert what_differs({"pairs": 2, "expected_pairs": 2, "missing": [], "extra": []}) == \
+        "2 rows vs 2 expected: 0 missing, 0 extra (the same rows, out of order or one repeated)"
+    p = write(tmp_path, {"kernel": "join"})                              # damaged: named to --baseline by default
+    with pytest.raises(BadParameter, match=rf"^--baseline {p}: "):
+        read_trace(str(p))
+    with pytest.raises(BadParameter, match=r"^--baseline <given>: "):
+        check_baseline({"kernel": "join"}, "<given>")
+    run = get_plan_class("join", "v4")({"points": 300, "polygons": 30})
+    with pytest.raises(BadParameter, match=r"was measured for other parameters"):
+        check_baseline(real(), "<given>", run, "NVIDIA H200")          # not forced unless asked

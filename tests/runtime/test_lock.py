@@ -405,3 +405,44 @@ def test_a_foreign_lock_in_your_own_folder_names_its_holder_when_held(tmp_path, 
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_kernels_lock_table_is_read_for_flocks_on_this_file_only(tmp_path, monkeypatch):
+    """/proc/locks as the kernel writes it: a POSIX lock, another file's flock and a waiter are no holders; the
+    file's own device:inode first, its inode alone (an overlay shows another device) only where that is all."""
+    import io
+
+    from app.runtime import lock as lockmod
+
+    f = tmp_path / "x.lock"
+    f.write_bytes(b"\xff\xfe")                     # no pid, and no UTF-8 either: read with replacement
+    st = os.stat(f)
+    exact = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    table = {"text": ""}
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        return io.StringIO(table["text"]) if path == "/proc/locks" else real_open(path, *a, **k)
+    monkeypatch.setattr(lockmod, "open", fake_open, raising=False)
+    table["text"] = (f"1: POSIX  ADVISORY  WRITE 111 {exact} 0 EOF\n"
+                     f"2: FLOCK  ADVISORY  WRITE 222 {exact} 0 EOF\n"
+                     f"3: FLOCK  ADVISORY  WRITE 333 00:99:{st.st_ino} 0 EOF\n"
+                     f"4: FLOCK  ADVISORY  WRITE 444 00:99:{st.st_ino + 1} 0 EOF\n"
+                     f"5: -> FLOCK  ADVISORY  WRITE 555 {exact} 0 EOF\n")
+    assert lockmod._flock_pids(st) == [222]
+    table["text"] = (f"1: POSIX  ADVISORY  WRITE 111 {exact} 0 EOF\n"
+                     f"3: FLOCK  ADVISORY  WRITE 333 00:99:{st.st_ino} 0 EOF\n"
+                     f"4: FLOCK  ADVISORY  WRITE 444 00:99:{st.st_ino + 1} 0 EOF\n")
+    assert lockmod._flock_pids(st) == [333]
+    assert lockmod._held(st) is True
+    table["text"] = f"4: FLOCK  ADVISORY  WRITE 444 00:99:{st.st_ino + 1} 0 EOF\n"
+    assert lockmod._flock_pids(st) == [] and lockmod._held(st) is False
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert lockmod.holder(fd) == (None, None)                  # nothing written, nothing held
+        assert lockmod._holder_text(fd) == "no process holds it now"
+        table["text"] = f"2: FLOCK  ADVISORY  WRITE {os.getpid()} {exact} 0 EOF\n"
+        assert lockmod.holder(fd) == (os.getpid(), os.geteuid())
+        assert lockmod._holder_text(fd) == f"it is held by pid {os.getpid()} (uid {os.geteuid()})"
+    finally:
+        os.close(fd)
