@@ -207,8 +207,10 @@ def _stale(path: str, pid: int) -> bool:
         except ProcessLookupError:
             # A maker that is only now writing its lock file is alive; one that died before it left at most the
             # lock file's temporary name: anything more is not a folder of ours to judge by its name alone.
-            return (time.time() - st.st_mtime > 60
-                    and set(os.listdir(path)) <= {_TMP_LOCK + ".new"})
+            try:
+                return time.time() - st.st_mtime > 60 and set(os.listdir(path)) <= {_TMP_LOCK + ".new"}
+            except OSError:           # gone meanwhile, or unreadable: nothing to judge
+                return False
         except PermissionError:
             return False
         return False
@@ -242,8 +244,8 @@ def remove_stale_tmpdirs(parent: str | None = None) -> list[str]:
 
 @contextmanager
 def tool_tmpdir(label: str, parent: str | None = None):
-    """A temporary folder for one tool run (``app-kernel-tool-<label>-<pid>-<random>``), removed however the block ends;
-    the stale folders of makers that died first are removed before it is made."""
+    """A temporary folder for one tool run (``app-kernel-tool-<label>-<pid>-<random>``), removed however the block
+    ends; the stale folders of makers that died first are removed before it is made."""
     remove_stale_tmpdirs(parent)
     tmpdir = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{re.sub(r'[^A-Za-z0-9_.]', '_', label)}-{os.getpid()}-",
                               dir=parent)
