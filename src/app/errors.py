@@ -64,6 +64,13 @@ class VerificationFailed(AppError):
     exit_code = 9
 
 
+class VerificationCouldNotRun(VerificationFailed):
+    """The oracle could not run: the output is unverified, neither a pass nor a mismatch (a VerificationFailed too,
+    so a caller that refuses wrong answers refuses these)."""
+
+    exit_code = 10
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so the same clean-up runs: child process groups are stopped,
     temporary folders removed, half-written profiles deleted."""

@@ -166,3 +166,17 @@ def test_an_oracle_failure_keeps_the_profile_and_is_one_line(tmp_path, capsys, n
     assert "verification could not run" in report.split("\n## ")[0].lower()
     assert cap.out.splitlines()[0].startswith("VERIFICATION COULD NOT RUN")
     assert not log.exists()
+
+
+def test_a_profile_whose_check_could_not_run_is_refused_with_its_own_exit_status(tmp_path, capsys, no_oracle):
+    """It exits 10 where it was made; devlog, compare and --baseline refuse it with the same 10, not a mismatch's 9."""
+    out = tmp_path / "out"
+    assert main([*JOIN, "--out", str(out)]) == 10
+    unverified = only_profile(out)
+    capsys.readouterr()
+    for args in (["devlog", str(unverified), "--file", str(tmp_path / "log.md")],
+                 ["compare", str(unverified), str(unverified)]):
+        assert main(args) == 10
+        (err,) = errors(capsys.readouterr().err)
+        assert "its output was not verified: the verification could not run" in err, err
+    assert not (tmp_path / "log.md").exists()

@@ -14,7 +14,7 @@ import os
 import stat
 import sys
 
-from app.errors import BadParameter, VerificationFailed
+from app.errors import BadParameter, VerificationCouldNotRun, VerificationFailed
 
 MAX_BYTES = 64 << 20          # a trace of this tool is kilobytes; anything this large is not one
 
@@ -322,9 +322,12 @@ def unverified_reason(trace: dict) -> str:
 
 
 def refuse_unverified(trace: dict, path, what: str) -> None:
-    """One line, exit 9, where ``trace`` is of a wrong (or unverified) output: ``what`` (devlog, compare's BASE or
-    NEW, --baseline) takes it as no measurement. A profile made with --no-verify passes: its maker chose that."""
+    """One line, exit 9 (10 where the check could not run: the profile's own exit status), where ``trace`` is of a
+    wrong (or unverified) output: ``what`` (devlog, compare's BASE or NEW, --baseline) takes it as no
+    measurement. A profile made with --no-verify passes: its maker chose that."""
     reason = unverified_reason(trace)
     if reason:
-        raise VerificationFailed(f"{what} {path}: {reason}; a wrong answer's timings are no measurement: fix the "
-                                 "output and profile again")
+        error = (VerificationCouldNotRun if verification_state(verification_of(trace)) == "error"
+                 else VerificationFailed)
+        raise error(f"{what} {path}: {reason}; a wrong answer's timings are no measurement: fix the output and "
+                    "profile again")

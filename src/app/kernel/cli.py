@@ -13,7 +13,7 @@ import signal
 import sys
 
 from app.analysis.baseline import latest_profile, load_baseline
-from app.errors import AppError, BadParameter, DeviceUnavailable, OneLineParser, Terminated
+from app.errors import AppError, BadParameter, DeviceUnavailable, OneLineParser, Terminated, VerificationCouldNotRun
 from app.kernel.plan import DEFAULTS, default_version, get_plan_class, kernels
 from app.report.writer import check_writable, profile_parent, write_profile
 from app.runtime import device as devmod
@@ -403,7 +403,7 @@ def _main(argv: list[str], exiting: bool = False) -> int:
 
 # The exit status of a profile whose oracle could not run: neither a pass (0) nor a wrong output (9,
 # VerificationFailed).
-VERIFICATION_COULD_NOT_RUN = 10
+VERIFICATION_COULD_NOT_RUN = VerificationCouldNotRun.exit_code
 
 
 def _report_written(profile, out_dir, args) -> int:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from app.errors import AppError, BadParameter, DeviceUnavailable, OutputNotWritable, VerificationFailed
+from app.errors import (AppError, BadParameter, DeviceUnavailable, OutputNotWritable, VerificationCouldNotRun,
+                        VerificationFailed)
 from app.kernel.plan import get_plan_class
 from app.runtime.profiling.base import ProfileOptions, get_mode
 
@@ -198,9 +199,8 @@ def _verification_failure(result: ProfileResult) -> VerificationFailed | None:
         message = f"output does not match {v.get('oracle')}: {what_differs(v)}; {kept}"
     else:       # a mode that judged the output wrong by itself
         message = f"output does not match the reference; {kept}"
-    exc = VerificationFailed(f"{message}. The timings are of a wrong answer; the result is this error's .result")
-    if state == "error":
-        exc.exit_code = 10
+    kind = VerificationCouldNotRun if state == "error" else VerificationFailed     # the CLI's exit 10 or 9
+    exc = kind(f"{message}. The timings are of a wrong answer; the result is this error's .result")
     exc.result = result
     return exc
 

@@ -27,8 +27,8 @@ def parser() -> OneLineParser:
                             "next by more than a code change: give each side as several profiles, each made in its "
                             "own process, and the interval holds that change too (a verdict from such sets needs "
                             f"{MIN_PROCESSES} processes a side, {MIN_RUNS} runs in each). A profile whose output did not "
-                            "match the reference, or could not be checked, is refused (exit 9): it times a wrong "
-                            "answer.")
+                            "match the reference (exit 9), or could not be checked (exit 10), is refused: it times a "
+                            "wrong answer.")
     p.add_argument("base", metavar="BASE[,BASE...]",
                    help="the earlier profile folder (or its trace.json); or several, comma-separated, each made in "
                         f"its own process (profile each side in {MIN_PROCESSES} or more processes for a verdict, the "
