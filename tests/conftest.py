@@ -1,4 +1,6 @@
 import gzip
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,3 +53,29 @@ def _isolated_lock_dir(tmp_path, monkeypatch):
 
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+# A real second process holding a profiling lock (app.runtime.lock.device_lock) until it is stopped.
+LOCK_HOLDER = ("import sys, time\nfrom app.runtime.lock import device_lock\nwith device_lock(sys.argv[1]):\n"
+               "    print('held', flush=True); time.sleep(60)\n")
+
+
+@pytest.fixture
+def holder():
+    """Start real second processes that hold the lock of a key; yields the starter ``start(key, env=None,
+    prefix=())`` (``env``: the process's environment, this one's with src/ on the path by default; ``prefix``: run
+    it through, e.g. as another user, tests.users.NOBODY), and stops them at the end."""
+    procs = []
+
+    def start(key: str, env: dict | None = None, prefix: tuple = ()) -> subprocess.Popen:
+        env = env if env is not None else dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        p = subprocess.Popen([*prefix, sys.executable, "-c", LOCK_HOLDER, key], stdout=subprocess.PIPE, text=True,
+                             env=env)
+        procs.append(p)
+        assert p.stdout.readline().strip() == "held"
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()

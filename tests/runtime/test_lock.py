@@ -15,26 +15,6 @@ from app.runtime.lock import device_key, device_lock, lock_dir
 from tests.users import NOBODY, can_be_nobody
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD = ("import sys, time; from app.runtime.lock import device_lock\n"
-        "with device_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(30)\n")
-
-
-@pytest.fixture
-def holder():
-    """Start a second process that holds the lock for a key; yields a starter function."""
-    procs = []
-
-    def start(key):
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        p = subprocess.Popen([sys.executable, "-c", HOLD, key], stdout=subprocess.PIPE, text=True, env=env)
-        procs.append(p)
-        assert p.stdout.readline().strip() == "held"
-        return p
-
-    yield start
-    for p in procs:
-        p.kill()
-        p.wait()
 
 
 @pytest.fixture(autouse=True)

@@ -49,9 +49,6 @@ done
 exec {fake} "$@"
 """
 
-HOLD = ("import sys, time\nfrom app.runtime.lock import device_lock\nwith device_lock(sys.argv[1]):\n"
-        "    print('held', flush=True); time.sleep(60)\n")
-
 
 @pytest.fixture
 def smi(tmp_path: Path) -> dict:
@@ -84,22 +81,6 @@ def changes(smi: dict) -> list[list[str]]:
 def locked(smi: dict) -> tuple[bool, bool]:
     """(SM, memory) clocks locked on the fake GPU."""
     return Path(str(smi["log"]) + ".locked").exists(), Path(str(smi["log"]) + ".memlocked").exists()
-
-
-@pytest.fixture
-def holder():
-    procs = []
-
-    def start(key: str, env: dict, prefix: tuple = ()) -> subprocess.Popen:
-        p = subprocess.Popen([*prefix, sys.executable, "-c", HOLD, key], stdout=subprocess.PIPE, text=True, env=env)
-        procs.append(p)
-        assert p.stdout.readline().strip() == "held"
-        return p
-
-    yield start
-    for p in procs:
-        p.kill()
-        p.wait()
 
 
 # -- 2. The scripts take the profiler's lock: no clock change lands in a profile.

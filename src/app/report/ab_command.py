@@ -10,7 +10,6 @@ or more (analysis.compare says why). The profiles are kept under ``--out``, also
 """
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from app.analysis.compare import MIN_PROCESSES, MIN_RUNS
 from app.errors import AppError, BadParameter, OneLineParser, Terminated
-from app.report.compare_command import run_compare
+from app.report.compare_command import check_percentages, run_compare
 from app.report.writer import check_writable
 from app.runtime.profiling.base import ONE_ITERATION_MODES
 
@@ -66,16 +65,6 @@ def parser() -> OneLineParser:
     p.add_argument("--floor", type=float, metavar="PCT", help="as compare's")
     p.add_argument("--force", action="store_true", help="as compare's")
     return p
-
-
-def _check_percentages(args) -> None:
-    """compare's own checks of --floor and --fail-on-regression (compare_command.run_compare makes them inline),
-    here before any worktree is made or profile run."""
-    if args.floor is not None and not (math.isfinite(args.floor) and args.floor >= 0):
-        raise BadParameter("--floor must be a finite percentage >= 0")
-    if args.fail_on_regression is not None and not (math.isfinite(args.fail_on_regression)
-                                                    and args.fail_on_regression >= 0):
-        raise BadParameter("--fail-on-regression must be a finite percentage >= 0")
 
 
 def _option_values(command: list[str], *flags: str) -> list[str]:
@@ -192,7 +181,7 @@ def run_ab(argv: list[str]) -> int:
     if args.processes > MAX_PROCESSES:
         raise BadParameter(f"--processes {args.processes:,}: at most {MAX_PROCESSES} (each is a whole profile of each "
                            "revision, run one after another; a dozen a side already resolves a host's spread)")
-    _check_percentages(args)
+    check_percentages(args)         # compare's own checks, before any worktree is made or profile run
     _check_command(command)
     root = _git(["rev-parse", "--show-toplevel"], os.getcwd())
     revs = {}

@@ -135,13 +135,19 @@ def _side(paths: str, what: str) -> list[dict]:
     return traces
 
 
-def run_compare(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    if not (math.isfinite(args.floor) and args.floor >= 0):
+def check_percentages(args) -> None:
+    """--floor and --fail-on-regression (either may be None: not given), checked before any work: compare's own,
+    and ab's before it makes a worktree."""
+    if args.floor is not None and not (math.isfinite(args.floor) and args.floor >= 0):
         raise BadParameter("--floor must be a finite percentage >= 0")
     if args.fail_on_regression is not None and not (math.isfinite(args.fail_on_regression)
                                                     and args.fail_on_regression >= 0):
         raise BadParameter("--fail-on-regression must be a finite percentage >= 0")
+
+
+def run_compare(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    check_percentages(args)
     bases, news = _side(args.base, "BASE"), _side(args.new, "NEW")
     base, new = bases[0], news[0]
     warning = ""
