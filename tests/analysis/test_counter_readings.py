@@ -2,6 +2,7 @@
 readings taken out or made impossible the ways ncu can deliver them (a column it did not collect, a cell
 left empty or "n/a", a kernel outside every range): each is named where it is missing, never summed as
 zero or skipped from a total, and no bottleneck, share or gain is drawn from it."""
+import json
 import math
 
 import pytest
@@ -54,7 +55,7 @@ def test_the_capture_as_made_has_every_reading():
 @pytest.mark.parametrize("how", ["column", "empty", "n/a"])
 def test_a_kernel_without_its_time_leaves_its_stage_and_the_total_without_one(how):
     df = raw()
-    i = row(df, "polygon_bounds")
+    i = row(df, "init_run")
     if how == "column":
         df = df.drop(columns=["duration_ns"])
     else:
@@ -62,7 +63,7 @@ def test_a_kernel_without_its_time_leaves_its_stage_and_the_total_without_one(ho
         df.loc[i, "duration_ns"] = "" if how == "empty" else "n/a"
     kernels, stages, ops = analyse(df)
     bounds = stages.set_index("stage").loc["bounds"]
-    assert math.isnan(bounds["duration_us"]) and math.isnan(bounds["sm_pct"])      # not 7.5 us of 25.1
+    assert math.isnan(bounds["duration_us"]) and math.isnan(bounds["sm_pct"])      # not join_extent's 15.8 us of 17.6
     assert bounds["bottleneck"].startswith("n/a (gpu__time_duration.sum missing or flagged for")
     assert math.isnan(kernel_time(stages)) and "kernel time n/a (gpu__time_duration.sum" in kernel_time_text(stages)
     assert "gpu__time_duration.sum" in kernels.loc[i, "missing"]
@@ -106,16 +107,16 @@ def test_spills_waves_and_l2_with_a_part_missing_are_missing():
     df = raw().drop(columns=["local_load_bytes"])
     kernels, stages, ops = analyse(df)
     refine = stages.set_index("stage").loc["predicate_refine"]
-    assert math.isnan(refine["local_spill_bytes"])                            # not its stores' 264,288 B alone
+    assert math.isnan(refine["local_spill_bytes"])                            # not its stores' 662,304 B alone
     assert "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum" in kernels.loc[row(df, "refine"), "missing"]
     assert not any("spills" in o["name"] for o in ops)
 
     df = raw()
-    i = row(df, "point_extent")
+    i = row(df, "join_extent")
     df["waves_per_sm"] = df["waves_per_sm"].astype(object)
     df.loc[i, "waves_per_sm"] = "n/a"
     kernels, stages, ops = analyse(df)
-    assert math.isnan(stages.set_index("stage").loc["bounds", "waves_per_sm"])     # not the others' 0.01
+    assert math.isnan(stages.set_index("stage").loc["bounds", "waves_per_sm"])     # not init_run's 0.00
     assert not any(o["name"].startswith("Fill the GPU in bounds") for o in ops)
 
     df = raw()
@@ -164,8 +165,12 @@ def test_a_stage_that_ran_gpu_work_without_a_kernel_in_the_capture_is_missing_no
 
     df = raw()
     df = df[df["kernel"] != "refine"].reset_index(drop=True)          # the capture lost refine
-    worker = {"selection": {"selected": "gpu"},
+    # The capture's own worker record: on the GPU, every stage given rows, the compile record naming the stages
+    # that launch kernels of their own (all but the build, which only copies).
+    record = json.loads(fixture_text("ncu/join.compile.json"))
+    worker = {"selection": {"selected": "gpu"}, "compile": record,
               "stages": [{"name": n, "device": "gpu", "rows_in": 100} for n in STAGES]}
+    assert stages_with_gpu_work(worker) == set(STAGES) - {"owned_buffer_build"}
     kernels = kernel_table(df, "join", STAGES, DEVICE)
     stages = stage_table(kernels, STAGES, stages_with_gpu_work(worker))
     ops = opportunities(stages, kernel_time(stages))
@@ -193,10 +198,9 @@ def test_a_stage_that_ran_gpu_work_without_a_kernel_in_the_capture_is_missing_no
 
     # A GPU stage of copies alone (the build) launches no kernel of ours: the backend's compile record lists the
     # stages that do, and a capture with none in the build lost nothing there.
-    w = {"selection": {"selected": "gpu"}, "compile": {"occupancy": {n: 50.0 for n in STAGES[1:]}},
-         "stages": [{"name": n, "device": "gpu", "rows_in": 100} for n in STAGES]}
-    assert stages_with_gpu_work(w) == set(STAGES[1:])
-    no_build = df[kernels["stage"] != STAGES[0]].reset_index(drop=True)
-    build = stage_table(kernel_table(no_build, "join", STAGES, DEVICE), STAGES,
-                        stages_with_gpu_work(w)).set_index("stage").loc[STAGES[0]]
+    assert STAGES[0] == "owned_buffer_build" and not (kernels["stage"] == STAGES[0]).any()   # none in the capture
+    build = stages.set_index("stage").loc[STAGES[0]]
     assert build["bottleneck"] == "no kernels" and not build["unprofiled"]
+    # Without that record every GPU stage given rows is expected to launch kernels: the build is then missing too.
+    bare = {"selection": {"selected": "gpu"}, "stages": worker["stages"]}
+    assert stages_with_gpu_work(bare) == set(STAGES)

@@ -20,6 +20,7 @@ from tests.conftest import fixture_text
 
 FAKE = Path(__file__).parent / "fake_tools" / "ncu"
 SMALL = ["--points", "3000", "--polygons", "300"]
+KERNELS = 16                 # kernels in the captured warm iteration of join v2 (tests/fixtures/ncu)
 ARGS = ["join", "v2", *SMALL, "--prof_type", "annotation", "--ncu", str(FAKE)]
 
 
@@ -68,7 +69,7 @@ def test_ncu_mode_from_replayed_capture_lists_source_lines(tmp_path):
     assert "## Hot spots (CUDA source lines, by warp-stall samples)" in report
     assert "## NCU rule results" in report and "## Verification" in report
     hot = {p.name: p.read_text() for p in (d / "hot").glob("*.md")}
-    assert len(hot) == 20
+    assert len(hot) == KERNELS
     refine = next(t for n, t in hot.items() if n.endswith("_refine.md"))
     assert refine.startswith("# refine (stage predicate_refine)")
     # The hottest line of refine is a CUDA source line with its code, reasons and SASS below it.
@@ -175,7 +176,10 @@ def test_a_metric_in_an_unknown_unit_is_missing_and_named_with_its_unit(tmp_path
     assert main([*ARGS, "--out", str(out)]) == 0
     d = _profile_dir(out, "annotation")
     trace = json.loads((d / "trace.json").read_text())
-    assert all(s["elapsed_seconds"] is None for s in trace["stages"])     # no time, not cycles read as ns
+    build, *rest = trace["stages"]
+    assert all(s["elapsed_seconds"] is None for s in rest)                # no time, not cycles read as ns
+    # The build only copies: no kernel of its own, in the capture or the worker's compile record.
+    assert build["ncu"]["kernels"] == 0 and build["ncu"]["bottleneck"] == "no kernels"
     assert trace["summary"]["duration_us"] is None
     report = (d / "report.md").read_text()
     listing = report.split("## Missing readings")[1].split("\n## ")[0]
@@ -230,10 +234,10 @@ def test_the_cause_leads_a_failure_line_not_the_warnings_after_it(tmp_path, caps
 @pytest.mark.parametrize("export,fragment", [
     ("source:trunc-mid", "the source page exported from profile.ncu-rep"),    # was a traceback (None.strip())
     ("details:trunc-mid", "the details page exported from profile.ncu-rep"),  # was 182 rule results of 313
-    ("raw:trunc-rows", "the raw page holds 12 kernels, the details page 20"),
-    ("raw:drop-refine", "the raw page holds 19 kernels, the details page 20"),
+    ("raw:trunc-rows", f"the raw page holds {KERNELS - 8} kernels, the details page {KERNELS}"),
+    ("raw:drop-refine", f"the raw page holds {KERNELS - 1} kernels, the details page {KERNELS}"),
     ("source:drop-refine", "has 71 cells, the header of kernel 'point_candidates' 70"),   # refine's rows under it
-    ("source:drop-last-block", "the raw page holds 20 kernels, the source page 19"),
+    ("source:drop-last-block", f"the raw page holds {KERNELS} kernels, the source page {KERNELS - 1}"),
 ])
 def test_a_damaged_export_is_refused_in_one_line(tmp_path, capsys, monkeypatch, export, fragment):
     monkeypatch.setenv("FAKE_NCU_EXPORT", export)
@@ -285,12 +289,13 @@ def test_the_ncu_version_read_before_the_run_is_recorded(tmp_path, monkeypatch):
     assert calls.read_text().split().count("--version") == 1
 
 
-def test_a_source_page_repeating_each_kernel_is_read_once_per_kernel(tmp_path, monkeypatch):
+def test_a_source_page_repeating_each_kernel_is_read_once_per_kernel(tmp_path):
     """The real ncu 2025.3.1 printed every kernel's SASS block twice, identical, in join v2's source page on
-    the H200 (2026-11-29): one kernel each, not a second launch, and the pages still agree."""
-    monkeypatch.setenv("FAKE_NCU_EXPORT", "source:dup-blocks")
+    the H200 (2026-11-29; the committed capture holds the page as printed): one kernel each, not a second
+    launch, and the pages still agree."""
+    assert fixture_text("ncu/join.full.source.csv").count('"Kernel Name"') == 2 * KERNELS
     out = tmp_path / "out"
     assert main(["join", "v2", *SMALL, "--prof_type", "ncu", "--ncu", str(FAKE), "--out", str(out)]) == 0
     d = _profile_dir(out, "ncu")
-    assert len(list((d / "sass").glob("*.csv"))) == 20 and len(list((d / "hot").glob("*.md"))) == 20
+    assert len(list((d / "sass").glob("*.csv"))) == KERNELS and len(list((d / "hot").glob("*.md"))) == KERNELS
     assert any(p.name.endswith("_point_candidates_2.csv") for p in (d / "sass").glob("*.csv"))  # a real relaunch
