@@ -347,3 +347,20 @@ def test_the_result_is_int32_indices_and_float64_areas_from_the_plan_and_the_api
     assert plan.verify(inp, out)["matches"]
     got = overlay_areas([shapely.box(0, 0, 2, 2)], [shapely.box(1, 1, 3, 3)], device=device, version=version)
     assert [c.dtype for c in got] == [np.int32, np.int32, np.float64] and got[2].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_cpu_path_in_chunks_of_a_few_edge_tests_gives_the_same_areas(monkeypatch, version):
+    """The CPU path works through its (piece or edge, edge) tests a cache-sized chunk at a time; chunks of 37 put
+    pairs and pieces on every side of a chunk's end, and change no area."""
+    from app.kernel import pip
+
+    plan = OverlayV1({"left": 400, "right": 350, "layout": "shifted", "seed": 9, "vertices": 16})
+    inp = plan.make_inputs()
+    left, right = inp.left.to_shapely(), inp.right.to_shapely()
+    whole = assert_matches_shapely(left, right, "cpu", version)
+    monkeypatch.setattr(pip, "CHUNK_EDGE_TESTS", 37)
+    chunked = assert_matches_shapely(left, right, "cpu", version)
+    assert len(whole[0]) > 100
+    for a, b in zip(whole, chunked):
+        np.testing.assert_array_equal(a, b)
