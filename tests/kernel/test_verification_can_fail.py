@@ -41,3 +41,30 @@ def test_points_handed_to_the_kernels_are_finite():
 
     xy, kept = points_from_any(np.array([[0.5, 0.5], [np.nan, 1], [2, np.inf], [3, 3]]))
     assert np.isfinite(xy).all() and xy.tolist() == [[0.5, 0.5], [3, 3]] and kept.tolist() == [0, 3]
+
+
+@pytest.mark.parametrize("malform", ["a column fewer", "a column more", "two-dimensional", "float indices",
+                                     "ragged", "index past the end", "negative index"])
+def test_a_malformed_answer_is_a_mismatch_with_its_problem_not_a_check_that_could_not_run(case, malform):
+    """A kernel that hands back the wrong shape gave a wrong answer (exit 9, 'does not match', the problem named);
+    it must not read as a check that failed to run (exit 10)."""
+    plan, inputs, out = case
+    out = [np.array(a, copy=True) for a in out]
+    if malform == "a column fewer":
+        out = out[:-1]
+    elif malform == "a column more":
+        out = out + [out[0]]
+    elif malform == "two-dimensional":
+        out[0] = np.stack([out[0], out[0]], axis=1)
+    elif malform == "float indices":
+        out[1] = out[1].astype(np.float64)
+    elif malform == "ragged":
+        out[1] = out[1][:-1]
+    elif malform == "index past the end":
+        out[1][-1] = 10**6
+    else:
+        out[0][0] = -1
+    v = plan.verify(inputs, tuple(out))
+    assert v["matches"] is False and v["problem"], v
+    from app.analysis.baseline import what_differs
+    assert what_differs(v).startswith(f"not a valid answer ({v['problem']})")

@@ -109,6 +109,11 @@ class JoinV1(KernelPlan):
         from app.kernel.join.oracle import shapely_join
 
         exp_pt, exp_poly = shapely_join(inputs.points, inputs.polygons, inputs.predicate)
+        problem = _shape_problem(output, len(inputs.points), inputs.polygons.n_geoms)
+        if problem:         # a malformed answer is a wrong one (exit 9), not a check that could not run
+            first = np.asarray(output[0]) if len(output) else np.zeros(0)
+            return {"oracle": "shapely.STRtree.query", "matches": False, "problem": problem,
+                    "pairs": len(first) if first.ndim else 0, "expected_pairs": int(len(exp_pt))}
         got_pt, got_poly = (np.asarray(a) for a in output)
         same = np.array_equal(exp_pt, got_pt) and np.array_equal(exp_poly, got_poly)
         result = {"oracle": "shapely.STRtree.query", "matches": bool(same),
@@ -119,6 +124,25 @@ class JoinV1(KernelPlan):
             result["missing"] = sorted(exp - got)[:5]
             result["extra"] = sorted(got - exp)[:5]
         return result
+
+
+def _shape_problem(output, n_points: int, n_polygons: int) -> str | None:
+    """What makes ``output`` no answer of the join's form before any pair is compared: not two columns (point,
+    polygon), a column not a 1-D array of integers, columns of different lengths, an index out of range."""
+    cols = [np.asarray(a) for a in output]
+    if len(cols) != 2:
+        return f"{len(cols)} columns, not 2 (point, polygon)"
+    for name, col in zip(("point", "polygon"), cols):
+        if col.ndim != 1:
+            return f"the {name} column has shape {col.shape}, not one dimension"
+        if col.dtype.kind not in "iu":
+            return f"the {name} column holds {col.dtype}, not integers"
+    if len(cols[0]) != len(cols[1]):
+        return f"columns of different lengths ({len(cols[0])}, {len(cols[1])})"
+    for name, col, n in (("point", cols[0], n_points), ("polygon", cols[1], n_polygons)):
+        if len(col) and (col.min() < 0 or col.max() >= n):
+            return f"a {name} index out of range (0 to {n - 1:,})"
+    return None
 
 
 @register

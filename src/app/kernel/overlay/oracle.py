@@ -93,8 +93,9 @@ def compare(got, exp, left, right, rel: float = REL) -> dict:
     rule = rule_text(rel, full)
     shape = _shape_problem(got, n_left, n_right)
     if shape:
+        first = np.asarray(got[0]) if len(got) else np.zeros(0)
         return {"matches": False, "mismatched_pairs": None, "worst": [], "problem": shape,
-                "pairs": int(len(got[0])), "expected_pairs": int(len(exp[0])), "tolerance": rule}
+                "pairs": len(first) if first.ndim else 0, "expected_pairs": int(len(exp[0])), "tolerance": rule}
     gk = dict(zip(zip(np.asarray(got[0]).tolist(), np.asarray(got[1]).tolist()), np.asarray(got[2]).tolist()))
     ek = dict(zip(zip(np.asarray(exp[0]).tolist(), np.asarray(exp[1]).tolist()), np.asarray(exp[2]).tolist()))
     keys = sorted(gk.keys() | ek.keys())
@@ -114,8 +115,17 @@ def compare(got, exp, left, right, rel: float = REL) -> dict:
 
 def _shape_problem(got, n_left: int, n_right: int) -> str | None:
     """What makes ``got`` no valid answer before any area is compared: ragged columns, indices out of
-    range, a pair reported twice, or rows not sorted by (a, b) as the output contract says."""
-    a, b, area = (np.asarray(x) for x in got)
+    range, a pair reported twice, or rows not sorted by (a, b) as the output contract says; before those, not three
+    1-D columns (a, b: integers; area: numbers)."""
+    cols = [np.asarray(x) for x in got]
+    if len(cols) != 3:
+        return f"{len(cols)} columns, not 3 (a, b, area)"
+    for name, col, kinds in zip(("a", "b", "area"), cols, ("iu", "iu", "iuf")):
+        if col.ndim != 1:
+            return f"the {name} column has shape {col.shape}, not one dimension"
+        if col.dtype.kind not in kinds:
+            return f"the {name} column holds {col.dtype}, not {'numbers' if name == 'area' else 'integers'}"
+    a, b, area = cols
     if not (len(a) == len(b) == len(area)):
         return f"columns of different lengths ({len(a)}, {len(b)}, {len(area)})"
     if len(a) == 0:
