@@ -466,3 +466,19 @@ def test_missing_importer_library_is_named():
     msg = _no_report("QdstrmImporter: error while loading shared libraries: libdw.so.1: cannot open shared "
                      "object file: No such file or directory", "/nonexistent/nsys")
     assert "cannot load libdw.so.1" in msg and "apt-get install libdw1" in msg
+
+
+def test_a_stage_busy_with_earlier_stages_work_is_not_called_gpu_bound():
+    """In the overlay capture exact_intersection_refine's span is 78% busy, but 20.4 us of those 22.8 are the filter's
+    kernels running on into it (its own: 4.5 us of kernels): the GPU is busy, not with this stage."""
+    from app.report.timeline_report import stage_bottleneck
+
+    plan, worker = load("overlay")
+    stages = {s["name"]: s for s in analyse_plan(plan, read_sqlite(str(fixture("overlay.sqlite"))), worker)["stages"]}
+    refine = stages["exact_intersection_refine"]
+    assert refine["busy_us"] >= 0.7 * refine["span_us"] and refine["busy_earlier_us"] > refine["busy_us"] / 2
+    text = stage_bottleneck(refine)
+    assert text.startswith("Behind earlier stages' GPU work (busy 78%, 20.4 of those 22.8 us their ops)"), text
+    # The same span busy with its own kernels is GPU-bound.
+    assert stage_bottleneck(dict(refine, busy_earlier_us=0.0)) == "GPU-bound (busy 78%)"
+    assert not any(stage_bottleneck(s).startswith("GPU-bound") for s in stages.values())

@@ -38,6 +38,12 @@ def stage_bottleneck(s: dict) -> str:
         return "n/a"
     share = s["busy_us"] / s["span_us"]
     if share >= 0.7:
+        # The busy union counts every op in the span, also ops earlier stages launched that run into it: where
+        # those fill most of it, the stage is not what keeps the GPU busy (its own kernels may take 4 us of 23).
+        earlier = s.get("busy_earlier_us") or 0.0
+        if earlier > s["busy_us"] - earlier:
+            return (f"Behind earlier stages' GPU work (busy {100 * share:.0f}%, {earlier:,.1f} of those "
+                    f"{s['busy_us']:,.1f} us their ops)")
         kind = "Transfer-bound" if s["memcpy_us"] > s["kernel_us"] else "GPU-bound"
         return f"{kind} (busy {100 * share:.0f}%)"
     top = max(CAUSES, key=lambda c: s["idle_us"][c])
@@ -168,7 +174,9 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         Section("Stages", columns=["Stage", "Duration (us)", "TC%", "DRAM%", "Occ%", "Bottleneck", "Key Issue"],
                 rows=[[s["name"], fmt(s["span_us"]), "missing", "missing", "missing", stage_bottleneck(s),
                        _key_issue(s)] for s in stages],
-                note="Duration = median host span of the stage's NVTX range over the iterations. " + COUNTERS_NOTE),
+                note="Duration = median host span of the stage's NVTX range over the iterations. Bottleneck: what "
+                     "the span went to; 'behind earlier stages' GPU work' where the GPU was busy in it mostly with ops "
+                     "that earlier stages launched. " + COUNTERS_NOTE),
         Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
         Section("Top 3 Opportunities (ranked by estimated impact)", items=ops,
                 note="Gain = the idle (or kernel) time that cause accounts for, as a share of the iteration's span: "
