@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.analysis.compare import MIN_RUNS, compare_processes, process_verdict, verdict_of
+from app.analysis.compare import (MIN_PROCESSES, MIN_RUNS, ONE_PROCESS_WHY, compare_processes, process_verdict,
+                                  verdict_of)
 from app.kernel.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,26 +54,56 @@ def test_one_process_a_side_carries_the_caveat(runs, capsys):
     assert json.loads(out)["notes"] == []
 
 
-def test_too_few_runs_are_noise_and_never_fail_the_gate(runs, capsys):
-    """2 runs a side: candidate_filter 20 ms slower is still no verdict, the reason is given, the gate holds. The
-    same change over 6 runs a side is slower and fails the gate."""
-    code, out = compare(capsys, runs["base2"], runs["slow2"], "--fail-on-regression", "5")
+def test_too_few_runs_are_noise_and_one_process_a_side_is_no_verdict(runs, capsys):
+    """2 runs a side: candidate_filter 20 ms slower is still no verdict, the reason is given. 6 runs, one profile a
+    side: the runs call it slower, shown as theirs ('slower?'), and no verdict is drawn: processes of identical code
+    differ by more than the runs within one. The regression gate refuses fewer than MIN_PROCESSES profiles a side
+    rather than pass them silently."""
+    code, out = compare(capsys, runs["base2"], runs["slow2"])
     assert code == 0 and "whole plan (total): NOISE, too few runs to judge: 2 and 2; need ≥ 6" in out
-    assert "regression" not in out and "(too few runs)" in out
-    code, out = compare(capsys, runs["base2"], runs["slow2"], "--json", "--fail-on-regression", "5")
+    assert "(too few runs)" in out
+    code, out = compare(capsys, runs["base2"], runs["slow2"], "--json")
     doc = json.loads(out)
     assert code == 0 and doc["regression"] is False and doc["min_runs"] == MIN_RUNS
     for row in [doc["total"]] + doc["stages"]:
         assert row["verdict"] == "noise" and row["why"].startswith("too few runs to judge: 2 and 2; need ≥ 6")
-        assert row["ci_pct"] == [None, None] and row["samples"] == [2, 2]
+        assert row["ci_pct"] == [None, None] and row["samples"] == [2, 2] and "within_process" not in row
     by = {s["name"]: s for s in doc["stages"]}
     assert by["candidate_filter"]["change_pct"] > 1000           # the change is shown, no verdict drawn from it
     code, out = compare(capsys, runs["base2"], runs["slow6"], "--json")
     assert json.loads(out)["total"]["why"].startswith("too few runs to judge: 2 and 6")
-    code, out = compare(capsys, runs["base6"], runs["slow6"], "--json", "--fail-on-regression", "5")
+
+    code, out = compare(capsys, runs["base6"], runs["slow6"], "--json")
+    doc = json.loads(out)
+    filt = {s["name"]: s for s in doc["stages"]}["candidate_filter"]
+    assert doc["verdict"] == "noise" and doc["total"]["within_process"] == "slower"
+    assert filt["verdict"] == "noise" and filt["within_process"] == "slower" and filt["ci_pct"][0] > 0
+    assert filt["why"] == ONE_PROCESS_WHY
+    code, out = compare(capsys, runs["base6"], runs["slow6"])
+    assert "whole plan (total): NO VERDICT (one process a side; its runs alone say slower)" in out
+    assert "slower? (1 process)" in out and f"no verdict: {ONE_PROCESS_WHY}" in out
+
+    for argv in ([runs["base6"], runs["slow6"]], [f"{runs['base6']},{runs['base2']}", f"{runs['slow6']},{runs['slow2']}"]):
+        code = main(["compare", *map(str, argv), "--fail-on-regression", "5"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert f"--fail-on-regression needs {MIN_PROCESSES} or more profiles a side" in err and "ab" in err
+
+
+def test_five_processes_a_side_of_a_real_slowdown_are_slower_and_fail_the_gate(tmp_path, capsys):
+    """The same 20 ms slowdown in five processes a side, each of 6 runs, made in turns: a verdict, and the gate."""
+    base, slow = [], []
+    for i in range(MIN_PROCESSES):
+        base.append(profile(tmp_path / f"b{i}", 6))
+        slow.append(profile(tmp_path / f"s{i}", 6, SLOW))
+    code, out = compare(capsys, ",".join(map(str, base)), ",".join(map(str, slow)), "--json",
+                        "--fail-on-regression", "5")
     doc = json.loads(out)
     assert code == 1 and doc["verdict"] == "slower" and doc["regression"] is True
     assert {s["name"]: s for s in doc["stages"]}["candidate_filter"]["verdict"] == "slower"
+    assert "within_process" not in doc["total"]
+    code, out = compare(capsys, ",".join(map(str, base)), ",".join(map(str, slow)), "--fail-on-regression", "5")
+    assert code == 1 and "regression: the whole plan (total) is +" in out and "SLOWER" in out
 
 
 def test_the_run_minimum_counts_a_sides_runs():
@@ -84,8 +115,6 @@ def test_the_run_minimum_counts_a_sides_runs():
     assert one["verdict"] == "noise" and one["ci_pct"] == [None, None] and one["change_pct"] == pytest.approx(100)
     # several processes a side: each process needs MIN_RUNS runs (its median enters the figure) and a side
     # MIN_PROCESSES processes (the interval resamples them); runs summed over a side (`samples`) are neither
-    from app.analysis.compare import MIN_PROCESSES
-
     assert process_verdict([a] * MIN_PROCESSES, [[2 * x for x in a]] * MIN_PROCESSES)["verdict"] == "slower"
     two = process_verdict([a[:3], a[3:]], [[2 * x for x in a[:3]]] * 2)
     assert two["verdict"] == "noise" and two["samples"] == [6, 6]
@@ -109,8 +138,6 @@ def test_the_whole_plan_row_is_each_profiles_total_and_is_not_called_end_to_end(
         "whole plan (total): each profile's 'total, median of timed runs' (host arrays in, the result left where the "
         "plan made it: on the device in a GPU run), not its report's 'end to end, host arrays in and out', which "
         "other runs time"]
-    code, out = compare(capsys, runs["base6"], runs["slow6"], "--fail-on-regression", "5")
-    assert code == 1 and "regression: the whole plan (total) is +" in out
 
 
 def test_stages_of_one_side_are_listed_not_dropped(runs, capsys, tmp_path):

@@ -30,7 +30,7 @@ def test_devlog_is_idempotent_and_compares_with_the_previous_entry(in_repo, caps
     assert "devlog: already in" in capsys.readouterr().out
     rows = [ln for ln in text.splitlines() if ln.startswith("| Duration")]
     assert rows[0].endswith("| -- |")
-    assert rows[1].split("|")[3].strip().endswith(("(noise)", "(faster)", "(slower)"))
+    assert rows[1].split("|")[3].strip().endswith(("(noise)", "(no verdict: one process each)"))
     markers = [json.loads(m.group(1)) for m in MARKER.finditer(text)]
     trace = json.loads((second / "trace.json").read_text())
     assert markers[1]["duration_us"] == pytest.approx(trace["total_elapsed_seconds"] * 1e6)
@@ -209,11 +209,13 @@ def test_an_entry_gives_the_hosts_pace_and_cautions_when_the_launches_moved_with
     value, vs = row(second, "Host launch pace")
     assert value == f"{launch[1]:,.2f} us" and vs.startswith(f"{100 * (launch[1] / launch[0] - 1):+.1f}% [")
     assert row(second, "Host CPU pace")[1].endswith("the same within its interval")
-    assert row(second, "Duration")[1] == "24.5% faster (faster)"
+    # identical code, two processes: the runs read 24.5% faster; one process each is no verdict
+    assert row(second, "Duration")[1] == "24.5% faster (no verdict: one process each)"
+    assert "the duration has no verdict: one process a side" in second
     assert ("**Caution: the host's kernel launches took 10.0% less time in the new profile (an empty kernel launched "
             "before each timed run), the same way as the plan") in second
     assert "host CPU itself" not in second
-    assert row(third, "Duration")[1].endswith("slower (slower)") and "Caution" not in third
+    assert row(third, "Duration")[1].endswith("slower (no verdict: one process each)") and "Caution" not in third
     markers = [json.loads(m.group(1)) for m in MARKER.finditer(log.read_text())]
     assert markers[1]["launch_pace_samples"] == traces[1]["timing"]["launch_pace"]["samples"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from app.analysis.baseline import other_card, same_cpu_stages
-from app.analysis.compare import compare_traces
+from app.analysis.compare import ONE_PROCESS_WHY, compare_traces, verdict_text
 from app.report.markdown import Section, fmt
 from app.report.timing_text import host_pace_change
 
@@ -13,6 +13,11 @@ def mismatch_warning(baseline: dict) -> str:
     """The warning every report carries when --force compared unlike profiles ('' otherwise)."""
     m = baseline.get("_mismatch")
     return f" The baseline is not comparable: it was measured for {m} (compared anyway, --force)." if m else ""
+
+
+def _called(total: dict) -> str:
+    return (f"no verdict (one process a side; its runs alone say {total['within_process']})"
+            if total.get("within_process") else total["verdict"])
 
 
 def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Section:
@@ -29,14 +34,17 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
         rows.append([name, fmt(r["base_median_us"]), fmt(r["new_median_us"]),
                      "--" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%",
                      f"[{lo:+.1f}%, {hi:+.1f}%]" if lo is not None and math.isfinite(lo)
-                     else "none (too few runs)" if r["why"].startswith("too few runs") else "none", r["verdict"]])
+                     else "none (too few runs)" if r["why"].startswith("too few runs") else "none", verdict_text(r)])
+        if r.get("within_process") and r["why"] not in reasons:
+            reasons.append(r["why"])
     for r in result["one_side_stages"]:      # a stage of one side alone: listed, no verdict
         rows.append([f"{r['name']} (us)", _absent(r["base_median_us"]), _absent(r["new_median_us"]), "--", "--",
                      r["why"].split(":")[0].replace("BASE", "the baseline").replace("NEW", "this profile")])
     return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} "
                                         f"({baseline.get('mode')} mode) on {baseline.get('device', {}).get('name')}; "
-                                        f"whole plan (the total): **{result['verdict']}**."
-                                        + "".join(f" No interval: {why}." for why in reasons)
+                                        f"whole plan (the total): **{_called(result['total'])}**."
+                                        + "".join(f" No verdict: {why}." if why == ONE_PROCESS_WHY
+                                                  else f" No interval: {why}." for why in reasons)
                                         + mismatch_warning(baseline) + note
                                         + (f" Note: {card}." if card else "")
                                         + (f" Note: {same}." if same else "")

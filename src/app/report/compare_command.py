@@ -12,7 +12,8 @@ from pathlib import Path
 
 from app.analysis.baseline import (mismatch_of, other_backend, other_card, read_trace, refuse_unverified,
                                    same_cpu_stages)
-from app.analysis.compare import DEFAULT_FLOOR, MIN_PROCESSES, MIN_RUNS, compare_processes, regression
+from app.analysis.compare import (DEFAULT_FLOOR, MIN_PROCESSES, MIN_RUNS, ONE_PROCESS_WHY, compare_processes, regression,
+                                  verdict_text)
 from app.errors import BadParameter, OneLineParser
 from app.report.timing_text import host_pace_change
 from app.report.writer import finite_or_null
@@ -22,11 +23,11 @@ def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m app.kernel compare", allow_abbrev=False,
                 description="Compare two profiles of the same kernel, version, parameters and device, stage by "
                             "stage and for the whole plan (each profile's total): medians, the change with its 95% "
-                            "bootstrap interval, and a verdict (faster, slower or noise; noise below "
-                            f"{MIN_RUNS} runs a side). A host's speed can change from one process to the "
-                            "next by more than a code change: give each side as several profiles, each made in its "
-                            "own process, and the interval holds that change too (a verdict from such sets needs "
-                            f"{MIN_PROCESSES} processes a side, {MIN_RUNS} runs in each). A profile whose output did not "
+                            "bootstrap interval, and a verdict (faster, slower or noise). A host's speed can change "
+                            "from one process to the next by more than a code change: give each side as several "
+                            "profiles, each made in its own process, and the interval holds that change too (a verdict "
+                            f"needs {MIN_PROCESSES} processes a side, {MIN_RUNS} runs in each; from one profile a side "
+                            "the change and what its runs call it are shown, no verdict). A profile whose output did not "
                             "match the reference (exit 9), or could not be checked (exit 10), is refused: it times a "
                             "wrong answer.")
     p.add_argument("base", metavar="BASE[,BASE...]",
@@ -37,7 +38,8 @@ def parser() -> OneLineParser:
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     p.add_argument("--fail-on-regression", type=float, metavar="PCT",
                    help="exit 1 when the whole plan (total) is 'slower' by more than PCT percent (a CI regression "
-                        "gate; never on noise, so never with too few runs)")
+                        f"gate; needs {MIN_PROCESSES} or more profiles a side, each from its own process; never on "
+                        "noise)")
     p.add_argument("--floor", type=float, default=100 * DEFAULT_FLOOR, metavar="PCT",
                    help=f"changes below PCT percent are noise whatever the interval (default {100 * DEFAULT_FLOOR:g})")
     p.add_argument("--force", action="store_true",
@@ -63,8 +65,10 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
         lines.append(f"WARNING: {warning}")
     total = result["total"]
     few = f", {total['why']}" if total["why"].startswith("too few") else ""
+    called = (f"NO VERDICT (one process a side; its runs alone say {total['within_process']})"
+              if total.get("within_process") else result["verdict"].upper())
     lines.append(f"{new['kernel']} {new['version']}: {base.get('mode')} profile vs {new.get('mode')} profile on "
-                 f"{new.get('device', {}).get('name')} -- {TOTAL_LABEL}: {result['verdict'].upper()}{few}")
+                 f"{new.get('device', {}).get('name')} -- {TOTAL_LABEL}: {called}{few}")
     lines.append(f"{'':<28} {'base (us)':>12} {'new (us)':>12} {'change':>9} {'95% interval':>20}  verdict")
     reasons = []
     for name, r in [(TOTAL_LABEL, total)] + [(s["name"], s) for s in result["stages"]]:
@@ -76,15 +80,17 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
                       "(none)")
             if r["why"] not in reasons:
                 reasons.append(r["why"])
+        if r.get("within_process") and r["why"] not in reasons:
+            reasons.append(r["why"])
         change = "--" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"
         lines.append(f"{name:<28} {_us(r['base_median_us']):>12} {_us(r['new_median_us']):>12} "
-                     f"{change:>9} {ci:>20}  {r['verdict']}")
+                     f"{change:>9} {ci:>20}  {verdict_text(r)}")
     for r in result.get("one_side_stages", []):
         lines.append(f"{r['name']:<28} {_us(r['base_median_us']):>12} {_us(r['new_median_us']):>12} "
                      f"{'--':>9} {'--':>20}  {r['why'].split(':')[0]}")
     lines.append(f"noise: the interval includes 0, or |change| is below the runs' own spread or "
                  f"{result['floor_pct']:g}%, or a side has fewer than {result.get('min_runs', MIN_RUNS)} runs")
-    lines += [f"noise, no interval: {why}" for why in reasons]
+    lines += [f"no verdict: {why}" if why == ONE_PROCESS_WHY else f"noise, no interval: {why}" for why in reasons]
     if result.get("one_side_stages"):
         lines.append("a stage in one side only (renamed, or another kernel's) has nothing to compare with: no verdict")
     lines.append(TOTAL_NOTE)
@@ -149,6 +155,12 @@ def run_compare(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     check_percentages(args)
     bases, news = _side(args.base, "BASE"), _side(args.new, "NEW")
+    if args.fail_on_regression is not None and min(len(bases), len(news)) < MIN_PROCESSES:
+        # From fewer processes a side no verdict is drawn, so the gate could never fire: refused, not passed silently.
+        raise BadParameter(f"--fail-on-regression needs {MIN_PROCESSES} or more profiles a side, each made in its own "
+                           f"process, the two sides in turns (got {len(bases)} and {len(news)}): processes of "
+                           "identical code differ by more than a gate's threshold; use `python -m app.kernel ab`, "
+                           "or compare BASE1,...,BASE5 NEW1,...,NEW5")
     base, new = bases[0], news[0]
     warning = ""
     for what, trace in [("BASE", t) for t in bases] + [("NEW", t) for t in news[1:]]:

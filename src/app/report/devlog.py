@@ -21,7 +21,7 @@ from pathlib import Path
 import jinja2
 
 from app.analysis.baseline import MACHINES_CAVEAT, backend_of, other_card, read_trace, refuse_unverified
-from app.analysis.compare import machine_caution, pace_samples, samples_change, samples_of, verdict_of
+from app.analysis.compare import machine_caution, one_process_verdict, pace_samples, samples_change, samples_of
 from app.errors import BadParameter, OutputNotWritable
 from app.report.clock_text import lock_known
 from app.report.timing_text import pace_change_text
@@ -232,9 +232,10 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         # The same verdict as `compare`: a change inside the runs' own noise is called noise, and so is one from too
         # few runs (the reason goes under the table); and its caution where the host's own pace changed the same
         # way as the plan.
-        total = verdict_of(prev["samples"], record["samples"])
-        duration_vs += f" ({total['verdict']})"
-        unjudged = f"the duration's verdict is noise, {total['why']}" if total["ci_pct"][0] is None else ""
+        total = one_process_verdict(prev["samples"], record["samples"])      # two profiles: one process each
+        duration_vs += " (no verdict: one process each)" if total.get("within_process") else f" ({total['verdict']})"
+        unjudged = (f"the duration has no verdict: {total['why']}" if total.get("within_process") else
+                    f"the duration's verdict is noise, {total['why']}" if total["ci_pct"][0] is None else "")
         caution = machine_caution(total, paces["host_pace"], paces["launch_pace"])
     # Entries of one card model may come from different machines: the marker records the card, and a comparison
     # across cards says so under the table. Where the card is not to be had (an older marker, its profile gone),
