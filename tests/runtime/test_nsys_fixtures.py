@@ -482,3 +482,25 @@ def test_a_stage_busy_with_earlier_stages_work_is_not_called_gpu_bound():
     # The same span busy with its own kernels is GPU-bound.
     assert stage_bottleneck(dict(refine, busy_earlier_us=0.0)) == "GPU-bound (busy 78%)"
     assert not any(stage_bottleneck(s).startswith("GPU-bound") for s in stages.values())
+
+
+def test_cupti_overhead_below_zero_or_unresolved_is_not_read_as_a_cost():
+    """On an H200 host (2026-11-29) the cupti backend's untraced iterations read 644.7 us and the traced ones 585.0 us:
+    -9.26%, which tracing cannot cause (the host's pace moved). Such a figure, and one whose interval reaches 0, is
+    shown with its reason and read as no cost; a resolved one is the cost."""
+    from app.report.timeline_report import cupti_overhead_text
+    from app.runtime.profiling.nsys import _overhead
+
+    def runs(us, spread=0.01, n=10):
+        return [us * 1e-6 * (1 + spread * (i - n / 2) / n) for i in range(n)]
+
+    below = _overhead({"untraced_wall_seconds": runs(644.7), "traced_wall_seconds": runs(585.0)})
+    assert below["overhead_pct"] < 0 and below["ci_pct"][1] < 0
+    assert cupti_overhead_text(below).startswith("not read: -9.26%, 95% interval ")
+    assert "tracing cannot make the plan faster" in cupti_overhead_text(below)
+    noisy = _overhead({"untraced_wall_seconds": runs(600.0, 0.5), "traced_wall_seconds": runs(606.0, 0.5)})
+    assert noisy["ci_pct"][0] < 0 < noisy["ci_pct"][1] and cupti_overhead_text(noisy).startswith("not resolved: +1.00%")
+    cost = _overhead({"untraced_wall_seconds": runs(426.7), "traced_wall_seconds": runs(568.6)})
+    assert cost["ci_pct"][0] > 0 and cupti_overhead_text(cost).startswith("+33.26%, 95% interval +")
+    few = _overhead({"untraced_wall_seconds": runs(426.7, n=3), "traced_wall_seconds": runs(568.6, n=3)})
+    assert few["ci_pct"] is None and cupti_overhead_text(few).startswith("not resolved: +33.26%, no interval")

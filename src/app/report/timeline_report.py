@@ -274,11 +274,25 @@ def _capture_rows(trace, analysis) -> list[list]:
                                                  "iteration's span less its stages' spans)"],
             ["mode wall time", f"{trace['timing'].get('mode_wall_seconds', 0):,.1f} s"]]
     if tool.get("overhead"):
-        o = tool["overhead"]
-        rows.append(["CUPTI overhead", f"{o['overhead_pct']:+.2f}% ({o['untraced_wall_us']:,.1f} -> "
-                                       f"{o['traced_wall_us']:,.1f} us per iteration, {o['note']})"])
+        rows.append(["CUPTI overhead", cupti_overhead_text(tool["overhead"])])
     rows.append(["verification", verification_line(trace).strip()])
     return rows
+
+
+def cupti_overhead_text(o: dict) -> str:
+    """CUPTI's cost with its interval; below zero (tracing cannot make the plan faster) or not resolved, said so and
+    no cost read from it."""
+    pct, ci = o.get("overhead_pct"), o.get("ci_pct")
+    if pct is None:
+        return f"n/a (no untraced time to compare with; {o['note']})"
+    runs = f"{o['untraced_wall_us']:,.1f} -> {o['traced_wall_us']:,.1f} us per iteration, {o['note']}"
+    interval = f", 95% interval {ci[0]:+.1f}% to {ci[1]:+.1f}%" if ci else ", no interval (too few iterations)"
+    if pct < 0:
+        return (f"not read: {pct:+.2f}%{interval} ({runs}); tracing cannot make the plan faster, so the host's pace "
+                "moved between the untraced iterations and the traced ones (they run in that order)")
+    if not ci or ci[0] <= 0:
+        return f"not resolved: {pct:+.2f}%{interval} ({runs})"
+    return f"{pct:+.2f}%{interval} ({runs})"
 
 
 def stage_summary_line(trace: dict, analysis: dict) -> str:

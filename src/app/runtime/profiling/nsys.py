@@ -25,6 +25,7 @@ import subprocess
 import time
 
 from app.analysis.audit import answers, audit
+from app.analysis.compare import MIN_RUNS, change_interval
 from app.analysis.summary import nsys_summary
 from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise
 from app.errors import AppError, BadParameter, MalformedToolOutput
@@ -169,9 +170,16 @@ def _cupti_capture(plan, options, ses):
 
 
 def _overhead(o: dict) -> dict:
-    plain, traced = statistics.median(o["untraced_wall_seconds"]), statistics.median(o["traced_wall_seconds"])
+    """CUPTI's cost: the median host wall time of the same iterations traced against untraced, with the change's 95%
+    bootstrap interval (``ci_pct``; None under MIN_RUNS iterations a side)."""
+    untraced, traced_runs = o["untraced_wall_seconds"], o["traced_wall_seconds"]
+    plain, traced = statistics.median(untraced), statistics.median(traced_runs)
+    ci = None
+    if plain and min(len(untraced), len(traced_runs)) >= MIN_RUNS:
+        _, lo, hi = change_interval(untraced, traced_runs)
+        ci = [100 * lo, 100 * hi]
     return {"untraced_wall_us": plain * 1e6, "traced_wall_us": traced * 1e6,
-            "overhead_pct": 100 * (traced - plain) / plain if plain else None,
+            "overhead_pct": 100 * (traced - plain) / plain if plain else None, "ci_pct": ci,
             "note": "median host wall time of the same iterations, CUPTI off then on, in one process"}
 
 
