@@ -432,3 +432,19 @@ def test_a_compute_bound_stage_is_told_about_its_arithmetic_and_the_compute_roof
     e = roof["end_to_end"]
     assert e["arithmetic_intensity"] > roof["ridge_flop_per_byte"]
     assert "above the ridge: the compute roof is the one that applies." in md
+
+
+@pytest.mark.parametrize("name", ["join_v3_100k_10k_h200", "join_v4_100k_10k_h200_launch_pace"])
+def test_a_stage_timed_around_its_result_read_is_not_told_to_fuse_its_launches(name):
+    """output_sort reads the result's length: the read waits for all queued work and the stage's end is marked after
+    it, so its time is mostly that wait (93.6 us of 10-14 us of kernels on an H200). Its Key Issue says so, and no
+    'fuse or enlarge the launches' is advised for it; the build's Key Issue gives the bytes it copied (the transfers
+    table's 4,975,584), not the plan's own 5,067,616."""
+    trace = json.loads((DATA / f"{name}.trace.json").read_text())
+    roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
+    findings = {f["stage"]: f for f in advice.stage_findings(trace, roof)}
+    assert findings["output_sort"]["key_issue"].startswith("its time holds the result-length read's wait")
+    assert not any("output_sort" in o["name"] for o in advice.opportunities(trace, roof, list(findings.values())))
+    build = trace["stages"][0]["metadata"]
+    assert (build["h2d_bytes"], build["owned_bytes"]) == (4975584, 5067616)
+    assert findings["owned_buffer_build"]["key_issue"] == "5.0 MB host->device"
