@@ -448,3 +448,17 @@ def test_a_stage_timed_around_its_result_read_is_not_told_to_fuse_its_launches(n
     build = trace["stages"][0]["metadata"]
     assert (build["h2d_bytes"], build["owned_bytes"]) == (4975584, 5067616)
     assert findings["owned_buffer_build"]["key_issue"] == "5.0 MB host->device"
+
+
+def test_a_build_that_is_the_plans_largest_stage_is_the_bottleneck_under_half_the_plan():
+    """The default join on a slow H100 host: the build 48% of the plan, output_sort 21%. The headline names the copy,
+    as the opportunities do, not 'latency-bound, led by output_sort'; the stages after it are named in the cause."""
+    trace = json.loads((DATA / "join_v4_100k_10k_h100_host_pace_slow_host.trace.json").read_text())
+    roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
+    findings = advice.stage_findings(trace, roof)
+    shares = {f["stage"]: f["share_pct"] for f in findings}
+    assert 30 <= shares["owned_buffer_build"] < 50 and shares["owned_buffer_build"] == max(shares.values())
+    line, cause = advice.overall(trace, findings, roof)
+    assert line == "Transfer-bound (host->device copy)"
+    assert f"takes {shares['owned_buffer_build']:.0f}% of the plan" in cause and "led by output_sort" in cause
+    assert advice.opportunities(trace, roof, findings)[0]["name"].endswith("(owned_buffer_build)")
