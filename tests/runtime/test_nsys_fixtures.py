@@ -504,3 +504,28 @@ def test_cupti_overhead_below_zero_or_unresolved_is_not_read_as_a_cost():
     assert cost["ci_pct"][0] > 0 and cupti_overhead_text(cost).startswith("+33.26%, 95% interval +")
     few = _overhead({"untraced_wall_seconds": runs(426.7, n=3), "traced_wall_seconds": runs(568.6, n=3)})
     assert few["ci_pct"] is None and cupti_overhead_text(few).startswith("not resolved: +33.26%, no interval")
+
+
+def test_an_idle_cause_is_placed_where_its_time_is():
+    """'Mostly in' a stage only where the stage holds more than half of the cause's time per iteration. In the join
+    capture the sync wait lies most between the stage ranges, and the launch latency is spread over the stages."""
+    from app.analysis.timeline import CAUSES
+    from app.report.timeline_report import _where_idle
+
+    plan, worker = load("join")
+    a = analyse_plan(plan, read_sqlite(str(fixture("join.sqlite"))), worker)
+    it, stages = a["iteration"], a["stages"]
+    said = {}
+    for c in CAUSES:
+        v = it["idle_us"][c]
+        if v > 0:
+            where = max(stages, key=lambda s: s["idle_us"][c])
+            said[c] = _where_idle(c, v, where, stages)
+            inside = sum(s["idle_us"][c] for s in stages)
+            if said[c].startswith("mostly in "):
+                assert where["idle_us"][c] > v / 2
+            if said[c].startswith("the most between"):
+                assert where["idle_us"][c] < v - inside <= v / 2
+    assert said["sync_wait"].startswith("the most between the stage ranges (")
+    assert said["launch_latency"].startswith("the most in candidate_filter (67.5 of 220.4 us)")
+    assert said["launch_gap"].startswith("mostly in owned_buffer_build (227.0 of 382.3 us)")

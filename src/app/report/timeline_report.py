@@ -138,6 +138,21 @@ def reconciliation_section(analysis: dict) -> Section:
             "difference from the measured event is the residual."))
 
 
+def _where_idle(cause: str, total: float, where: dict, stages: list[dict]) -> str:
+    """Where an idle cause's time per iteration lies: 'mostly in' a stage only where it holds more than half of it;
+    the part outside every stage range (between them: the harness around the plan) is named when it is the larger."""
+    own = where["idle_us"][cause]
+    outside = max(0.0, total - sum(s["idle_us"][cause] for s in stages))
+    if own > total / 2:
+        return f"mostly in {where['name']} ({own:,.1f} of {total:,.1f} us)"
+    if outside > total / 2:
+        return f"mostly between the stage ranges ({outside:,.1f} of {total:,.1f} us)"
+    if outside > own:
+        return (f"the most between the stage ranges ({outside:,.1f} of {total:,.1f} us; in one stage at most "
+                f"{own:,.1f} us, {where['name']})")
+    return f"the most in {where['name']} ({own:,.1f} of {total:,.1f} us)"
+
+
 def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None) -> str:
     it, stages = analysis["iteration"], analysis["stages"]
     tool = trace["metadata"]["tool"]
@@ -158,8 +173,8 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         if v > 0 and it["span_us"]:
             where = max(stages, key=lambda s: s["idle_us"][c])
             text = OPPORTUNITY["staging" if c in STAGING_CAUSES and copy_bound(where) else c]
-            ops.append((v, f"{text}, mostly in {where['name']} — est. {100 * v / it['span_us']:.0f}% gain "
-                           f"— trigger: {c}={v:,.1f}us per iteration"))
+            ops.append((v, f"{text}, {_where_idle(c, v, where, stages)} — est. {100 * v / it['span_us']:.0f}% "
+                           f"gain — trigger: {c}={v:,.1f}us per iteration"))
     k = max(stages, key=lambda s: s["kernel_us"])
     ops.append((k["kernel_us"], f"Faster kernels in {k['name']} — est. {100 * k['kernel_us'] / it['span_us']:.0f}% "
                                 f"gain at most — trigger: kernel_us={k['kernel_us']:,.1f}"))
