@@ -294,7 +294,7 @@ def summarise(instances: list[dict]) -> list[dict]:
             "queued_behind_earlier_us": r["queued_behind_earlier_ns"] / 1e3,
             "event_marks_outside_us": r["event_marks_outside_ns"] / 1e3,
             "syncs": len(r["syncs"]),
-            "span_spread": {"min_us": min(spans), "max_us": max(spans),
+            "span_spread": {"median_us": statistics.median(spans), "min_us": min(spans), "max_us": max(spans),
                             "stdev_us": statistics.stdev(spans) if len(spans) > 1 else 0.0,
                             "rel_stdev": (statistics.stdev(spans) / med) if len(spans) > 1 and med else 0.0,
                             "robust_rel_spread": robust_rel_spread(spans) if spans else 0.0},

@@ -138,6 +138,15 @@ def reconciliation_section(analysis: dict) -> Section:
             "difference from the measured event is the residual."))
 
 
+def _median_words(it: dict) -> str:
+    """What the iteration's figure is: the median instance's span; for an even count, the lower middle one, beside
+    the median of every span."""
+    true = (it.get("span_spread") or {}).get("median_us")
+    if it["instances"] % 2 or true is None or abs(true - it["span_us"]) < 0.05:
+        return "the median instance's span"
+    return f"the lower middle of {it['instances']} instances, whose parts add up below; the median of the spans {true:,.1f}"
+
+
 def _where_idle(cause: str, total: float, where: dict, stages: list[dict]) -> str:
     """Where an idle cause's time per iteration lies: 'mostly in' a stage only where it holds more than half of it;
     the part outside every stage range (between them: the harness around the plan) is named when it is the larger."""
@@ -189,7 +198,9 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         Section("Stages", columns=["Stage", "Duration (us)", "TC%", "DRAM%", "Occ%", "Bottleneck", "Key Issue"],
                 rows=[[s["name"], fmt(s["span_us"]), "missing", "missing", "missing", stage_bottleneck(s),
                        _key_issue(s)] for s in stages],
-                note="Duration = median host span of the stage's NVTX range over the iterations. Bottleneck: what "
+                note="Duration = host span of the stage's NVTX range in its median instance (the lower middle one "
+                     "for an even count of iterations: a real instance, so its accounting below adds up; the "
+                     "median of every span is in the spread table). Bottleneck: what "
                      "the span went to; 'behind earlier stages' GPU work' where the GPU was busy in it mostly with ops "
                      "that earlier stages launched. " + COUNTERS_NOTE),
         Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
@@ -212,7 +223,8 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         Section("Capture", columns=["what", "value"], rows=_capture_rows(trace, analysis)),
     ]
     headline = (f"`{params['command_line']}` — {trace['device']['name']}, {it['instances']} iterations traced with "
-                f"{backend}: {it['span_us']:,.1f} us per iteration (median span), GPU busy {it['busy_us']:,.1f} us "
+                f"{backend}: {it['span_us']:,.1f} us per iteration ({_median_words(it)}), GPU busy "
+                f"{it['busy_us']:,.1f} us "
                 f"({share:.0f}%). Files: timeline.png, timeline.json (open in Perfetto or chrome://tracing), "
                 "timeline_ranges.csv (every instance).")
     headline += still_changing(trace["timing"], "The iterations")
@@ -239,7 +251,7 @@ def _spread(trace, it, stages) -> Section:
     rows = []
     for s in [it] + stages:
         sp = s["span_spread"]
-        rows.append([s["name"], fmt(s["span_us"]), fmt(sp["min_us"]), fmt(sp["max_us"]),
+        rows.append([s["name"], fmt(sp.get("median_us", s["span_us"])), fmt(sp["min_us"]), fmt(sp["max_us"]),
                      f"±{100 * sp['robust_rel_spread']:.1f}%", f"{100 * sp['rel_stdev']:.1f}%",
                      # judged from MIN_CI_SAMPLES instances, as event mode judges its runs
                      f"not judged ({s['instances']} instances)" if s.get("instances", MIN_CI_SAMPLES) < MIN_CI_SAMPLES
@@ -248,7 +260,8 @@ def _spread(trace, it, stages) -> Section:
                    columns=["Range", "median", "min", "max", "robust spread", "rel. stdev", ""], rows=rows,
                    note=f"Robust spread = 1.4826 x median absolute deviation / median (one outlier cannot move it); "
                         f"unstable = robust spread above {100 * STABLE_REL_SPREAD:.0f}%, judged from "
-                        f"{MIN_CI_SAMPLES} instances.")
+                        f"{MIN_CI_SAMPLES} instances or more; median = the median of every instance's span (for "
+                        "an even count, the mean of the middle two).")
 
 
 def drift_and_paces(trace) -> list[Section]:
