@@ -92,6 +92,24 @@ def test_kernels_in_neither_picture_are_named():
     assert sorted(left["kernel"]) == ["nan_bytes_fp", "nan_fp64", "scan", "scatter"]
 
 
+@pytest.mark.parametrize("stage_dtype,kernel_dtype", [(object, "str"), ("str", object), (object, object),
+                                                       ("str", "str")])
+def test_every_kernel_of_a_real_capture_is_placed_whatever_its_columns_dtypes(stage_dtype, kernel_dtype):
+    """The join's annotation capture (tests/fixtures/ncu), as kernel_table builds it: every kernel is in a picture.
+    On an H200 host with pandas 3.0.6 (stage an object column, kernel a string one) every kernel was called missing:
+    joining the two with "\x00" dropped the NUL on one side only. Keys are tuples now; each mix of dtypes here."""
+    from app.analysis.kernel_metrics import kernel_table
+    from app.kernel.plan import get_plan_class
+    from app.runtime.profiling.parsers.ncu_csv import parse_raw
+    from tests.conftest import fixture_text
+
+    stages = [s.name for s in get_plan_class("join", "v2")().stages]
+    table = kernel_table(parse_raw(fixture_text("ncu/join.annotation.csv"))[0], "join", stages, "NVIDIA H200", SPEC)
+    table = table.assign(stage=table["stage"].astype(stage_dtype), kernel=table["kernel"].astype(kernel_dtype))
+    assert len(plots.fp_points(table)) + len(plots.bandwidth_rows(table, None)) > 0
+    assert plots.unplaced_kernels(table).empty
+
+
 def test_pictures_are_pngs_and_none_without_spec_or_eligible_kernels():
     df = kernels()
     assert plots.roofline_png(df, SPEC, "t")[:8] == PNG

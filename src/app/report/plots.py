@@ -127,11 +127,14 @@ def bandwidth_rows(kernels: pd.DataFrame, spec: dict | None) -> pd.DataFrame:
 def unplaced_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
     """(stage, kernel) pairs in neither picture: FLOP counts, DRAM bytes or duration missing or flagged
     (or FP work with zero DRAM bytes). Reports name them so nothing silently disappears."""
-    keys = _stage_column(kernels) + "\x00" + kernels["kernel"].astype(str)
+    # (stage, kernel) tuples, not joined strings: pandas 3.0.6 dropped the "\x00" joining an object column to a
+    # string one, so on an H200 host no key matched and every kernel of the pictures was called missing.
+    stage = _stage_column(kernels)
     placed = set()
     for df in (fp_points(kernels), bandwidth_rows(kernels, None)):
-        placed |= set(df["stage"] + "\x00" + df["kernel"].astype(str))
-    left = kernels.assign(stage=_stage_column(kernels))[~keys.isin(placed)]
+        placed |= set(zip(df["stage"].tolist(), df["kernel"].astype(str).tolist()))
+    keys = zip(stage.tolist(), kernels["kernel"].astype(str).tolist())
+    left = kernels.assign(stage=stage)[[key not in placed for key in keys]]
     return left.groupby(["stage", "kernel"], sort=False).size().rename("launches").reset_index()
 
 
