@@ -180,7 +180,8 @@ def _flag_speedups(rules):
 
 def _rule_ops(rules, raw, kernels) -> list[dict]:
     """NCU's own OPT rules with an estimated speedup, ranked by what they would save of the whole
-    iteration: the rule's speedup on its kernel times that kernel's share of the kernel time. The times are
+    iteration: the rule's global speedup (a share of its kernel's time) times that kernel's share of the kernel
+    time; a local speedup (of the unit the rule measures) gives no gain. The times are
     the kernel table's (a missing or flagged one is NaN); with any missing, every share is unknown and so is
     every gain (None), since the total they divide by is."""
     if not len(rules):
@@ -192,8 +193,13 @@ def _rule_ops(rules, raw, kernels) -> list[dict]:
     for r in opt.itertuples():
         gain = r.speedup_pct * dur.get(str(int(float(r.id))), float("nan")) / total if total > 0 else float("nan")
         stage = r.stage if isinstance(r.stage, str) else "unstaged kernel"
+        trigger = f"ncu {r.rule} est. {r.speedup_type} speedup={r.speedup_pct:.1f}%"
+        if str(r.speedup_type).strip().lower() != "global":
+            # A local estimate is of the hardware unit or metric the rule looks at (93% on a kernel that cannot run in
+            # a tenth of its time), not of the kernel's duration: no share of the iteration is drawn from it.
+            gain, trigger = float("nan"), trigger + " (of the unit the rule measures, not the kernel's time)"
         ops.append({"name": f"{r.rule} in {stage} ({r.kernel[:30]})", "gain_pct": gain if gain == gain else None,
-                    "trigger": f"ncu {r.rule} est. {r.speedup_type} speedup={r.speedup_pct:.1f}%"})
+                    "trigger": trigger})
     return rank(ops)
 
 
