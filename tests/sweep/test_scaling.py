@@ -68,7 +68,7 @@ def test_a_stage_growing_faster_than_its_cost_model_is_flagged():
     fits = exponents(table(rows), ["points", "polygons"], ["v1"], ["refine"])
     refine = next(f for f in fits if f["what"] == "refine" and f["axis"] == "points")
     assert refine["model_slope"] == pytest.approx(1.0) and refine["faster_than_model"]
-    e2e = next(f for f in fits if f["what"] == "end to end" and f["axis"] == "points")
+    e2e = next(f for f in fits if f["what"] == "total" and f["axis"] == "points")
     assert e2e["model_slope"] is None and not e2e["faster_than_model"]
 
 

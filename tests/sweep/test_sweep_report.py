@@ -45,7 +45,7 @@ def test_a_grid_over_names_fits_the_numeric_axes_and_says_which_it_skipped():
     spec = SweepSpec("join", ["v1", "v2"], axes, {}, "event", "cpu", 6, 0, "flush")
     files = sweep_files(spec, frame, STAGES, RUN)
     report = files["report.md"]
-    assert "- v1: end-to-end time grows as n^1.00 in points" in report
+    assert "- v1: the total grows as n^1.00 in points" in report
     assert "- layout is not numeric: no growth is fitted along it" in report
     assert "- layout is not numeric: no crossing is placed along it" in report
     assert "| 1k | clustered | v1 |" in report
@@ -70,7 +70,7 @@ def test_a_seed_is_no_size_and_gets_no_exponent():
     assert "- seed is not a size (the plan needs no more memory at its largest value than at its smallest): no growth " \
            "is fitted along it" in report
     assert "| v1 | seed |" not in report and "in seed" not in report
-    assert "- v1: end-to-end time grows as n^1.00 in points" in report
+    assert "- v1: the total grows as n^1.00 in points" in report
 
 
 @pytest.mark.parametrize("axis", ["points", "seed"])

@@ -271,6 +271,19 @@ def test_versions_that_run_one_versions_stages_on_the_cpu_are_named(tmp_path, mo
     assert "v2 both run" not in report and "v2 and" not in report.split("## Best")[0]
 
 
+def test_versions_of_one_code_on_the_cpu_have_no_winner_in_the_best_table(tmp_path, monkeypatch):
+    """join v1 and v4 on the CPU time the same stages: whichever reads faster, the best row says it is no winner."""
+    from app.kernel.cli import main
+
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    assert main(["sweep", "join", "v1,v4", "--grid", "points=1k", "--polygons", "50", "--device", "cpu",
+                 "--bench_runs", "2", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    best = (folder(tmp_path) / "report.md").read_text().split("## Best version per size")[1].split("\n\n")[1]
+    row = best.splitlines()[2]
+    assert {row.split(" | ")[1], row.split(" | ")[3]} == {"v1", "v4"}, best
+    assert row.endswith("(the same code on the CPU: no winner, the runs' noise) |"), row
+
+
 def test_a_gpu_point_sees_only_its_workers_own_gpu(monkeypatch):
     """dask-cuda lists a worker's own GPU first, then the node's others: the profile gets the first only."""
     from app.sweep.point import child_environment

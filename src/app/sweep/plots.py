@@ -1,7 +1,7 @@
 """A sweep's pictures (matplotlib, Agg).
 
 scaling.png  time against the main axis, log-log: one panel per version (columns) and per value
-             of the other axes (rows, at most ``MAX_ROWS``); end to end, each stage, and the cost
+             of the other axes (rows, at most ``MAX_ROWS``); the total, each stage, and the cost
              model's memory-roof floor (its minimum bytes at the peak GB/s) where the GPU has one.
 speedup.png  the first version's time over each later version's (above 1: the later one is faster)
              against the main axis, one line per value of the other axes.
@@ -69,7 +69,7 @@ def scaling_png(frame: pd.DataFrame, axes: list[str], versions: list[str], stage
             ax = grid[r][c]
             sub = _select(ok[ok["version"] == version], others, combo).sort_values(x)
             if "e2e_us" in sub:
-                ax.plot(sub[x], sub["e2e_us"], "k-o", lw=2, ms=4, label="end to end")
+                ax.plot(sub[x], sub["e2e_us"], "k-o", lw=2, ms=4, label="total")
             for i, stage in enumerate(stages):
                 if f"{stage}_us" in sub:
                     ax.plot(sub[x], sub[f"{stage}_us"], "-", marker=".", color=colors(i % 10), lw=1, label=stage)

@@ -50,13 +50,16 @@ def sweep_files(spec, frame: pd.DataFrame, stages: list[str], runs: list[dict]) 
     lines += _devices(frame)
     lines += _same_code_on_cpu(spec.kernel, versions, frame)
     lines += _no_intervals(frame, versions)
-    lines += ["- Times are medians of each point's timed runs, end to end (host arrays in). Each point is an "
-              "ordinary profile under `points/`, taken under the lock of the device it ran on.", ""]
+    lines += ["- Times are medians of each point's timed runs: the profile's total (host arrays in, the result "
+              "where the plan leaves it: on the device in a GPU run), not its report's 'end to end, host arrays in "
+              "and out' (`e2e_host_out_us` in results.csv). Each point is an ordinary profile under `points/`, taken "
+              "under the lock of the device it ran on, in a process of its own: a lead between versions inside "
+              "what processes of identical code differ by on this host is not resolved by one point each.", ""]
     lines += _failures(frame)
     if frame.empty or not (frame["status"] == "ok").any():
         lines += ["No point finished with a verified result: nothing to fit.", ""]
         return {"report.md": "\n".join(lines)}
-    lines += _best(frame, axes, versions)
+    lines += _best(frame, axes, versions, spec.kernel)
     lines += _crossovers(frame, axes, versions)
     lines += _exponents(frame, axes, versions, stages, _not_sizes(spec, axes))
     for name, png in (("scaling.png", scaling_png(frame, axes, versions, stages, title)),
@@ -96,7 +99,7 @@ def _no_intervals(frame: pd.DataFrame, versions: list[str]) -> list[str]:
     bare = ok[ok["e2e_ci95_lo_us"].isna() | ok["e2e_ci95_hi_us"].isna()]
     if bare.empty:
         return []
-    return [f"- **{len(bare)} of {len(ok)} points have no 95% interval** of their end-to-end median (a point needs "
+    return [f"- **{len(bare)} of {len(ok)} points have no 95% interval** of their total's median (a point needs "
             f"{MIN_CI_SAMPLES} timed runs for one; give --bench_runs {MIN_CI_SAMPLES} or more): where either of two "
             "versions has none, which is faster is unresolved below, possibly noise."]
 
@@ -143,14 +146,31 @@ def _failures(frame: pd.DataFrame) -> list[str]:
     return out
 
 
-def _best(frame, axes, versions=None) -> list[str]:
+def _same_code_here(frame, grid: dict, a: str, b: str, kernel: str | None) -> bool:
+    """Whether versions a and b timed the same code at this grid point: both ran on the CPU, where they run one
+    version's stages (same_cpu_code)."""
+    if kernel is None or "runtime" not in frame:
+        return False
+    here = frame[frame["version"].isin([a, b])]
+    for name, value in grid.items():
+        here = here[here[name] == value]
+    return (len(here) >= 2 and (here["runtime"] == "cpu").all()
+            and any(a in vs and b in vs for vs in same_cpu_code(kernel, [a, b]).values()))
+
+
+def _best(frame, axes, versions=None, kernel: str | None = None) -> list[str]:
     rows = best_per_size(frame, axes, versions=versions)
-    out = ["## Best version per size", "", "| " + " | ".join(axes) + " | best | end to end | runner-up | "
+    out = ["## Best version per size", "", "| " + " | ".join(axes) + " | best | total | runner-up | "
            "runner-up slower by |", "|" + "---|" * (len(axes) + 4)]
     for r in rows:
         cells = [human(_int(r["grid"][a])) for a in axes]
         # the versions with no time here: a best without a runner-up beat nothing
         others = ", ".join(f"{v} {_WHY.get(why, why)}" for v, why in r.get("others", {}).items())
+        if "runner_up" in r and _same_code_here(frame, r["grid"], r["best"], r["runner_up"], kernel):
+            gap = f"{(r['ratio'] - 1) * 100:.1f}% (the same code on the CPU: no winner, the runs' noise)"
+            cells += [r["best"], _us(r["time_us"]), r["runner_up"] + (f" ({others})" if others else ""), gap]
+            out.append("| " + " | ".join(cells) + " |")
+            continue
         if "runner_up" in r:
             gap = f"{(r['ratio'] - 1) * 100:.1f}%" + _TIE[r["tie"]]
             slower = [f"its host CPU ran {r['host_slower_pct']:.1f}% slower, by a fixed Python loop"
@@ -252,9 +272,9 @@ def _exponents(frame, axes, versions, stages, not_sizes=()) -> list[str]:
         top = f"n^{f['top_slope']:.2f}" if f["top_slope"] is not None else "-"
         model = f"n^{f['model_slope']:.2f}" if f["model_slope"] is not None else "-"
         out.append(f"| {f['version']} | {f['axis']} | {f['what']} | {_slope(f)} | {top} | {model} | {flag} |")
-    headline = [f for f in fits if f["what"] == "end to end"]
+    headline = [f for f in fits if f["what"] == "total"]
     if headline:
-        out += [""] + [f"- {f['version']}: end-to-end time grows as n^{f['slope']:.2f} in {f['axis']}"
+        out += [""] + [f"- {f['version']}: the total grows as n^{f['slope']:.2f} in {f['axis']}"
                        + (f" (n^{f['top_slope']:.2f} at the top of the range)" if f["top_slope"] is not None else "")
                        + "." for f in headline]
     skipped = _not_numeric(frame, axes, "no growth is fitted along it; the fits along the other axes take one "
@@ -270,7 +290,7 @@ def _points(frame, axes) -> list[str]:
            "launch-bound plan runs at that pace, and it can differ by half from one process to the next). Launch: "
            "what an empty kernel's launch cost the host, timed after the loop (GPU points), which sees changes of a "
            "launch-bound plan's pace the loop can miss.", "",
-           "| point | status | end to end | spread | host loop | launch | device | GPU | worker | profile |",
+           "| point | status | total | spread | host loop | launch | device | GPU | worker | profile |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in frame.sort_values(["version", *axes]).to_dict("records"):
         pct = r.get("e2e_spread_pct")

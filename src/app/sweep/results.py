@@ -1,7 +1,7 @@
 """results.csv: one row per point -- its parameters, where it ran, its times and spread, its status.
 
-Times are medians in microseconds. ``e2e_us`` is the plan end to end (host arrays in, result on
-the device, in event mode); ``e2e_host_out_us`` also copies the result back to host arrays (event
+Times are medians in microseconds. ``e2e_us`` is the profile's total (host arrays in, result on
+the device in a GPU run: the report's "total, median of timed runs"); ``e2e_host_out_us`` also copies the result back to host arrays (event
 mode, host clock); ``after_build_us`` leaves out the host->device build where the mode measures
 it. Each stage has ``<stage>_us``, ``<stage>_spread_pct`` (the robust relative spread,
 1.4826 MAD / median), ``<stage>_bytes`` (the cost model's minimum traffic) and, on a GPU

@@ -90,7 +90,7 @@ def _top_slope(data: pd.DataFrame, axis: str, column: str, others: list[str]) ->
 
 def exponents(frame: pd.DataFrame, axes: list[str], versions: list[str], stages: list[str],
               not_sizes=()) -> list[dict]:
-    """One row per version, axis and measured quantity (end to end, then each stage). ``not_sizes``: numeric axes
+    """One row per version, axis and measured quantity (the total, then each stage). ``not_sizes``: numeric axes
     the work does not grow with (a seed): none is fitted along them, though each fit takes one intercept per
     value of them, as of any other axis."""
     frame = usable(frame)
@@ -99,7 +99,7 @@ def exponents(frame: pd.DataFrame, axes: list[str], versions: list[str], stages:
         sub = frame[frame["version"] == version]
         for axis in (a for a in numeric_axes(frame, axes) if a not in not_sizes):
             others = [a for a in axes if a != axis and sub[a].nunique() > 1]
-            for what, col, model_col in [("end to end", "e2e_us", None), ("after build", "after_build_us", None)] + \
+            for what, col, model_col in [("total", "e2e_us", None), ("after build", "after_build_us", None)] + \
                     [(s, f"{s}_us", f"{s}_bytes") for s in stages]:
                 fit = fit_exponent(sub, axis, col, others)
                 if fit is None:
@@ -166,7 +166,7 @@ def _host_slower(best, second, key: str = "host_pace") -> float | None:
 
 
 def _overlap(a, b) -> bool | None:
-    """Whether the two points' 95% intervals of the end-to-end median meet; None where either has none (under
+    """Whether the two points' 95% intervals of the total's median meet; None where either has none (under
     MIN_CI_SAMPLES timed runs): the medians' order is then unresolved, not clear."""
     lo, hi = "e2e_ci95_lo_us", "e2e_ci95_hi_us"
     if any(pd.isna(r.get(c)) for r in (a, b) for c in (lo, hi)):
