@@ -158,3 +158,31 @@ def test_a_profile_listed_twice_or_an_empty_path_is_one_line(capsys):
         assert main(["compare", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and fragment in err[0], err
+
+
+def test_profiles_run_with_other_settings_are_compared_with_a_warning(tmp_path, capsys):
+    """Two H200 profiles of the default join, one copy edited to have kept L2 between its timed runs, one to have
+    run no warm-up, and two CPU profiles from hosts of 2 and 64 logical CPUs: each difference is named in compare's
+    warning and in a report's vs Baseline section. The same settings carry none."""
+    from app.analysis.baseline import other_settings
+    from app.report.baseline import baseline_section
+
+    event = DATA.parent
+    base = load(event / "join_v4_100k_10k_h200_launch_pace.trace.json")
+    new = load(event / "join_v4_100k_10k_h200_launch_pace_next.trace.json")
+    assert other_settings([base, new]) == ""
+    keep = json.loads(json.dumps(new))
+    keep["timing"]["l2"]["mode"] = "keep"
+    cold = json.loads(json.dumps(new))
+    cold["timing"]["warmup"]["runs"] = 0
+    for edited, words in ((keep, "treated L2 differently between timed runs (flush vs keep)"),
+                          (cold, "one profile ran no warm-up runs and another did")):
+        path = tmp_path / "edited.trace.json"
+        path.write_text(json.dumps(edited))
+        assert main(["compare", str(event / "join_v4_100k_10k_h200_launch_pace.trace.json"), str(path)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("WARNING: ") and words in out.splitlines()[0]
+        assert words in baseline_section(edited, base).text
+    cpu = {"selected_runtime": "cpu", "device": {"name": "Intel(R) Xeon(R) Processor", "logical_cpus": 2}}
+    other = cpu | {"device": {"name": "Intel(R) Xeon(R) Processor", "logical_cpus": 64}}
+    assert other_settings([cpu, other]) == "the CPU profiles ran on hosts of 2 vs 64 logical CPUs: other machines"

@@ -201,6 +201,27 @@ def other_backend(traces: list[dict]) -> str:
             "alone; compare profiles of one backend")
 
 
+def other_settings(traces: list[dict]) -> str:
+    """What the profiles' recorded run settings say makes them time different things, or '': L2 cleared or kept
+    between timed runs (a kept L2 serves repeat reads a flushed one fetches from DRAM), warm-up runs or none (the
+    timed runs of a profile with none include cold ones), or CPU runs on hosts of different CPU counts (another
+    machine, which the CPU's name alone does not tell)."""
+    out = []
+    l2 = list(dict.fromkeys(str(((t.get("timing") or {}).get("l2") or {}).get("mode")) for t in traces
+                            if ((t.get("timing") or {}).get("l2") or {}).get("mode")))
+    if len(l2) > 1:
+        out.append(f"the profiles treated L2 differently between timed runs ({' vs '.join(l2)}): a kept L2 serves "
+                   "repeat reads that a flushed one fetches from DRAM")
+    warm = [((t.get("timing") or {}).get("warmup") or {}).get("runs") for t in traces]
+    if any(w == 0 for w in warm) and any(isinstance(w, int) and w > 0 for w in warm):
+        out.append("one profile ran no warm-up runs and another did: the timed runs of the first include cold ones")
+    cpus = list(dict.fromkeys(t["device"].get("logical_cpus") for t in traces
+                              if t.get("selected_runtime") == "cpu" and (t.get("device") or {}).get("logical_cpus")))
+    if len(cpus) > 1:
+        out.append(f"the CPU profiles ran on hosts of {' vs '.join(map(str, cpus))} logical CPUs: other machines")
+    return "; ".join(out)
+
+
 def stages_ran(trace: dict) -> str:
     """The version whose stages a profile timed: on the CPU some versions run another's (their difference is in
     their GPU kernels only; metadata.cpu_stages_of), elsewhere its own."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from app.analysis.baseline import other_card, same_cpu_stages
+from app.analysis.baseline import other_card, other_settings, same_cpu_stages
 from app.analysis.compare import ONE_PROCESS_WHY, compare_traces, verdict_text
 from app.report.markdown import Section, fmt
 from app.report.timing_text import host_pace_change
@@ -26,6 +26,7 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
     result = compare_traces(baseline, trace)
     card = other_card(baseline, trace)
     same = same_cpu_stages([baseline, trace])
+    settings = other_settings([baseline, trace])
     rows, reasons = [], []
     for name, r in [("total (us)", result["total"])] + [(f"{s['name']} (us)", s) for s in result["stages"]]:
         lo, hi = r["ci_pct"]
@@ -48,6 +49,7 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
                                         + mismatch_warning(baseline) + note
                                         + (f" Note: {card}." if card else "")
                                         + (f" Note: {same}." if same else "")
+                                        + (f" Note: {settings}." if settings else "")
                                         + (f" **Caution:** {result['caution']}." if result.get("caution") else ""),
                    columns=["Metric", "Previous", "Current", "Change", "95% interval", "Verdict"], rows=rows,
                    note="Medians of the timed runs; the total is each profile's total, median of its timed runs, not "

@@ -10,8 +10,8 @@ import json
 import math
 from pathlib import Path
 
-from app.analysis.baseline import (mismatch_of, other_backend, other_card, read_trace, refuse_unverified,
-                                   same_cpu_stages)
+from app.analysis.baseline import (mismatch_of, other_backend, other_card, other_settings, read_trace,
+                                   refuse_unverified, same_cpu_stages)
 from app.analysis.compare import (DEFAULT_FLOOR, MIN_PROCESSES, MIN_RUNS, ONE_PROCESS_WHY, compare_processes, regression,
                                   verdict_text)
 from app.errors import BadParameter, OneLineParser
@@ -173,7 +173,8 @@ def run_compare(argv: list[str]) -> int:
     if len(modes) > 1:
         warning = "; ".join(x for x in (warning, f"modes differ ({' vs '.join(modes)}): their "
                                                   "stage times measure different things") if x)
-    warning = "; ".join(x for x in (warning, other_backend(bases + news), same_cpu_stages(bases + news),
+    warning = "; ".join(x for x in (warning, other_backend(bases + news), other_settings(bases + news),
+                                    same_cpu_stages(bases + news),
                                     next(filter(None, (other_card(base, t) for t in bases + news)), "")) if x)
     result = compare_processes(bases, news, args.floor / 100)
     gate = regression(result, args.fail_on_regression)
