@@ -68,6 +68,9 @@ def test_ncu_mode_from_replayed_capture_lists_source_lines(tmp_path):
     report = (d / "report.md").read_text()
     assert "## Hot spots (CUDA source lines, by warp-stall samples)" in report
     assert "## NCU rule results" in report and "## Verification" in report
+    # the build copies only: its bytes are not measured by a capture of kernels, never 0.00 of its cost model
+    build = next(line for line in report.splitlines() if line.startswith("| owned_buffer_build | n/a (copies"))
+    assert build.startswith("| owned_buffer_build | n/a (copies: ncu captures kernels only) |") and "0.00" not in build
     hot = {p.name: p.read_text() for p in (d / "hot").glob("*.md")}
     assert len(hot) == KERNELS
     refine = next(t for n, t in hot.items() if n.endswith("_refine.md"))

@@ -98,6 +98,10 @@ def _listing(title: str, what: str, kernels, col: str) -> Section:
 
 def _bytes_row(stage: dict) -> list[str]:
     measured, cost = stage["ncu"]["dram_bytes"], (stage.get("cost") or {}).get("bytes")
+    if not stage["ncu"].get("kernels") and (stage.get("cost") or {}).get("kind") == "host_link":
+        # the build's bytes are host->device copies, which an ncu capture (kernels only) does not measure
+        return [stage["name"], "n/a (copies: ncu captures kernels only)",
+                f"{cost / 1e6:,.2f}" if cost is not None else "n/a", "n/a"]
     return [stage["name"],
             f"{measured / 1e6:,.2f}" if measured is not None else "n/a (dram__bytes_read/write.sum missing)",
             f"{cost / 1e6:,.2f}" if cost is not None else "n/a",
