@@ -462,3 +462,11 @@ def test_a_build_that_is_the_plans_largest_stage_is_the_bottleneck_under_half_th
     assert line == "Transfer-bound (host->device copy)"
     assert f"takes {shares['owned_buffer_build']:.0f}% of the plan" in cause and "led by output_sort" in cause
     assert advice.opportunities(trace, roof, findings)[0]["name"].endswith("(owned_buffer_build)")
+
+
+def test_a_reading_under_a_tenth_of_a_percent_is_never_printed_as_zero():
+    """overlay's area_reconstruction on an H200 (2026-11-29): 480,320 B in 212.6 us against 4,800 GB/s is 0.047% of
+    peak; one decimal printed it as 0.0%, a reading shown as none."""
+    dram = 100 * 480_320 / 212.6e-6 / 4_800e9
+    assert f"{dram:.1f}" == "0.0" and advice.pct(dram) == "0.047"
+    assert advice.pct(0.0) == "0.0" and advice.pct(2.23) == "2.2" and advice.pct(-0.01) == "-0.01"

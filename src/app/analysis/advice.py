@@ -17,6 +17,12 @@ UNCOVERED_PCT = 5.0
 H2D_SHARE_PCT = 30.0
 
 
+def pct(value: float) -> str:
+    """A percentage of peak to one decimal; under 0.05 to two significant digits, so a reading is never printed as
+    zero (area_reconstruction's DRAM 0.047%)."""
+    return f"{value:.1f}" if value == 0 or abs(value) >= 0.05 else f"{value:.2g}"
+
+
 def classify(dram_pct: float | None, compute_pct: float | None) -> str:
     if dram_pct is None:
         return "n/a"
@@ -54,7 +60,7 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
                 issues.append("its time holds the result-length read's wait (a host round trip after all queued "
                               "work)")
             if dram is not None and bneck == "latency-bound":
-                issues.append(f"DRAM {dram:.1f}% of peak")
+                issues.append(f"DRAM {pct(dram)}% of peak")
             if s["spread"].get("stable") is False and s["spread"]["runs"] >= MIN_CI_SAMPLES:    # None: too few runs
                 issues.append(f"unstable (±{100 * robust_of(s['spread']):.1f}% robust spread"
                               + (f", {outlier_runs(s['spread']['outliers'])})"
@@ -119,7 +125,7 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
         reads = mid_plan_reads(s["metadata"])
         if f["bottleneck"] == "latency-bound" and reads:
             name = f"Remove host round-trips in {f['stage']} (fuse count+emit, upper-bound allocations)"
-            trigger = f"allocation_size_reads={reads}, dram_pct={point['dram_pct']:.1f}"
+            trigger = f"allocation_size_reads={reads}, dram_pct={pct(point['dram_pct'])}"
         elif f["bottleneck"] == "latency-bound" and s["metadata"].get("result_size_reads"):
             # The result's length is read in this stage: the read waits for all the work queued before it and the
             # stage's end is marked after it returns, so its time is mostly that round trip (the join's output_sort:
@@ -128,13 +134,13 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
             continue
         elif f["bottleneck"] == "latency-bound":
             name = f"Fuse or enlarge the launches of {f['stage']} (too little work per launch to fill the GPU)"
-            trigger = f"dram_pct={point['dram_pct']:.1f}"
+            trigger = f"dram_pct={pct(point['dram_pct'])}"
         elif f["bottleneck"] == "compute-bound":
             name = f"Cut the arithmetic of {f['stage']} (fewer or cheaper operations per element)"
-            trigger = f"flop_pct={point['flop_pct']:.1f}"
+            trigger = f"flop_pct={pct(point['flop_pct'])}"
         else:
             name = f"Cut bytes moved in {f['stage']} (narrower types, fewer passes)"
-            trigger = f"dram_pct={point['dram_pct']:.1f}"
+            trigger = f"dram_pct={pct(point['dram_pct'])}"
         ops.append({"name": name, "gain_pct": 100 * saved / total, "trigger": trigger})
     unc = trace["timing"]["uncovered_fraction"] * 100
     if unc >= UNCOVERED_PCT:
@@ -215,11 +221,11 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
     kind = top["bottleneck"].split("-")[0].capitalize()
     if top["bottleneck"] == "compute-bound":
         cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and runs its minimum FLOPs at "
-                 f"{top['flop_pct']:.1f}% of peak {roof.get('precision', 'fp64')} throughput (its bytes at "
-                 f"{top['dram_pct']:.1f}% of peak DRAM bandwidth).")
+                 f"{pct(top['flop_pct'])}% of peak {roof.get('precision', 'fp64')} throughput (its bytes at "
+                 f"{pct(top['dram_pct'])}% of peak DRAM bandwidth).")
         return f"{kind}-bound", cause
     cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and moves its minimum bytes at "
-             f"{top['dram_pct']:.1f}% of peak DRAM bandwidth.")
+             f"{pct(top['dram_pct'])}% of peak DRAM bandwidth.")
     if top["bottleneck"] == "latency-bound":
         cause += (" The GPU waits on launches, host round-trips and dependent steps rather than on "
                   "memory or arithmetic" + (f" ({top['key_issue']})." if top["key_issue"] != "-" else "."))
