@@ -70,3 +70,47 @@ def test_the_reports_section_lists_one_side_stages_and_too_few_runs(tmp_path, go
     assert "none (too few runs) | noise |" in section
     assert "Each side is one profile: a side of one process cannot show" in section
     assert "end to end:" not in section
+
+
+EVENT = ROOT / "tests" / "data" / "event"
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_half_written_profile_folder_is_refused_by_compare_and_devlog(tmp_path, capsys):
+    """The writer fills a hidden '.<stamp>.partial-<pid>' folder and renames it when done: one left behind (a writer
+    that was stopped) is no profile, though its trace.json may read."""
+    partial = tmp_path / "profiles" / "event" / "join" / "p" / ".20261129-999999.partial-99999"
+    partial.mkdir(parents=True)
+    (partial / "trace.json").write_text((EVENT / "join_v4_100k_10k_h200_launch_pace.trace.json").read_text())
+    good = str(EVENT / "join_v4_100k_10k_h200_launch_pace_next.trace.json")
+    for argv in (["compare", str(partial), good], ["compare", good, str(partial / "trace.json")],
+                 ["devlog", str(partial), "--file", str(tmp_path / "log.md")]):
+        assert main(argv) == 2
+        assert "still being written, or left by a writer that was stopped" in _one_line(capsys)
+    assert not (tmp_path / "log.md").exists()
+
+
+def test_a_profile_on_both_sides_and_a_cut_off_trace_are_refused_in_one_line(tmp_path, capsys):
+    same = str(EVENT / "join_v4_100k_10k_h200_launch_pace.trace.json")
+    assert main(["compare", same, same]) == 2
+    assert "BASE and NEW both hold the profile" in _one_line(capsys)
+    cut = tmp_path / "cut" / "trace.json"
+    cut.parent.mkdir()
+    cut.write_text(Path(same).read_text()[:3000])
+    assert main(["compare", str(cut.parent), same]) == 2
+    err = _one_line(capsys)
+    assert "not a readable profile trace" in err and err.endswith("the trace is damaged: profile again, or pass "
+                                                                  "another profile folder or its trace.json")
+
+
+def test_compare_names_the_profile_it_holds_the_others_against(tmp_path, capsys):
+    base = json.loads((EVENT / "join_v4_100k_10k_h200_launch_pace.trace.json").read_text())
+    other = tmp_path / "v3.trace.json"
+    other.write_text(json.dumps(base | {"version": "v3"}))
+    assert main(["compare", str(other), str(EVENT / "join_v4_100k_10k_h200_launch_pace_next.trace.json")]) == 2
+    assert "BASE was measured for version v3 (NEW: v4)" in _one_line(capsys)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import sys
 
@@ -20,6 +21,8 @@ MAX_BYTES = 64 << 20          # a trace of this tool is kilobytes; anything this
 
 
 # The fix for a trace this tool wrote that has since been damaged or edited: its figures cannot be trusted.
+# The folder a profile's writer fills before it renames it into place (report/writer.py): never a finished profile.
+PARTIAL = re.compile(r"^\..*\.partial-\d+$")
 DAMAGED = "the trace is damaged: profile again, or pass another profile folder or its trace.json"
 
 
@@ -35,6 +38,9 @@ def read_trace(path: str, what: str = "--baseline") -> dict:
     """A profile's trace.json (or the folder holding it), checked: a regular file of sane size, with the
     fields a comparison needs, finite and of the right types. Anything else is one clear error."""
     p = os.path.join(path, "trace.json") if os.path.isdir(path) else path
+    if PARTIAL.search(os.path.basename(os.path.dirname(os.path.abspath(p)))):
+        _fail(path, "a profile folder still being written, or left by a writer that was stopped (its name ends in "
+                    ".partial-<pid>)", what, "profile again, or pass a finished profile folder")
     try:
         st = os.stat(p)
     except OSError as exc:
@@ -47,7 +53,8 @@ def read_trace(path: str, what: str = "--baseline") -> dict:
         with open(p, encoding="utf-8") as f:
             trace = json.load(f)
     except (OSError, ValueError, RecursionError) as exc:      # RecursionError: JSON nested past Python's stack
-        _fail(path, f"not a readable profile trace ({exc})", what)
+        _fail(path, f"not a readable profile trace ({exc})", what, DAMAGED if isinstance(exc, ValueError) else
+              "pass a profile folder or its trace.json")
     _check_shape(path, trace, what)
     return trace
 
@@ -240,13 +247,15 @@ def same_cpu_stages(traces: list[dict]) -> str:
             "between them is not the versions'")
 
 
-def mismatch_of(trace: dict, kernel: str, version: str, params: dict | None, device_name: str | None) -> str:
-    """What makes ``trace`` not comparable with a run of (kernel, version, params, device), or ''."""
+def mismatch_of(trace: dict, kernel: str, version: str, params: dict | None, device_name: str | None,
+                other: str = "this run") -> str:
+    """What makes ``trace`` not comparable with a run of (kernel, version, params, device), or ''. ``other`` names
+    that run in the text (compare: NEW, the profile it holds the others against)."""
     diffs = []
     if trace["kernel"] != kernel:
-        diffs.append(f"kernel {trace['kernel']} (this run: {kernel})")
+        diffs.append(f"kernel {trace['kernel']} ({other}: {kernel})")
     elif trace["version"] != version:
-        diffs.append(f"version {trace['version']} (this run: {version})")
+        diffs.append(f"version {trace['version']} ({other}: {version})")
     theirs_params = trace.get("metadata", {}).get("params")
     if trace["kernel"] == kernel and theirs_params is not None and params is not None and theirs_params != params:
         changed = sorted(k for k in set(theirs_params) | set(params) if theirs_params.get(k) != params.get(k))
@@ -254,7 +263,7 @@ def mismatch_of(trace: dict, kernel: str, version: str, params: dict | None, dev
                                                       for k in changed) + ")")
     theirs = trace.get("device", {}).get("name")
     if device_name and theirs and theirs != device_name:
-        diffs.append(f"device {theirs} (this run: {device_name})")
+        diffs.append(f"device {theirs} ({other}: {device_name})")
     return "; ".join(diffs)
 
 

@@ -117,9 +117,9 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
     return "\n".join(lines)
 
 
-def _side(paths: str, what: str) -> list[dict]:
-    """The traces of one side: one profile, or several comma-separated, each once (a profile listed twice would
-    count one process as two and narrow the interval for nothing)."""
+def _side(paths: str, what: str) -> tuple[list[dict], list[Path]]:
+    """The traces of one side and their resolved trace paths: one profile, or several comma-separated, each once (a
+    profile listed twice would count one process as two and narrow the interval for nothing)."""
     seen = {}
     for path in paths.split(","):
         if not path.strip():
@@ -138,7 +138,7 @@ def _side(paths: str, what: str) -> list[dict]:
     traces = [read_trace(path, what) for path in seen.values()]
     for path, trace in zip(seen.values(), traces):
         refuse_unverified(trace, path, what)       # a wrong answer's timings are compared with nothing
-    return traces
+    return traces, list(seen)
 
 
 def check_percentages(args) -> None:
@@ -154,7 +154,11 @@ def check_percentages(args) -> None:
 def run_compare(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     check_percentages(args)
-    bases, news = _side(args.base, "BASE"), _side(args.new, "NEW")
+    (bases, base_keys), (news, new_keys) = _side(args.base, "BASE"), _side(args.new, "NEW")
+    both = [str(k.parent if k.name == "trace.json" else k) for k in base_keys if k in new_keys]
+    if both:
+        raise BadParameter(f"BASE and NEW both hold the profile {both[0]}: a profile compared with itself shows "
+                           "nothing; give each side its own profiles")
     if args.fail_on_regression is not None and min(len(bases), len(news)) < MIN_PROCESSES:
         # From fewer processes a side no verdict is drawn, so the gate could never fire: refused, not passed silently.
         raise BadParameter(f"--fail-on-regression needs {MIN_PROCESSES} or more profiles a side, each made in its own "
@@ -165,7 +169,7 @@ def run_compare(argv: list[str]) -> int:
     warning = ""
     for what, trace in [("BASE", t) for t in bases] + [("NEW", t) for t in news[1:]]:
         unlike = mismatch_of(trace, new["kernel"], new["version"], new.get("metadata", {}).get("params"),
-                             new.get("device", {}).get("name"))
+                             new.get("device", {}).get("name"), "NEW")
         if unlike and not args.force:
             raise BadParameter(f"{what} was measured for {unlike}; compare like with like, or pass --force")
         warning = warning or unlike
