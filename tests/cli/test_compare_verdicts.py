@@ -41,7 +41,7 @@ def compare(capsys, *argv):
     return code, capsys.readouterr().out
 
 
-def test_one_process_a_side_carries_the_caveat(runs, capsys):
+def test_one_process_a_side_carries_the_caveat(runs, capsys, tmp_path):
     """Each side one profile: the interval cannot hold the host's change between processes, and that is said, in
     the text and in the JSON's notes; with three processes a side it is not."""
     code, out = compare(capsys, runs["base6"], runs["slow6"])
@@ -49,8 +49,12 @@ def test_one_process_a_side_carries_the_caveat(runs, capsys):
     code, out = compare(capsys, runs["base6"], runs["slow6"], "--json")
     notes = json.loads(out)["notes"]
     assert len(notes) == 1 and notes[0].startswith("a side of one process cannot show")
+    copies = []                 # NEW's three: other files (a side may not hold BASE's profiles)
+    for k in ("slow6", "base6", "base2"):
+        copies.append(tmp_path / f"{k}.trace.json")
+        copies[-1].write_text((runs[k] / "trace.json").read_text())
     code, out = compare(capsys, ",".join(str(runs[k]) for k in ("base2", "base6", "slow2")),
-                        ",".join(str(runs[k]) for k in ("slow6", "base6", "base2")), "--json")
+                        ",".join(map(str, copies)), "--json")
     assert json.loads(out)["notes"] == []
 
 
@@ -217,10 +221,11 @@ def test_a_damaged_trace_exits_2_with_no_traceback(runs, tmp_path):
 def test_one_run_a_side_is_valid_json(tmp_path, capsys):
     """One timed run a side: no verdict, and the host pace's unbounded interval is null, not JSON's missing
     Infinity."""
-    assert main([*JOIN, "--bench_runs", "1", "--out", str(tmp_path)]) == 0
-    (d,) = tmp_path.glob("profiles/event/join/*/*")
+    for side in ("a", "b"):
+        assert main([*JOIN, "--bench_runs", "1", "--out", str(tmp_path / side)]) == 0
+    (a,), (b,) = (list((tmp_path / side).glob("profiles/event/join/*/*")) for side in ("a", "b"))
     capsys.readouterr()
-    code, out = compare(capsys, d, d, "--json")
+    code, out = compare(capsys, a, b, "--json")
     doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert doc["total"]["why"].startswith("too few runs to judge: 1 and 1")
     assert doc["host_pace"]["ci_pct"] == [None, None]
