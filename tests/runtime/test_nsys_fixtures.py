@@ -506,29 +506,20 @@ def test_cupti_overhead_below_zero_or_unresolved_is_not_read_as_a_cost():
     assert few["ci_pct"] is None and cupti_overhead_text(few).startswith("not resolved: +33.26%, no interval")
 
 
-def test_an_idle_cause_is_placed_where_its_time_is():
-    """'Mostly in' a stage only where the stage holds more than half of the cause's time per iteration. In the join
-    capture the sync wait lies most between the stage ranges, and the launch latency is spread over the stages."""
+def test_an_idle_cause_names_its_largest_stage_without_claiming_a_share():
+    """Each range's time is split into causes on its own, so a stage's figure can exceed the iteration's (an H200
+    report read 'mostly in owned_buffer_build (227.7 of 215.4 us)', the stage's median instance another iteration's
+    than the headline's): an opportunity names the stage with the most of its cause and that stage's own figure,
+    never 'mostly in' nor 'N of the iteration's M'."""
     from app.analysis.timeline import CAUSES
     from app.report.timeline_report import _where_idle
 
     plan, worker = load("join")
     a = analyse_plan(plan, read_sqlite(str(fixture("join.sqlite"))), worker)
-    it, stages = a["iteration"], a["stages"]
-    said = {}
     for c in CAUSES:
-        v = it["idle_us"][c]
-        if v > 0:
-            where = max(stages, key=lambda s: s["idle_us"][c])
-            said[c] = _where_idle(c, v, where, stages)
-            inside = sum(s["idle_us"][c] for s in stages)
-            if said[c].startswith("mostly in "):
-                assert where["idle_us"][c] > v / 2
-            if said[c].startswith("the most between"):
-                assert where["idle_us"][c] < v - inside <= v / 2
-    assert said["sync_wait"].startswith("the most between the stage ranges (")
-    assert said["launch_latency"].startswith("the most in candidate_filter (67.5 of 220.4 us)")
-    assert said["launch_gap"].startswith("mostly in owned_buffer_build (227.0 of 382.3 us)")
+        where = max(a["stages"], key=lambda s: s["idle_us"][c])
+        said = _where_idle(c, where)
+        assert said == f"the stage with the most of it {where['name']} ({where['idle_us'][c]:,.1f} us of its own span)"
 
 
 def test_the_iterations_figure_says_which_instance_it_is():
