@@ -163,8 +163,9 @@ def verdict_text(r: dict) -> str:
 
 def process_verdict(base: list[list[float]], new: list[list[float]], floor: float = DEFAULT_FLOOR) -> dict:
     """verdict_of for several processes a side (lists of each process's samples): one process a side is
-    one_process_verdict (no verdict drawn). Otherwise a verdict needs MIN_PROCESSES processes a side and MIN_RUNS runs in every process:
-    the interval resamples the processes, so runs summed over a side (``samples``) say nothing of its resolution."""
+    one_process_verdict (no verdict drawn). Otherwise a verdict needs MIN_PROCESSES processes a side and MIN_RUNS
+    runs in every process: the interval resamples the processes, so runs summed over a side (``samples``) say
+    nothing of its resolution."""
     if len(base) == 1 and len(new) == 1:
         return one_process_verdict(base[0], new[0], floor) | {"processes": [1, 1]}
     medians = [[float(np.median(x)) for x in sets] for sets in (base, new)]
