@@ -170,7 +170,7 @@ def test_stage_floor_is_min_bytes_over_peak_bandwidth():
         else:
             assert math.isnan(r["floor_us"]) and "host link" in r["note"]
     assert plots.stage_chart_png(trace, roof, "join v1 on gpu")[:8] == PNG
-    assert plots.stage_chart_subtitle(roof) == "floor = the cost model's minimum DRAM bytes / 4,800 GB/s (H200)"
+    assert plots.stage_chart_subtitle(roof) == "floor = the cost model's DRAM bytes / 4,800 GB/s (H200)"
 
 
 def test_stage_chart_without_roofline_and_with_idle_stages():

@@ -1,7 +1,7 @@
 """Bottleneck class per stage and ranked opportunities, each naming the metric that triggered it.
 
 Rules follow seed 004's Metric Interpretation and Bottleneck Classification
-tables. In event mode the DRAM% and FLOP% are the cost model's minimum traffic
+tables. In event mode the DRAM% and FLOP% are the cost model's traffic and operations
 over the measured time (no counters); annotation mode replaces them with
 measured values through the same functions.
 """
@@ -220,11 +220,11 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
                 "its bottleneck cannot be classified.")
     kind = top["bottleneck"].split("-")[0].capitalize()
     if top["bottleneck"] == "compute-bound":
-        cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and runs its minimum FLOPs at "
+        cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and runs its cost model's FLOPs at "
                  f"{pct(top['flop_pct'])}% of peak {roof.get('precision', 'fp64')} throughput (its bytes at "
                  f"{pct(top['dram_pct'])}% of peak DRAM bandwidth).")
         return f"{kind}-bound", cause
-    cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and moves its minimum bytes at "
+    cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and moves its cost model's bytes at "
              f"{pct(top['dram_pct'])}% of peak DRAM bandwidth.")
     if top["bottleneck"] == "latency-bound":
         cause += (" The GPU waits on launches, host round-trips and dependent steps rather than on "

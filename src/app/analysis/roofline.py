@@ -42,10 +42,10 @@ def _flags(p: dict, spec: dict, precision: str) -> list[str]:
     if not p["seconds"] > 0:
         out.append(f"a time of {p['seconds'] * 1e6:g} us is not a measurement")
     if (p["dram_pct"] or 0) > 100:
-        out.append(f"its minimum bytes at {p['achieved_gbps']:,.1f} GB/s, {p['dram_pct']:.1f}% of the "
+        out.append(f"its cost model's bytes at {p['achieved_gbps']:,.1f} GB/s, {p['dram_pct']:.1f}% of the "
                    f"{spec['memory_gbps']:,.0f} GB/s peak: the time or the cost model is wrong")
     if (p["flop_pct"] or 0) > 100:
-        out.append(f"its minimum FLOPs at {p['achieved_tflops']:,.2f} TFLOP/s, {p['flop_pct']:.1f}% of the "
+        out.append(f"its cost model's FLOPs at {p['achieved_tflops']:,.2f} TFLOP/s, {p['flop_pct']:.1f}% of the "
                    f"{precision} peak: the time or the cost model is wrong")
     return out
 

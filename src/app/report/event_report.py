@@ -48,8 +48,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                      "Host close to Duration means the stage is launch-bound) and, where marked \"waits\", waiting "
                      "for a read from the device (a size or the result's length), which waits for all the work "
                      "queued before it, earlier stages' included. TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
-                     "DRAM% = the cost model's minimum bytes / measured time / peak GB/s (a lower bound on "
-                     "real traffic). Occ% = theoretical occupancy of the stage's own kernels from registers "
+                     "DRAM% = the cost model's bytes / measured time / peak GB/s (the model counts each byte "
+                     "a stage reads or writes once: real DRAM traffic is more where it re-reads, less where an "
+                     "earlier stage left the data in L2). Occ% = theoretical occupancy of the stage's own kernels from registers "
                      "and block size; annotation mode measures achieved values."),
         Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
         Section("Top 3 Opportunities (ranked by estimated impact)",
@@ -141,7 +142,8 @@ def _roofline(roof):
                         f"{roof['precision']}, peaks {roof.get('peaks_source', 'datasheet')}; ridge point "
                         f"{roof['ridge_flop_per_byte']:.1f} FLOP/byte. Scope: {roof['scope']}. {where}",
                    columns=["Stage", "min MB", "MFLOP", "FLOP/B", "GB/s", "TFLOP/s", "% of roofline"], rows=rows,
-                   note="Bytes and flops are the plan's cost model (minimum traffic), not counters. A figure the "
+                   note="Bytes and flops are the plan's cost model (each byte read or written once, each modelled operation "
+                        "counted), not counters. A figure the "
                         "cost model cannot reach (above the peak) or a time that is no measurement is flagged, and "
                         "no class or advice is drawn from it.")
 
@@ -334,7 +336,7 @@ def _one_mark_section(trace: dict) -> Section | None:
 
 def _stage_chart(roof):
     floor = ("the black diamond is the fastest the stage could run at peak DRAM bandwidth moving only the "
-             "cost model's minimum bytes, so the gap from diamond to bar end is the headroom."
+             "cost model's bytes, so the gap from diamond to bar end is the headroom."
              if roof.get("available") else f"no memory-roof floor is drawn: {roof.get('why')}.")
     return Section("Stage chart",
                    text="![Time per stage: device vs host issue, with the memory-roof floor](stage_chart.png)\n\n"

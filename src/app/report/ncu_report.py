@@ -77,10 +77,11 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
         _listing("Missing readings (shown as n/a, used for no conclusion)", "ncu metrics missing or unreadable",
                  kernels, "missing"),
         Section("DRAM bytes: measured vs cost model",
-                columns=["Stage", "measured MB (ncu)", "cost-model minimum MB", "measured / model"],
+                columns=["Stage", "measured MB (ncu)", "cost-model MB", "measured / model"],
                 rows=[_bytes_row(s) for s in trace["stages"]],
-                note="The cost model counts the minimum bytes a stage must move; host->device copies are not "
-                     "DRAM kernel traffic, and L2-resident data never reaches DRAM."),
+                note="The cost model counts each byte a stage reads or writes once; host->device copies are not "
+                     "DRAM kernel traffic, and data an earlier stage left in L2 never reaches DRAM (a ratio under "
+                     "1), while re-reads and scattered access move more (over 1)."),
     ]
 
 

@@ -277,7 +277,7 @@ def bandwidth_png(kernels, spec, title: str) -> bytes | None:
 
 def stage_rows(trace: dict, roof: dict) -> pd.DataFrame:
     """Per stage in plan order: device_us (the stage's measured time, median of timed runs), host_us
-    (time the host spent issuing it), floor_us (the cost model's minimum bytes / peak GB/s; NaN where
+    (time the host spent issuing it), floor_us (the cost model's bytes / peak GB/s; NaN where
     there is no roofline or the stage is a host<->device copy) and a note on what the numbers mean."""
     available = bool(roof and roof.get("available"))
     rows = []
@@ -303,7 +303,7 @@ def stage_rows(trace: dict, roof: dict) -> pd.DataFrame:
 def stage_chart_subtitle(roof: dict) -> str:
     """The stage chart's second title line: where the floor comes from, or why there is none."""
     if roof and roof.get("available"):
-        return (f"floor = the cost model's minimum DRAM bytes / {roof['peak_gbps']:,.0f} GB/s "
+        return (f"floor = the cost model's DRAM bytes / {roof['peak_gbps']:,.0f} GB/s "
                 f"({roof['device_model']})")
     return "no memory-roof floor: " + ((roof or {}).get("why") or "no roofline for this run")
 

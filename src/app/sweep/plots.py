@@ -2,7 +2,7 @@
 
 scaling.png  time against the main axis, log-log: one panel per version (columns) and per value
              of the other axes (rows, at most ``MAX_ROWS``); the total, each stage, and the cost
-             model's memory-roof floor (its minimum bytes at the peak GB/s) where the GPU has one.
+             model's memory-roof floor (its bytes at the peak GB/s) where the GPU has one.
 speedup.png  the first version's time over each later version's (above 1: the later one is faster)
              against the main axis, one line per value of the other axes.
 

@@ -265,7 +265,7 @@ def _exponents(frame, axes, versions, stages, not_sizes=()) -> list[str]:
     out = ["## Scaling exponents", "",
            "Time grows as n^b along each axis (the other axes held fixed). b is a least-squares log-log slope "
            "over all sizes, with its 95% interval; \"top\" is the slope between the two largest sizes, where "
-           "fixed launch and host costs weigh least. \"model\" is the same fit of the cost model's minimum bytes.",
+           "fixed launch and host costs weigh least. \"model\" is the same fit of the cost model's bytes.",
            "", "| version | axis | measured | b [95% interval] | top | model | |", "|---|---|---|---|---|---|---|"]
     for f in fits:
         flag = f"**grows faster than its cost model** (by > {FASTER_THAN_MODEL})" if f["faster_than_model"] else ""

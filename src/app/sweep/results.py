@@ -4,7 +4,7 @@ Times are medians in microseconds. ``e2e_us`` is the profile's total (host array
 the device in a GPU run: the report's "total, median of timed runs"); ``e2e_host_out_us`` also copies the result back to host arrays (event
 mode, host clock); ``after_build_us`` leaves out the host->device build where the mode measures
 it. Each stage has ``<stage>_us``, ``<stage>_spread_pct`` (the robust relative spread,
-1.4826 MAD / median), ``<stage>_bytes`` (the cost model's minimum traffic) and, on a GPU
+1.4826 MAD / median), ``<stage>_bytes`` (the cost model's traffic) and, on a GPU
 with a roofline, ``<stage>_floor_us`` (those bytes at the peak memory bandwidth). A value
 a point did not measure is left empty, never zero. ``seconds`` is the point's own wall time,
 ``queued_seconds`` how long it waited for another point on the same device first, and

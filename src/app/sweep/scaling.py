@@ -5,7 +5,7 @@ intercept per combination k of the other axes' values (ordinary least squares), 
 95% interval from the residuals (Student t). "Time grows as n^1.02 in points" is b. The
 slope between the two largest values of the axis says how it grows at the top of the range,
 where launch and host overheads no longer hide the work. The same fit of the cost model's
-minimum bytes gives the growth the model expects; a stage whose interval lies above it by
+bytes gives the growth the model expects; a stage whose interval lies above it by
 more than ``FASTER_THAN_MODEL`` is flagged.
 
 Only points with status ``ok`` and a positive time enter a fit, and only along an axis whose values are
