@@ -101,7 +101,9 @@ def audit_section(findings: list[dict]) -> Section:
                    rows=[[f["severity"], f["rule"], f["stage"], f["evidence"], f["advice"]] for f in findings])
 
 
-def _reconcile_cause(s: dict, event: float) -> str:
+def _reconcile_cause(s: dict, event: float, outside: float = 0.0) -> str:
+    """Why a range's event time and its span differ; ``outside``: for the iteration, its time outside every stage
+    range, which its events (the first stage's start to the last stage's end) do not cover."""
     span = s["span_us"]
     diff = event - span
     if span <= 0:
@@ -116,18 +118,36 @@ def _reconcile_cause(s: dict, event: float) -> str:
     if s["queued_behind_earlier_us"] > 0.01 * span:
         parts.append(f"-{s['queued_behind_earlier_us']:,.1f} us: the GPU was still running earlier work when the "
                      "range opened")
-    residual = event - s["event_estimate_us"]
+    if outside > 0.01 * span:
+        parts.append(f"-{outside:,.1f} us: the iteration's time outside every stage range, which its events (first "
+                     "stage's start to last stage's end) leave out")
+    residual = event - (s["event_estimate_us"] - outside)
     if abs(residual) > 0.05 * span:
         parts.append(f"{residual:+,.1f} us not explained by the trace (GPU-side event latency)")
     return "; ".join(parts) or "within the trace's estimate"
+
+
+def _outside_stages(analysis: dict) -> float:
+    """The iteration's median instance's span less the spans of the stage ranges inside it (us); 0 where the capture's
+    instances are not at hand."""
+    it = analysis["iteration"]
+    rec = next((r for r in analysis.get("instances", []) if r["name"] == it["name"]
+                and r.get("instance") == it.get("median_instance")), None)
+    if rec is None:
+        return 0.0
+    names = {s["name"] for s in analysis["stages"]}
+    inside = [r["span_ns"] for r in analysis["instances"] if r["name"] in names and r.get("tid") == rec.get("tid")
+              and rec["start_ns"] <= r["start_ns"] and r["end_ns"] <= rec["end_ns"]]
+    return max(0.0, (rec["span_ns"] - sum(inside)) / 1e3)
 
 
 def reconciliation_section(analysis: dict) -> Section:
     rows = []
     for s in [analysis["iteration"]] + analysis["stages"]:
         event = analysis["event_us"][s["name"]]
+        outside = _outside_stages(analysis) if s is analysis["iteration"] else 0.0
         rows.append([s["name"], fmt(event), fmt(s["span_us"]), fmt(s["busy_us"]), fmt(s["event_estimate_us"]),
-                     f"{event - s['span_us']:+,.1f}", _reconcile_cause(s, event)])
+                     f"{event - s['span_us']:+,.1f}", _reconcile_cause(s, event, outside)])
     return Section("Event time vs span vs GPU busy", columns=[
         "Range", "Event (us)", "Span (us)", "GPU busy (us)", "Event from trace (us)", "Event - span", "Why"],
         rows=rows, note=(
