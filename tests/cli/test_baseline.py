@@ -387,3 +387,54 @@ def test_what_differs_gives_every_count_the_record_holds(tmp_path):
     run = get_plan_class("join", "v4")({"points": 300, "polygons": 30})
     with pytest.raises(BadParameter, match=r"was measured for other parameters"):
         check_baseline(real(), "<given>", run, "NVIDIA H200")          # not forced unless asked
+
+
+# --- the trace loader's one-line refusals and the settings two profiles differ in (fast: no profiling) ---------
+
+def test_the_loader_names_the_path_and_the_fix_for_each_refusal(tmp_path, monkeypatch):
+    from app.analysis import baseline as bl
+    from app.errors import BadParameter
+
+    partial = tmp_path / ".20261129-999999.partial-42"
+    partial.mkdir()
+    (partial / "trace.json").write_text("{}")
+    with pytest.raises(BadParameter) as exc:
+        bl.read_trace(str(partial))
+    assert str(exc.value) == (f"--baseline {partial}: a profile folder still being written, or left by a writer that "
+                              "was stopped (its name ends in .partial-<pid>); profile again, or pass a finished "
+                              "profile folder")
+    folder = tmp_path / "odd"
+    (folder / "trace.json").mkdir(parents=True)
+    with pytest.raises(BadParameter, match=rf"^NEW {folder}: {folder / 'trace.json'} is not a regular file; pass"):
+        bl.read_trace(str(folder), "NEW")
+    big = tmp_path / "big.trace.json"
+    big.write_text("{}")
+    monkeypatch.setattr(bl, "MAX_BYTES", 1)
+    with pytest.raises(BadParameter, match=rf"^--baseline {big}: {big} is 0 MiB, too large to be a profile trace"):
+        bl.read_trace(str(big))
+    monkeypatch.setattr(bl, "MAX_BYTES", 64 << 20)
+    big.write_text('{"kernel": "join", ')
+    with pytest.raises(BadParameter, match=rf"^BASE {big}: not a readable profile trace .*; {bl.DAMAGED}$"):
+        bl.read_trace(str(big), "BASE")
+
+
+def test_the_settings_two_profiles_differ_in_are_each_named():
+    from app.analysis.baseline import mismatch_of, other_settings
+
+    def trace(l2="flush", warm=400, runtime="gpu", cpus=None):
+        return {"selected_runtime": runtime, "timing": {"l2": {"mode": l2}, "warmup": {"runs": warm}},
+                "device": {"name": "X"} | ({"logical_cpus": cpus} if cpus else {})}
+
+    assert other_settings([trace(), trace(warm=813)]) == ""
+    assert other_settings([trace(), trace(l2="keep")]) == (
+        "the profiles treated L2 differently between timed runs (flush vs keep): a kept L2 serves repeat reads that a "
+        "flushed one fetches from DRAM")
+    assert other_settings([trace(warm=0), trace()]) == (
+        "one profile ran no warm-up runs and another did: the timed runs of the first include cold ones")
+    assert other_settings([trace(warm=0), trace(warm=0)]) == ""
+    assert other_settings([trace(runtime="cpu", cpus=2), trace(runtime="cpu", cpus=64)]) == (
+        "the CPU profiles ran on hosts of 2 vs 64 logical CPUs: other machines")
+    assert other_settings([trace(cpus=2), trace(cpus=64)]) == ""          # GPU profiles: the card says which machine
+    assert other_settings([{"device": {}}, {"timing": None, "device": {}}]) == ""      # older traces: nothing to say
+    # a trace without metadata (an old one) has no parameters to differ in
+    assert mismatch_of({"kernel": "join", "version": "v4"}, "join", "v4", {"points": 1}, None) == ""
