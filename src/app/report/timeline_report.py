@@ -164,7 +164,8 @@ def _median_words(it: dict) -> str:
     true = (it.get("span_spread") or {}).get("median_us")
     if it["instances"] % 2 or true is None or abs(true - it["span_us"]) < 0.05:
         return "the median instance's span"
-    return f"the lower middle of {it['instances']} instances, whose parts add up below; the median of the spans {true:,.1f}"
+    return (f"the lower middle of {it['instances']} instances, whose parts add up below; the median of the spans "
+            f"{true:,.1f}")
 
 
 def _where_idle(cause: str, where: dict) -> str:
