@@ -104,8 +104,8 @@ def test_failures_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, 
     monkeypatch.setenv("FAKE_NCU_MODE", mode)
     out = tmp_path / "out"
     assert main([*ARGS, "--out", str(out)]) == code
-    err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
-    assert len(err) == 1 and fragment in err[0], err
+    err = _one_error_line(capsys)
+    assert fragment in err, err
     assert not out.exists()
 
 

@@ -161,6 +161,13 @@ def verdict_text(r: dict) -> str:
     return f"{r['within_process']}? (1 process)" if r.get("within_process") else r["verdict"]
 
 
+def total_text(total: dict) -> str:
+    """The whole plan's verdict as a headline says it: 'no verdict (one process a side; its runs alone say
+    slower)' where only one process's runs call it."""
+    return (f"no verdict (one process a side; its runs alone say {total['within_process']})"
+            if total.get("within_process") else total["verdict"])
+
+
 def process_verdict(base: list[list[float]], new: list[list[float]], floor: float = DEFAULT_FLOOR) -> dict:
     """verdict_of for several processes a side (lists of each process's samples): one process a side is
     one_process_verdict (no verdict drawn). Otherwise a verdict needs MIN_PROCESSES processes a side and MIN_RUNS

@@ -262,6 +262,15 @@ def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_ma
     return out
 
 
+def time_outside_stages(iteration: dict, instances: list[dict], stage_names) -> int:
+    """An iteration instance's span less the spans of the stage ranges inside it (ns): its time outside every stage,
+    per iteration as event mode counts it (a median span less the sum of median spans is no one iteration's
+    remainder)."""
+    return iteration["span_ns"] - sum(r["span_ns"] for r in instances if r["name"] in stage_names
+                                      and r["tid"] == iteration["tid"] and iteration["start_ns"] <= r["start_ns"]
+                                      and r["end_ns"] <= iteration["end_ns"])
+
+
 def median_instance(recs: list[dict]) -> dict:
     """The instance whose span is the median (the lower middle one for an even count): a real iteration,
     so the parts read from it add up to its span, which medians taken column by column need not do."""

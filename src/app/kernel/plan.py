@@ -228,3 +228,20 @@ def human(v) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     return str(v)
+
+
+def columns_problem(output, columns: dict[str, str]) -> tuple[str | None, list]:
+    """Whether ``output`` has the form a plan's output contract gives: one 1-D array per column of ``columns``
+    (name -> the numpy dtype kinds it may hold: "iu" integers, "iuf" numbers). Returns (the first problem or None,
+    the columns as arrays); a verify() reads a malformed answer as a mismatch, not a check that could not run."""
+    import numpy as np
+
+    cols = [np.asarray(x) for x in output]
+    if len(cols) != len(columns):
+        return f"{len(cols)} columns, not {len(columns)} ({', '.join(columns)})", cols
+    for (name, kinds), col in zip(columns.items(), cols):
+        if col.ndim != 1:
+            return f"the {name} column has shape {col.shape}, not one dimension", cols
+        if col.dtype.kind not in kinds:
+            return f"the {name} column holds {col.dtype}, not {'numbers' if 'f' in kinds else 'integers'}", cols
+    return None, cols

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from app.analysis.baseline import other_card, other_settings, same_cpu_stages
-from app.analysis.compare import ONE_PROCESS_WHY, compare_traces, verdict_text
+from app.analysis.compare import ONE_PROCESS_WHY, compare_traces, total_text, verdict_text
 from app.report.markdown import Section, fmt
 from app.report.timing_text import host_pace_change
 
@@ -13,11 +13,6 @@ def mismatch_warning(baseline: dict) -> str:
     """The warning every report carries when --force compared unlike profiles ('' otherwise)."""
     m = baseline.get("_mismatch")
     return f" The baseline is not comparable: it was measured for {m} (compared anyway, --force)." if m else ""
-
-
-def _called(total: dict) -> str:
-    return (f"no verdict (one process a side; its runs alone say {total['within_process']})"
-            if total.get("within_process") else total["verdict"])
 
 
 def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Section:
@@ -43,7 +38,7 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
                      r["why"].split(":")[0].replace("BASE", "the baseline").replace("NEW", "this profile")])
     return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} "
                                         f"({baseline.get('mode')} mode) on {baseline.get('device', {}).get('name')}; "
-                                        f"whole plan (the total): **{_called(result['total'])}**."
+                                        f"whole plan (the total): **{total_text(result['total'])}**."
                                         + "".join(f" No verdict: {why}." if why == ONE_PROCESS_WHY
                                                   else f" No interval: {why}." for why in reasons)
                                         + mismatch_warning(baseline) + note

@@ -13,7 +13,7 @@ from pathlib import Path
 from app.analysis.baseline import (mismatch_of, other_backend, other_card, other_settings, read_trace,
                                    refuse_unverified, same_cpu_stages)
 from app.analysis.compare import (DEFAULT_FLOOR, MIN_PROCESSES, MIN_RUNS, ONE_PROCESS_WHY, compare_processes, regression,
-                                  verdict_text)
+                                  total_text, verdict_text)
 from app.errors import BadParameter, OneLineParser
 from app.report.timing_text import host_pace_change
 from app.report.writer import finite_or_null
@@ -65,8 +65,9 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
         lines.append(f"WARNING: {warning}")
     total = result["total"]
     few = f", {total['why']}" if total["why"].startswith("too few") else ""
-    called = (f"NO VERDICT (one process a side; its runs alone say {total['within_process']})"
-              if total.get("within_process") else result["verdict"].upper())
+    # the verdict word in capitals ("NO VERDICT (one process a side; ...)", "SLOWER"), the reason as written
+    word, _, rest = total_text(total).partition(" (")
+    called = word.upper() + (f" ({rest}" if rest else "")
     lines.append(f"{new['kernel']} {new['version']}: {base.get('mode')} profile vs {new.get('mode')} profile on "
                  f"{new.get('device', {}).get('name')} -- {TOTAL_LABEL}: {called}{few}")
     lines.append(f"{'':<28} {'base (us)':>12} {'new (us)':>12} {'change':>9} {'95% interval':>20}  verdict")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.analysis.audit import copy_bound
 from app.analysis.baseline import other_backend
-from app.analysis.timeline import CAUSE_TEXT, CAUSES
+from app.analysis.timeline import CAUSE_TEXT, CAUSES, time_outside_stages
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
@@ -136,9 +136,7 @@ def _outside_stages(analysis: dict) -> float:
     if rec is None:
         return 0.0
     names = {s["name"] for s in analysis["stages"]}
-    inside = [r["span_ns"] for r in analysis["instances"] if r["name"] in names and r.get("tid") == rec.get("tid")
-              and rec["start_ns"] <= r["start_ns"] and r["end_ns"] <= rec["end_ns"]]
-    return max(0.0, (rec["span_ns"] - sum(inside)) / 1e3)
+    return max(0.0, time_outside_stages(rec, analysis["instances"], names) / 1e3)
 
 
 def reconciliation_section(analysis: dict) -> Section:

@@ -7,7 +7,7 @@ import numpy as np
 
 from app.kernel import datagen, grid
 from app.kernel.geometry import PolygonBuffers
-from app.kernel.plan import Cost, Footprint, KernelPlan, Param, StageSpec, register, set_default
+from app.kernel.plan import Cost, Footprint, KernelPlan, Param, StageSpec, columns_problem, register, set_default
 
 PREDICATES = ("within", "intersects")
 BLOCK_SIZES = (256, 128, 512)
@@ -129,14 +129,9 @@ class JoinV1(KernelPlan):
 def _shape_problem(output, n_points: int, n_polygons: int) -> str | None:
     """What makes ``output`` no answer of the join's form before any pair is compared: not two columns (point,
     polygon), a column not a 1-D array of integers, columns of different lengths, an index out of range."""
-    cols = [np.asarray(a) for a in output]
-    if len(cols) != 2:
-        return f"{len(cols)} columns, not 2 (point, polygon)"
-    for name, col in zip(("point", "polygon"), cols):
-        if col.ndim != 1:
-            return f"the {name} column has shape {col.shape}, not one dimension"
-        if col.dtype.kind not in "iu":
-            return f"the {name} column holds {col.dtype}, not integers"
+    problem, cols = columns_problem(output, {"point": "iu", "polygon": "iu"})
+    if problem:
+        return problem
     if len(cols[0]) != len(cols[1]):
         return f"columns of different lengths ({len(cols[0])}, {len(cols[1])})"
     for name, col, n in (("point", cols[0], n_points), ("polygon", cols[1], n_polygons)):

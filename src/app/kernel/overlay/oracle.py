@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.kernel.geometry import PolygonBuffers
+from app.kernel.plan import columns_problem
 
 REL = 1e-9
 FLOOR_ULPS = 16
@@ -117,14 +118,9 @@ def _shape_problem(got, n_left: int, n_right: int) -> str | None:
     """What makes ``got`` no valid answer before any area is compared: ragged columns, indices out of
     range, a pair reported twice, or rows not sorted by (a, b) as the output contract says; before those, not three
     1-D columns (a, b: integers; area: numbers)."""
-    cols = [np.asarray(x) for x in got]
-    if len(cols) != 3:
-        return f"{len(cols)} columns, not 3 (a, b, area)"
-    for name, col, kinds in zip(("a", "b", "area"), cols, ("iu", "iu", "iuf")):
-        if col.ndim != 1:
-            return f"the {name} column has shape {col.shape}, not one dimension"
-        if col.dtype.kind not in kinds:
-            return f"the {name} column holds {col.dtype}, not {'numbers' if name == 'area' else 'integers'}"
+    problem, cols = columns_problem(got, {"a": "iu", "b": "iu", "area": "iuf"})
+    if problem:
+        return problem
     a, b, area = cols
     if not (len(a) == len(b) == len(area)):
         return f"columns of different lengths ({len(a)}, {len(b)}, {len(area)})"

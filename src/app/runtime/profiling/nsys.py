@@ -27,7 +27,7 @@ import time
 from app.analysis.audit import answers, audit
 from app.analysis.compare import MIN_RUNS, change_interval
 from app.analysis.summary import nsys_summary
-from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise
+from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise, time_outside_stages
 from app.errors import AppError, BadParameter, MalformedToolOutput
 from app.runtime import launch_pace
 from app.runtime.lock import measurement_window
@@ -262,13 +262,8 @@ def _paces(worker: dict, spans: list[float]) -> dict:
 
 
 def _uncovered(analysis: dict, stage_names) -> list[int]:
-    """Each iteration's time outside its stages' ranges (ns): its span less the spans of the stage ranges
-    inside it, per iteration as event mode does it (a median span less the sum of median spans is no one
-    iteration's remainder)."""
-    stages = [r for r in analysis["instances"] if r["name"] in stage_names]
-    return [it["span_ns"] - sum(r["span_ns"] for r in stages if r["tid"] == it["tid"] and
-                                it["start_ns"] <= r["start_ns"] and r["end_ns"] <= it["end_ns"])
-            for it in analysis["iterations"]]
+    """Each iteration's time outside its stages' ranges (ns)."""
+    return [time_outside_stages(it, analysis["instances"], stage_names) for it in analysis["iterations"]]
 
 
 def _span_samples(analysis: dict, name: str) -> list[float]:
