@@ -37,7 +37,7 @@ def test_classify_matches_shapely_pair_by_pair_across_chunks(monkeypatch):
     pts = np.concatenate([rng.uniform(-1, 12, (400, 2)), [[0, 0], [2, 0], [4, 4], [3, 1], [3, 5], [10.25, 10.5],
                                                           [10.5, 10.5], [2, 1.5]]])
     pt, geom = (a.ravel() for a in np.meshgrid(np.arange(len(pts)), np.arange(len(geoms)), indexing="ij"))
-    parity, boundary, _ = classify(pts, edge_table(polys.coords, polys.ring_offsets, polys.geom_ring_offsets),
+    parity, boundary, _, _ = classify(pts, edge_table(polys.coords, polys.ring_offsets, polys.geom_ring_offsets),
                                    pt, geom)
     shp = shapely.points(pts[pt])
     targets = np.array(geoms, dtype=object)[geom]

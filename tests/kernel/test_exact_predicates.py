@@ -100,7 +100,7 @@ def test_points_on_segments_are_classified_exactly_not_their_rounding():
     parity, boundary, n_exact = classify_segment_points(x0[:, 0], x0[:, 1], x1[:, 0], x1[:, 1], t, edges,
                                                         np.zeros(n, dtype=np.int64))
     mx, my, _, _ = segment_points(x0[:, 0], x0[:, 1], x1[:, 0], x1[:, 1], t)
-    rounded, rounded_bnd, _ = classify(np.c_[mx, my], edges, np.arange(n), np.zeros(n, dtype=np.int64))
+    rounded, rounded_bnd, _, _ = classify(np.c_[mx, my], edges, np.arange(n), np.zeros(n, dtype=np.int64))
     wrong_rounded = 0
     for i in range(n):
         px = F(x0[i, 0]) + F(t[i]) * (F(x1[i, 0]) - F(x0[i, 0]))

@@ -53,7 +53,7 @@ def test_annotation_profile_from_replayed_capture(tmp_path, capsys):
     assert trace["metadata"]["verification"]["matches"] is True
     report = (d / "report.md").read_text()
     for heading in ("## Stages", "**Bottleneck:**", "## Top 3 Opportunities", "## Kernels",
-                    "DRAM bytes: measured vs cost model", "## Transfers and syncs", "## Verification",
+                    "DRAM bytes and FLOPs: measured vs cost model", "## Transfers and syncs", "## Verification",
                     "## Device", "](roofline.png)", "](bandwidth.png)"):
         assert heading in report, heading
     assert "Output matches shapely" in report

@@ -407,9 +407,12 @@ __device__ __forceinline__ int run_item(int f, int first, int incl, int excl) {
 // (a point off the edge's line is never on it). Interleaved against the edge-by-edge loop, on an H100 and an
 // H200: join's refine at 1M x 100k 101.4 -> 76.1 and 98.0 -> 72.1 us, overlay v3's area stage at 100k x 100k
 // 417.9 -> 364.5 and 407.8 -> 352.2 us. Unrolling the first pass 4 times changed nothing (72.1 against 72.2 us).
+// n_edges counts every edge scanned, n_orient the marked ones the orientation filter ran on: the join's cost model
+// counts FLOPs from n_orient (9 a test; ncu measured exactly that, where every edge's count was 7.4x too many).
 __device__ __forceinline__ int classify_point(const double2* coords, const int* ring_off, const int* geom_ring_off,
                                               int g, double2 q, double errA, unsigned long long& n_exact,
-                                              unsigned long long& n_edges, bool& boundary) {
+                                              unsigned long long& n_edges, unsigned long long& n_orient,
+                                              bool& boundary) {
     int crossings = 0;
     for (int r = geom_ring_off[g], r1 = geom_ring_off[g + 1]; r < r1; ++r) {
         int k0 = ring_off[r], k1 = ring_off[r + 1] - 1;
@@ -427,6 +430,7 @@ __device__ __forceinline__ int classify_point(const double2* coords, const int* 
                 if (above_a != above_b || level_a || level_b) mask |= 1u << (k - c0);
                 above_a = above_b; level_a = level_b; ay = by;
             }
+            n_orient += __popc(mask);
             for (; mask; mask &= mask - 1) {
                 const int k = c0 + __ffs(mask) - 1;
                 const double2 a = coords[k], b = coords[k + 1];
@@ -441,4 +445,12 @@ __device__ __forceinline__ int classify_point(const double2* coords, const int* 
         }
     }
     return crossings;
+}
+
+// The overlay's callers, which count no orientation tests.
+__device__ __forceinline__ int classify_point(const double2* coords, const int* ring_off, const int* geom_ring_off,
+                                              int g, double2 q, double errA, unsigned long long& n_exact,
+                                              unsigned long long& n_edges, bool& boundary) {
+    unsigned long long n_orient = 0;
+    return classify_point(coords, ring_off, geom_ring_off, g, q, errA, n_exact, n_edges, n_orient, boundary);
 }

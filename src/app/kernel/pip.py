@@ -51,7 +51,8 @@ def edge_table(coords, ring_offsets, geom_ring_offsets) -> Edges:
 
 
 def classify(points, edges: Edges, pt, geom):
-    """(parity bool, on_boundary bool, exact_orientations) per (pt, geom) pair.
+    """(parity bool, on_boundary bool) per (pt, geom) pair, and the counts of exact orientations and of
+    orientation tests (the edges whose y-range holds the point: the edges join.cu's refine tests).
 
     Every pair is expanded to its geometry's edges in chunks; only the edges whose y-range holds the point go
     further. Gathers use ``np.take`` with int32 indices where they fit, and the expansion carries each pair's
@@ -60,13 +61,14 @@ def classify(points, edges: Edges, pt, geom):
     n = len(pt)
     parity = np.zeros(n, dtype=bool)
     boundary = np.zeros(n, dtype=bool)
-    exact = 0
+    exact = tests = 0
     px_all, py_all = np.ascontiguousarray(points[:, 0]), np.ascontiguousarray(points[:, 1])
     idx = np.int32 if max(len(edges.ax), n) < 2**31 else np.int64
     for start, stop, ln, k in _edge_chunks(edges, geom, idx):
         py = np.repeat(np.take(py_all, pt[start:stop]), ln)
         # Only edges whose y-range holds py can cross the ray or carry the point.
         near = np.flatnonzero((np.take(edges.ylo, k) <= py) & (py <= np.take(edges.yhi, k)))
+        tests += len(near)
         k, py = np.take(k, near), np.take(py, near)
         rep = np.take(np.repeat(np.arange(start, stop, dtype=idx), ln), near)
         px = np.take(px_all, np.take(pt, rep))
@@ -83,7 +85,7 @@ def classify(points, edges: Edges, pt, geom):
         owner = rep[need] - start                                # a pair never spans two chunks
         parity[start:stop] = np.bincount(owner[cross], minlength=stop - start) % 2 == 1
         boundary[start:stop] = np.bincount(owner[on_edge], minlength=stop - start) > 0
-    return parity, boundary, exact
+    return parity, boundary, exact, tests
 
 
 def _edge_chunks(edges: Edges, geom, idx=np.int64):

@@ -42,6 +42,9 @@ import numpy as np
 
 EPS = 2.0 ** -53
 CCW_ERRBOUND_A = (3.0 + 16.0 * EPS) * EPS
+# fp64 operations of one orientation test's fast filter: the determinant (5 add/sub, 2 mul) and its error bound
+# (1 add, 1 mul); the cost models' FLOPs a test. ncu counts exactly this (6 DADD, 3 DMUL a test) in join's refine.
+ORIENT_FILTER_FLOPS = 9
 # orient2d_values trusts its double-double value where |det| >= this share of |detleft| + |detright| (its error is
 # then below 1.1 ulp of the value); below it, the exact expansion is summed. overlay_exact.cu's ORIENT_DD_BOUND.
 ORIENT_DD_BOUND = 2.0 ** -40

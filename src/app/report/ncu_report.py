@@ -76,12 +76,17 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
         _listing("Flagged values (impossible readings, used for no conclusion)", "What was read", kernels, "flags"),
         _listing("Missing readings (shown as n/a, used for no conclusion)", "ncu metrics missing or unreadable",
                  kernels, "missing"),
-        Section("DRAM bytes: measured vs cost model",
-                columns=["Stage", "measured MB (ncu)", "cost-model MB", "measured / model"],
-                rows=[_bytes_row(s) for s in trace["stages"]],
+        Section("DRAM bytes and FLOPs: measured vs cost model",
+                columns=["Stage", "measured MB (ncu)", "cost-model MB", "bytes: measured / model",
+                         "measured MFLOP fp64 (ncu)", "cost-model MFLOP", "FLOPs: measured / model"],
+                rows=[_bytes_row(s) + _flops_row(s) for s in trace["stages"]],
                 note="The cost model counts each byte a stage reads or writes once; host->device copies are not "
                      "DRAM kernel traffic, and data an earlier stage left in L2 never reaches DRAM (a ratio under "
-                     "1), while re-reads and scattered access move more (over 1)."),
+                     "1), while re-reads and scattered access move more (over 1). Its FLOPs are the operations it "
+                     "models (the orientation tests' filters); ncu counts every fp64 add, multiply and fused "
+                     "multiply-add (as two) the kernels ran, exact fallbacks and other arithmetic included, so a "
+                     "ratio far from 1 says the event mode's roofline places that stage by a wrong operation "
+                     "count."),
     ]
 
 
@@ -95,6 +100,17 @@ def _listing(title: str, what: str, kernels, col: str) -> Section:
     rows = [[k.stage or "-", k.kernel[:40], getattr(k, col)] for k in kernels.itertuples()
             if col in kernels and getattr(k, col)]
     return Section(title, columns=["Stage", "Kernel", what], rows=rows) if rows else Section(title, text="None.")
+
+
+def _flops_row(stage: dict) -> list[str]:
+    cost = stage.get("cost") or {}
+    model = cost.get("flops") if cost.get("precision", "fp64") == "fp64" else None
+    if not stage["ncu"].get("kernels") and cost.get("kind") == "host_link":
+        return ["n/a (copies)", "n/a (copies)", "n/a"]
+    measured = stage["ncu"].get("fp64_flops")
+    return [f"{measured / 1e6:,.3f}" if measured is not None else "n/a (fp64 instruction counts missing)",
+            f"{model / 1e6:,.3f}" if model is not None else "n/a",
+            f"{measured / model:.2f}" if measured is not None and model else "n/a"]
 
 
 def _bytes_row(stage: dict) -> list[str]:

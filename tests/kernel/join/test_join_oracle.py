@@ -127,5 +127,5 @@ def test_gpu_and_cpu_stage_metadata_agree(layout, version):
     for c, g in zip(records["cpu"].stages, records["gpu"].stages):
         assert (c["rows_in"], c["rows_out"]) == (g["rows_in"], g["rows_out"]), c["name"]
         for key in ("pairs_examined", "candidates", "grid_level", "grid_cells", "exact_orientations",
-                    "edge_tests", "boundary_pairs", "grid_entries"):
+                    "edge_tests", "orientation_tests", "boundary_pairs", "grid_entries"):
             assert c["meta"].get(key) == g["meta"].get(key), (c["name"], key)

@@ -101,12 +101,12 @@ class JoinCPU:
 
     def predicate_refine(self, state, st, tiling):
         edges = edge_table(state["coords"], state["ring_offsets"], state["geom_ring_offsets"])
-        parity, boundary, exact = classify(state["points"], edges, state["cand_pt"], state["cand_poly"])
+        parity, boundary, exact, tests = classify(state["points"], edges, state["cand_pt"], state["cand_poly"])
         keep = (parity & ~boundary) if state["inputs"].predicate == "within" else (parity | boundary)
         state["hit_pt"], state["hit_poly"] = state["cand_pt"][keep], state["cand_poly"][keep]
         st.rows_in, st.rows_out = len(keep), int(keep.sum())
         st.meta.update(exact_orientations=exact, boundary_pairs=int(boundary.sum()),
-                       edge_tests=int(np.diff(edges.geom_offsets)[state["cand_poly"]].sum()))
+                       edge_tests=int(np.diff(edges.geom_offsets)[state["cand_poly"]].sum()), orientation_tests=tests)
 
     def output_sort(self, state, st, tiling):
         keys = np.sort((state["hit_pt"].astype(np.int64) << 32) | state["hit_poly"].astype(np.int64))

@@ -61,12 +61,12 @@ LIBRARY_CALLS = {
 }
 # The run's ledger, one device array of 64-bit words: every kernel reads the grid from it, every counter
 # lands in it, and v3 reads it once, at the end.
-LEDGER_WORDS = 14
+LEDGER_WORDS = 15
 GRID = slice(0, 8)        # join.cu's GridParams: ox, oy, sx, sy (fp64 bits), level, shift, cells, table length
 TABLE = slice(7, 8)
 FILTER = slice(8, 10)     # pairs examined, candidates
 CANDIDATES = slice(9, 10)
-REFINE = slice(10, 14)    # hits, exact orientations, edge tests, boundary pairs
+REFINE = slice(10, 15)    # hits, exact orientations, edge tests, boundary pairs, orientation tests
 MIN_ROOM = 4096
 # v4 from this many points: the indices scattered, then the coordinates gathered in bucketed order (two launches),
 # instead of scattered with them (one). On an H200 the kernels took 46 against 69 us at 1M points and 27 against
@@ -335,7 +335,7 @@ class JoinGPU(GpuBackend):
 
     def _count_rows(self, state, st, words, hit_words):
         """The counters read with the result's length into the stages' rows and metadata (after the clock)."""
-        h, n_exact, n_edges, n_boundary = (int(v) for v in hit_words)
+        h, n_exact, n_edges, n_boundary, n_orient = (int(v) for v in hit_words)
         if self.no_reads:       # v3, v4: the grid and the filter's counts came back in the same read
             c, level = int(words[CANDIDATES][0]), int(words[4])
             state["morton_st"].meta.update(grid_level=level, grid_cells=1 << 2 * level)
@@ -346,7 +346,8 @@ class JoinGPU(GpuBackend):
         st.rows_in = st.rows_out = h
         refine = state["refine_st"]
         refine.rows_out = h
-        refine.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges)
+        refine.meta.update(exact_orientations=n_exact, boundary_pairs=n_boundary, edge_tests=n_edges,
+                           orientation_tests=n_orient)
 
     def _sort_hits(self, state):
         """Counting sort of the hits by point (refine counted and ranked them), then each point's polygons:

@@ -171,7 +171,8 @@ extern "C" __global__ void candidate_emit(const double2* pts, const double* bbox
 // ---- predicate refine: crossing number over every ring edge, exact orientation ---
 // Hits are appended as (point << 32 | polygon) keys, one atomic per block.
 // stats[0] += hits, [1] += orientations that needed the exact path, [2] += edge
-// tests, [3] += candidate pairs with the point on the polygon's boundary.
+// tests, [3] += candidate pairs with the point on the polygon's boundary, [4] += orientation tests (the
+// edges that straddle the point's height or touch it).
 // Each hit also takes its rank among its point's hits (point_counts[p + 1], zeroed before): the first step of
 // output_sort's counting sort, done here where the hit is written instead of by a launch that reads it back.
 extern "C" __global__ void __launch_bounds__(256, 4)
@@ -181,13 +182,14 @@ refine(const double2* pts, const double2* coords, const int* ring_off, const int
     // v3 launches over the buffers' room and reads the real count here (never past the room).
     if (n_cand) C = (int)min(*n_cand, (unsigned long long)C);
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    unsigned long long n_exact = 0, n_edges = 0, n_boundary = 0;
+    unsigned long long n_exact = 0, n_edges = 0, n_boundary = 0, n_orient = 0;
     bool keep = false;
     int p = 0, g = 0;
     if (c < C) {
         p = cand_pt[c]; g = cand_poly[c];
         bool boundary = false;
-        int crossings = classify_point(coords, ring_off, geom_ring_off, g, pts[p], errA, n_exact, n_edges, boundary);
+        int crossings = classify_point(coords, ring_off, geom_ring_off, g, pts[p], errA, n_exact, n_edges, n_orient,
+                                       boundary);
         keep = within ? (crossings && !boundary) : (crossings || boundary);
         n_boundary = boundary;
     }
@@ -196,8 +198,8 @@ refine(const double2* pts, const double2* coords, const int* ring_off, const int
         hits[slot] = ((unsigned long long)p << 32) | (unsigned int)g;
         hit_slot[slot] = atomicAdd(point_counts + p + 1, 1);
     }
-    unsigned long long v[3] = {n_exact, n_edges, n_boundary};
-    block_add<3>(stats + 1, v);
+    unsigned long long v[4] = {n_exact, n_edges, n_boundary, n_orient};
+    block_add<4>(stats + 1, v);
 }
 
 // ---- output sort: counting sort by point, then each point's polygons in order ----

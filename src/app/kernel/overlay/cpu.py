@@ -455,7 +455,7 @@ def _classify_vertices(points, O, geoms):
     near = np.flatnonzero(in_box)
     inside = np.zeros(len(points), dtype=bool)
     on_boundary = np.zeros(len(points), dtype=bool)
-    parity, boundary, _ = classify(points, O["edges"], near, geoms[near])
+    parity, boundary, _, _ = classify(points, O["edges"], near, geoms[near])
     inside[near] = parity & ~boundary
     on_boundary[near] = boundary
     return inside, on_boundary, in_box

@@ -8,6 +8,7 @@ import numpy as np
 from app.kernel import datagen
 from app.kernel.geometry import PolygonBuffers
 from app.kernel.plan import Cost, Footprint, KernelPlan, Param, StageSpec, register, set_default
+from app.kernel.robust import ORIENT_FILTER_FLOPS
 
 LAYOUTS = ("random", "shifted", "self", "grid")
 BLOCK_SIZES = (256, 128, 512)
@@ -96,8 +97,11 @@ class OverlayPlan(KernelPlan):
             return Cost(g * 32 + meta.get("polygon_pairs", 0) * 8 + rows_out * 12,
                         note="bboxes, polygon pairs, candidate segment pairs out")
         if stage == "exact_intersection_refine":
-            return Cost(rows_in * (12 + 64) + rows_out * 12, rows_in * 4 * 7,
-                        note="pair ids and both segments in, split events out; 4 orientations x 7 flops")
+            # Only the four orientation filters are counted: a proper crossing's parameter (two exact
+            # orientation values) costs more, so ncu measures several times these FLOPs.
+            return Cost(rows_in * (12 + 64) + rows_out * 12, rows_in * 4 * ORIENT_FILTER_FLOPS,
+                        note=f"pair ids and both segments in, split events out; 4 orientation filters x "
+                             f"{ORIENT_FILTER_FLOPS} flops (a crossing's exact parameter not counted)")
         if stage == "reconstruction_event_sort":
             return Cost(rows_in * 12 * 2, note="one read+write pass over the events")
         if stage == "area_reconstruction":
