@@ -85,3 +85,54 @@ def test_l2_hit_rate_judged_only_with_enough_traffic(dram_bytes, locality):
     assert k["bottleneck"].endswith("+ locality") is locality
     st = stage_table(kernel_table(raw, "join", ["bounds"], "NVIDIA H200"), ["bounds"]).iloc[0]
     assert bool(st["l2_hit_pct"] == 50.0) is locality and st["bottleneck"].endswith("+ locality") is locality
+
+
+@pytest.mark.parametrize("model_bytes,locality", [(None, True), (3.9e6, False), (3.2e6, False), (3.1e6, True)])
+def test_low_l2_hit_rate_is_locality_only_where_the_stage_moves_more_than_its_model(model_bytes, locality):
+    """A stage that moves each byte once (its cost model's bytes) misses L2 on every first touch: no "+ locality"
+    class or advice there; more than 1.25x the model's bytes is data fetched again; no model, the old rule."""
+    from app.analysis.kernel_metrics import opportunities
+
+    raw = raw_table(l2_hit_pct=50.0, dram_read_bytes=2e6, dram_write_bytes=2e6)
+    k = kernel_table(raw, "join", ["bounds"], "NVIDIA H200",
+                     model_bytes=None if model_bytes is None else {"bounds": model_bytes})
+    assert k.iloc[0]["bottleneck"].endswith("+ locality") is locality
+    st = stage_table(k, ["bounds"])
+    assert st.iloc[0]["bottleneck"].endswith("+ locality") is locality
+    ops = [o for o in opportunities(st, 10.0) if o["name"].startswith("Improve locality")]
+    assert bool(ops) is locality
+    if ops and model_bytes:
+        assert f"dram_bytes={4e6 / model_bytes:.2f}x the cost model's" in ops[0]["trigger"]
+
+
+def test_a_refine_reading_each_byte_once_is_not_called_a_locality_problem():
+    """The committed H200 capture of join v2 (20k x 2k): refine's L2 hit rate is 66% and its DRAM bytes 0.99x
+    its cost model's; candidate_filter's are 2.45x: only that stage keeps the class and the advice."""
+    from app.analysis.kernel_metrics import kernel_time, opportunities
+    from tests.kernel.join.test_join_cost import _cpu_stages
+
+    names = [s.name for s in get_plan_class("join", "v2")().stages]
+    model = {n: c.bytes for n, c in _cpu_stages({"points": 20_000, "polygons": 2_000}).items()
+             if c.kind == "dram"}
+    raw, _ = parse_raw(fixture_text("ncu/join.full.raw.csv"))
+    st = stage_table(kernel_table(raw, "join", names, "NVIDIA H200", model_bytes=model), names).set_index("stage")
+    assert st.loc["predicate_refine", "l2_hit_pct"] < 80 and st.loc["predicate_refine", "dram_vs_model"] < 1.05
+    assert not st.loc["predicate_refine", "bottleneck"].endswith("+ locality")
+    assert st.loc["candidate_filter", "dram_vs_model"] > 2 and st.loc["candidate_filter", "bottleneck"].endswith(
+        "+ locality")
+    ops = [o["name"] for o in opportunities(st.reset_index(), kernel_time(st))]
+    assert "Improve locality in candidate_filter (Morton order, tile by cell)" in ops
+    assert not any(o.startswith("Improve locality in predicate_refine") for o in ops)
+
+
+def test_fill_the_gpu_weighs_each_kernel_by_its_own_waves():
+    """A stage's waves/SM is its largest kernel's; a long kernel of few blocks beside a full one still leaves
+    the GPU's block slots unfilled for its time, and the advice says so with that kernel's weight."""
+    from app.analysis.kernel_metrics import opportunities
+
+    raw = pd.concat([raw_table(waves_per_sm=4.0, duration_ns=10_000.0),
+                     raw_table(kernel="few", waves_per_sm=0.25, duration_ns=30_000.0)], ignore_index=True)
+    st = stage_table(kernel_table(raw, "join", ["bounds"], "NVIDIA H200"), ["bounds"])
+    assert st.iloc[0]["waves_per_sm"] == 4.0 and st.iloc[0]["underfill_us"] == pytest.approx(22.5)
+    (fill,) = [o for o in opportunities(st, 40.0) if o["name"].startswith("Fill the GPU")]
+    assert fill["gain_pct"] == pytest.approx(100 * 22.5 / 40) and "22.5 of its 40.0 us" in fill["trigger"]

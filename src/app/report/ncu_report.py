@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from app.analysis.kernel_metrics import DURATION, L2_JUDGE_MIN_BYTES, kernel_time, kernel_time_text
+from app.analysis.kernel_metrics import DURATION, L2_JUDGE_MIN_BYTES, LOCALITY_MIN_EXCESS, kernel_time, kernel_time_text
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render
 from app.report.sections import with_verification_headline
@@ -72,7 +72,10 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
                 note=f"L2 hit% marked * was measured on under {L2_JUDGE_MIN_BYTES // 1024} KiB of DRAM traffic: there "
                      "the rate reflects ncu's replay more than the kernel (the two counter modes disagree by up to "
                      "~40 points on such kernels), so no locality class or advice is drawn from it, and a stage's "
-                     "L2 hit% is over its other kernels only."),
+                     "L2 hit% is over its other kernels only. A hit rate under 80% is a locality issue "
+                     f"(\"+ locality\") only where the stage moves more than {LOCALITY_MIN_EXCESS}x its cost "
+                     "model's DRAM bytes (the measured-vs-model table below), or that is unknown: a stage that "
+                     "touches each byte once misses L2 at every first touch, however its accesses are ordered."),
         _listing("Flagged values (impossible readings, used for no conclusion)", "What was read", kernels, "flags"),
         _listing("Missing readings (shown as n/a, used for no conclusion)", "ncu metrics missing or unreadable",
                  kernels, "missing"),

@@ -30,7 +30,8 @@ class AnnotationMode(Mode):
             names = [s.name for s in plan.stages]
             device_name = run.worker["selection"]["device_name"]
             spec = counters.device_spec(run)
-            kernels = kernel_table(raw, plan.kernel, names, device_name, spec, units=units)
+            kernels = kernel_table(raw, plan.kernel, names, device_name, spec, units=units,
+                                   model_bytes=counters.model_dram_bytes(run))
             stages = stage_table(kernels, names, stages_with_gpu_work(run.worker))
             ops = opportunities(stages, kernel_time(stages))
             trace = counters.measured_trace(plan, run, kernels, stages, self.name)

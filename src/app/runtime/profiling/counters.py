@@ -97,6 +97,13 @@ def device_spec(run) -> dict | None:
     return spec_for(sel["device_name"], (sel.get("info") or {}).get("uuid"))[1]
 
 
+def model_dram_bytes(run) -> dict:
+    """{stage: the cost model's DRAM bytes} from the worker's costs (host->device copies left out: they are
+    not kernel DRAM traffic)."""
+    return {name: c["bytes"] for name, c in (run.worker.get("costs") or {}).items()
+            if c and c.get("kind", "dram") == "dram" and c.get("bytes") is not None}
+
+
 def headline_prefix(trace: dict) -> str:
     """A CPU fallback or a planner override leads the headline: every figure below depends on it."""
     sel, meta = trace["selected_runtime"], trace["metadata"]
