@@ -138,3 +138,26 @@ def test_unreadable_report_keeps_the_profile(tmp_path, capture):
     files, section = hot_spots(str(bad), None, kernel_table(raw, "join", STAGES, "NVIDIA H200"),
                                parse_source(fixture_text("ncu/join.full.source.csv")))
     assert "Source lines unavailable" in section.text and any(n.startswith("sass/") for n in files)
+
+
+def test_flops_beside_the_cost_model_per_stage(capture):
+    """The report's measured-vs-model table, FLOPs half: refine's ncu count beside the model's (the same at the
+    capture's sizes), a stage the model gives none shown as such, a missing count named, the build's copies n/a."""
+    from app.analysis.kernel_metrics import stage_table
+    from app.report.ncu_report import _flops_row
+    from tests.kernel.join.test_join_cost import _cpu_stages
+
+    raw, _, _ = capture
+    costs = _cpu_stages({"points": 20_000, "polygons": 2_000})
+    st = stage_table(kernel_table(raw, "join", STAGES, "NVIDIA H200"), STAGES).set_index("stage")
+
+    def row(name, **over):
+        ncu = {"kernels": int(st.loc[name, "kernels"]), "fp64_flops": float(st.loc[name, "fp64_flops"])} | over
+        c = costs[name]
+        return _flops_row({"name": name, "ncu": ncu, "cost": {"flops": c.flops, "precision": c.precision,
+                                                              "kind": c.kind}})
+
+    assert row("predicate_refine") == ["0.220", "0.220", "1.00"]
+    assert row("bounds")[1:] == ["0.000", "n/a (the model counts none)"] and float(row("bounds")[0]) > 0
+    assert row("predicate_refine", fp64_flops=None)[0] == "n/a (fp64 instruction counts missing)"
+    assert row("owned_buffer_build", kernels=0) == ["n/a (copies)", "n/a (copies)", "n/a"]

@@ -516,10 +516,30 @@ def test_an_idle_cause_names_its_largest_stage_without_claiming_a_share():
 
     plan, worker = load("join")
     a = analyse_plan(plan, read_sqlite(str(fixture("join.sqlite"))), worker)
+    named = 0
     for c in CAUSES:
         where = max(a["stages"], key=lambda s: s["idle_us"][c])
-        said = _where_idle(c, where)
-        assert said == f"the stage with the most of it {where['name']} ({where['idle_us'][c]:,.1f} us of its own span)"
+        said = _where_idle(c, where, 112.3)
+        if where["idle_us"][c] >= 0.05:
+            named += 1
+            assert said == (f"the stage with the most of it {where['name']} ({where['idle_us'][c]:,.1f} us of its "
+                            "own span)")
+        else:
+            assert said == "in no stage's range: it lies between or after them (112.3 us of the iteration is " \
+                           "outside every stage)"
+    assert named >= 3
+
+
+def test_idle_time_outside_every_stage_is_not_put_in_a_stage():
+    """An H200 report's iteration spent 172.0 us after its last GPU op, all of it outside the stage ranges; the
+    opportunity named 'owned_buffer_build (0.0 us of its own span)', the first stage of a max over zeros."""
+    from app.report.timeline_report import _where_idle
+
+    stages = [{"name": n, "idle_us": {"after_last_op": 0.0}} for n in ("owned_buffer_build", "bounds")]
+    where = max(stages, key=lambda s: s["idle_us"]["after_last_op"])
+    said = _where_idle("after_last_op", where, 175.3)
+    assert "owned_buffer_build" not in said and said.startswith("in no stage's range") and "175.3 us" in said
+    assert _where_idle("after_last_op", where) == "in no stage's range: it lies between or after them"
 
 
 def test_the_iterations_figure_says_which_instance_it_is():

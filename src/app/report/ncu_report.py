@@ -113,7 +113,8 @@ def _flops_row(stage: dict) -> list[str]:
     measured = stage["ncu"].get("fp64_flops")
     return [f"{measured / 1e6:,.3f}" if measured is not None else "n/a (fp64 instruction counts missing)",
             f"{model / 1e6:,.3f}" if model is not None else "n/a",
-            f"{measured / model:.2f}" if measured is not None and model else "n/a"]
+            f"{measured / model:.2f}" if measured is not None and model
+            else "n/a (the model counts none)" if model == 0 and measured else "n/a"]
 
 
 def _bytes_row(stage: dict) -> list[str]:

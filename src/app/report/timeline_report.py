@@ -166,12 +166,16 @@ def _median_words(it: dict) -> str:
             f"{true:,.1f}")
 
 
-def _where_idle(cause: str, where: dict) -> str:
+def _where_idle(cause: str, where: dict, outside_us: float = 0.0) -> str:
     """The stage with the most of an idle cause, with its own figure. Not 'mostly in': each range's time is split
     into causes on its own (a gap before a stage's first copy is that stage's 'before first op' though the iteration
     had begun its GPU work), so the stages' figures neither add up to the iteration's nor stay under it (an H200
     report read 'mostly in owned_buffer_build (227.7 of 215.4 us)', and the join capture's sync wait was 'mostly in'
-    a stage holding a quarter of it)."""
+    a stage holding a quarter of it). Where no stage's range holds any of it, it lies between or after the stage
+    ranges (an H200 report's 172.0 us after the last op named 'owned_buffer_build (0.0 us ...)')."""
+    if where["idle_us"][cause] < 0.05:
+        return ("in no stage's range: it lies between or after them"
+                + (f" ({outside_us:,.1f} us of the iteration is outside every stage)" if outside_us else ""))
     return f"the stage with the most of it {where['name']} ({where['idle_us'][cause]:,.1f} us of its own span)"
 
 
@@ -189,13 +193,13 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
     cause = (f"Of {it['span_us']:,.1f} us per iteration the GPU is busy {it['busy_us']:,.1f} us; the largest idle "
              f"cause is {CAUSE_TEXT[top]} ({it['idle_us'][top]:,.1f} us). {worst['name']} loses the most "
              f"({worst['span_us'] - worst['busy_us']:,.1f} us idle of {worst['span_us']:,.1f} us).")
-    ops = []
+    ops, outside = [], _outside_stages(analysis)
     for c in CAUSES:
         v = it["idle_us"][c]
         if v > 0 and it["span_us"]:
             where = max(stages, key=lambda s: s["idle_us"][c])
             text = OPPORTUNITY["staging" if c in STAGING_CAUSES and copy_bound(where) else c]
-            ops.append((v, f"{text}; {_where_idle(c, where)} — est. {100 * v / it['span_us']:.0f}% "
+            ops.append((v, f"{text}; {_where_idle(c, where, outside)} — est. {100 * v / it['span_us']:.0f}% "
                            f"gain — trigger: {c}={v:,.1f}us per iteration"))
     k = max(stages, key=lambda s: s["kernel_us"])
     ops.append((k["kernel_us"], f"Faster kernels in {k['name']} — est. {100 * k['kernel_us'] / it['span_us']:.0f}% "
