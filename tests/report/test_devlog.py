@@ -283,3 +283,41 @@ def test_a_clock_state_the_reading_cannot_tell_is_logged_as_unknown(in_repo):
     assert ", clocks lock unknown," in text and "clocks not locked" not in text
     from app.report.devlog import PERFORMANCE_DEVICE
     assert PERFORMANCE_DEVICE.search(text)
+
+
+def test_an_entry_names_the_settings_that_differ_from_the_previous_ones(in_repo):
+    """As compare warns: the previous entry's profile ran no warm-up runs and this one did, so the first's timed
+    runs include cold ones; its settings come from its marker (its profile may be gone). Edited into no object,
+    the marker's settings are ignored, not a failure."""
+    import shutil
+
+    assert main([*ARGS, "--warmup", "0", "--devlog"]) == 0
+    first = next((in_repo / "out").glob("profiles/event/join/*/*"))
+    shutil.rmtree(first)                                     # the marker alone holds what it ran with
+    assert main([*ARGS, "--warmup", "2", "--devlog"]) == 0
+    log = in_repo / "docs" / "kernels" / "join.md"
+    entries = log.read_text().split("**Performance** (")[1:]
+    assert "warm-up" not in entries[0]
+    assert "Against the previous entry: one profile ran no warm-up runs and another did" in entries[1]
+    markers = [json.loads(m.group(1)) for m in MARKER.finditer(log.read_text())]
+    assert [m["settings"]["warmup_runs"] for m in markers] == [0, 2]
+    log.write_text(log.read_text().replace('"settings": {', '"settings": 7, "x": {'))
+    assert main([*ARGS, "--warmup", "2", "--devlog"]) == 0
+    assert "warm-up" not in log.read_text().split("**Performance** (")[-1]
+
+
+def test_two_profiles_with_one_folder_name_are_two_entries(in_repo):
+    """A folder is named for its second: two real profiles under two out roots (or one written in the second of a
+    deleted one) share mode/kernel/params/timestamp. The second was once skipped as "already in"; the trace's
+    digest tells them apart, and the same profile twice is still one entry."""
+    assert main([*ARGS, "--out", "a"]) == 0 and main([*ARGS, "--out", "b"]) == 0
+    first = next((in_repo / "a").glob("profiles/event/join/*/*"))
+    other = next((in_repo / "b").glob("profiles/event/join/*/*"))
+    if other.name != first.name:
+        other = other.rename(other.with_name(first.name))
+    log = in_repo / "log.md"
+    for d in (first, other, first, other):
+        assert main(["devlog", str(d), "--file", str(log)]) == 0
+    markers = [json.loads(m.group(1)) for m in MARKER.finditer(log.read_text())]
+    assert len(markers) == 2 and markers[0]["key"] == markers[1]["key"]
+    assert markers[0]["trace_sha256"] != markers[1]["trace_sha256"]

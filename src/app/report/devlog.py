@@ -10,6 +10,7 @@ plan ran on each (``compare`` refuses such a pair for the same reason).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import jinja2
 
-from app.analysis.baseline import MACHINES_CAVEAT, backend_of, other_card, read_trace, refuse_unverified
+from app.analysis.baseline import MACHINES_CAVEAT, backend_of, other_card, other_settings, read_trace, refuse_unverified
 from app.analysis.compare import machine_caution, one_process_verdict, pace_samples, samples_change, samples_of
 from app.errors import BadParameter, OutputNotWritable
 from app.report.clock_text import lock_known
@@ -64,6 +65,8 @@ def _clean(entry: dict) -> None:
             entry.pop(key)
     if not isinstance(entry.get("key"), str):
         entry.pop("key", None)
+    if not isinstance(entry.get("settings"), dict):
+        entry.pop("settings", None)
     for key in ("samples", "host_pace_samples", "launch_pace_samples"):
         if key in entry and not (isinstance(entry[key], list) and entry[key] and all(map(_positive, entry[key]))):
             entry.pop(key)
@@ -147,6 +150,29 @@ def _pace_rows(trace: dict, record: dict, prev: dict) -> tuple[list[list[str]], 
     return rows, changes
 
 
+def _digest(path: Path) -> str | None:
+    """The first 16 hex digits of the trace file's SHA-256: which profile an entry is, beyond its folder's name."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def _settings(trace: dict) -> dict:
+    """What other_settings reads of a profile, kept in its entry's marker."""
+    timing = trace.get("timing") or {}
+    return {"l2": (timing.get("l2") or {}).get("mode"), "warmup_runs": (timing.get("warmup") or {}).get("runs"),
+            "selected_runtime": trace.get("selected_runtime"),
+            "logical_cpus": (trace.get("device") or {}).get("logical_cpus")}
+
+
+def _as_trace(settings: dict) -> dict:
+    """A marker's settings in the form other_settings reads."""
+    return {"timing": {"l2": {"mode": settings.get("l2")}, "warmup": {"runs": settings.get("warmup_runs")}},
+            "selected_runtime": settings.get("selected_runtime"),
+            "device": {"logical_cpus": settings.get("logical_cpus")}}
+
+
 def _card_of(entry: dict) -> str | None:
     """The card an entry's profile ran on: its marker's, or, for a marker written before markers recorded it, the
     card in the trace.json of the profile its key names, where that folder is still there (the key of a profile
@@ -208,7 +234,10 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     key = "/".join(folder.resolve().parts[-4:])              # mode/kernel/params/timestamp
     text = _read(path, "--file F")
     entries = _entries(text)
-    if any(e.get("key") == key for e in entries):
+    # The folder's name is its second: a profile written in the same second as one since deleted (or under another
+    # out root) has the same key, so the trace's own digest tells the two apart (entries without one: the key).
+    digest = _digest(folder / "trace.json")
+    if any(e.get("key") == key and e.get("trace_sha256", digest) == digest for e in entries):
         return path, False
     device = trace.get("device", {}).get("name")
     # nsys mode's backends trace at different costs (CUPTI in process, nsys around it): each is a series of its own.
@@ -223,7 +252,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
               "params": trace.get("metadata", {}).get("params"), "device": device,
               "card": trace.get("device", {}).get("uuid"), "duration_us": summary.get("duration_us"),
               "achieved_tflops": summary.get("achieved_tflops"), "achieved_gbps": summary.get("achieved_gbps"),
-              "samples": samples_of(trace)} | ({"backend": backend} if backend else {})
+              "samples": samples_of(trace), "settings": _settings(trace), "trace_sha256": digest} | ({"backend": backend} if backend else {})
     duration_vs = _vs(summary.get("duration_us"), prev.get("duration_us"), True)
     pace_rows, paces = _pace_rows(trace, record, prev)
     caution = None
@@ -245,6 +274,9 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     if prev and not prev_card and record["card"]:
         card = ("the previous entry recorded no card (it was written before entries did) and its profile is not here "
                 "to read one from, so whether the two profiles ran on one machine is not known: " + MACHINES_CAVEAT)
+    # The run settings compare warns about (L2 flushed or kept, warm-up or none, CPU counts), from the previous
+    # entry's marker: its profile may be gone. An entry written before markers kept them compares nothing here.
+    settings = other_settings([_as_trace(prev["settings"]), trace]) if prev.get("settings") else ""
     rows = [
         ["Duration", _value(summary.get("duration_us"), " us", 1, miss.get("duration_us")), duration_vs],
         ["Achieved TFLOP/s", _value(summary.get("achieved_tflops"), "", 4, miss.get("achieved_tflops")),
@@ -264,7 +296,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         params=", ".join(f"{k}={v}" for k, v in (trace.get("metadata", {}).get("params") or {}).items()),
         rows=rows, bottleneck=summary.get("bottleneck") or "n/a", issues=summary.get("issues") or [],
         insights=summary.get("insights") or [], profile=key, previous=prev.get("key"),
-        card_note=" ".join(f"Against the previous entry: {x}." for x in (card, unjudged) if x),
+        card_note=" ".join(f"Against the previous entry: {x}." for x in (card, settings, unjudged) if x),
         caution=f"Caution: {caution}." if caution else "",
         rates_note=f"Rates: {summary['rates_from']}." if summary.get("rates_from") else "",
         marker=f"<!-- app-kernel devlog entry {json.dumps(record, sort_keys=True)} -->")

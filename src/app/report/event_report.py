@@ -141,7 +141,7 @@ def _roofline(roof):
                    text=f"{roof['device_model']}: {roof['peak_gbps']:,.0f} GB/s, {roof['peak_tflops']:,.1f} TFLOP/s "
                         f"{roof['precision']}, peaks {roof.get('peaks_source', 'datasheet')}; ridge point "
                         f"{roof['ridge_flop_per_byte']:.1f} FLOP/byte. Scope: {roof['scope']}. {where}",
-                   columns=["Stage", "min MB", "MFLOP", "FLOP/B", "GB/s", "TFLOP/s", "% of roofline"], rows=rows,
+                   columns=["Stage", "model MB", "model MFLOP", "FLOP/B", "GB/s", "TFLOP/s", "% of roofline"], rows=rows,
                    note="Bytes and flops are the plan's cost model (each byte read or written once, each modelled operation "
                         "counted), not counters. A figure the "
                         "cost model cannot reach (above the peak) or a time that is no measurement is flagged, and "
