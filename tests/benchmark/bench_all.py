@@ -142,6 +142,7 @@ def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> 
                 if gpu:
                     g = bench_join.time_plan(plan, inputs, "gpu", runs)
                     row |= {"gpu_after": g["after"], "gpu_build": g["build"], "gpu_total": g["total"],
+                            "gpu_after_one_mark": g["after_one_mark"], "gpu_after_one_mark_ci": g.get("after_one_mark_ci"),
                             "gpu_after_ci": g.get("after_ci"), "gpu_e2e_ci": g.get("e2e_ci"),
                             "gpu_e2e_pinned_ci": g.get("e2e_pinned_ci"),
                             "gpu_e2e": g["e2e"], "gpu_e2e_pinned": g.get("e2e_pinned"),
@@ -160,7 +161,8 @@ def _line(r: dict) -> str:
     s = (f"{r['kernel']:<8} {r['version']:<3} {r['size']:>20}  shapely {r['shapely'] * 1e3:10.2f} ms  cpu "
          f"{r['cpu'] * 1e3:10.2f} ms  shapely/cpu {_ratio(r)}  ok={r['cpu_ok']}")
     if "gpu_after" in r:
-        s += (f"  |  gpu after build {bench_join.ms(r['gpu_after'], r.get('gpu_after_ci'))}  build "
+        s += (f"  |  gpu after build {bench_join.ms(r['gpu_after'], r.get('gpu_after_ci'))}"
+              f"{bench_join.one_mark_text(r)}  build "
               f"{r['gpu_build'] * 1e3:7.3f} ms  plan "
               f"{r['gpu_total'] * 1e3:8.3f} ms  {bench_join.e2e_text(r)}  shapely/gpu "
               f"{r['shapely'] / r['gpu_after']:7.0f}x after build, {r['shapely'] / r['gpu_e2e']:6.0f}x end to end  "
@@ -200,7 +202,9 @@ def main(argv=None) -> int:
           "(order statistics of the timed runs). The versions run one after another, so a slowdown of the host "
           "between them is in no interval: where two versions' intervals overlap or lie close, time them "
           "interleaved (python -m tests.benchmark.bench_ab KERNEL) before calling one faster. "
-          "GPU after build: inputs already on the device; plan: host arrays in, result on the device "
+          "GPU after build: inputs already on the device, from runs with every stage marked and, in brackets after "
+          "it, from runs with one mark at the build's end and none between the stages after it (what the stage marks "
+          "add is instrumentation); plan: host arrays in, result on the device "
           "(CUDA events, every stage marked); end to end: host arrays in, host arrays out (host clock, the bare plan: "
           "no stage marks), and again with the inputs in "
           "pinned host memory (no host copy before their DMA); graph replay: the stages after "

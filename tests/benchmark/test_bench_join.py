@@ -17,6 +17,10 @@ def test_end_to_end_is_timed_on_bare_runs_and_their_result_is_checked(device):
     assert r["build"] > 0 and r["after"] > 0 and r["e2e"] > 0
     lo, hi = r["e2e_ci"]
     assert lo <= r["e2e"] <= hi
+    # After the build once more, from runs with one mark at the build's end: a time of the same stages, inside
+    # the run's total, with its interval.
+    lo, hi = r["after_one_mark_ci"]
+    assert 0 < lo <= r["after_one_mark"] <= hi and r["after_one_mark"] < r["total"] + r["e2e"]
     # The result returned is the last bare run's, equal to shapely's.
     assert all(np.array_equal(a, b) for a, b in zip(r["out"], ref))
     if device == "gpu":
