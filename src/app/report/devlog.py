@@ -277,6 +277,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     # The run settings compare warns about (L2 flushed or kept, warm-up or none, CPU counts), from the previous
     # entry's marker: its profile may be gone. An entry written before markers kept them compares nothing here.
     settings = other_settings([_as_trace(prev["settings"]), trace]) if prev.get("settings") else ""
+    notes = [x for x in (card, settings, unjudged) if x]
     rows = [
         ["Duration", _value(summary.get("duration_us"), " us", 1, miss.get("duration_us")), duration_vs],
         ["Achieved TFLOP/s", _value(summary.get("achieved_tflops"), "", 4, miss.get("achieved_tflops")),
@@ -296,7 +297,7 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
         params=", ".join(f"{k}={v}" for k, v in (trace.get("metadata", {}).get("params") or {}).items()),
         rows=rows, bottleneck=summary.get("bottleneck") or "n/a", issues=summary.get("issues") or [],
         insights=summary.get("insights") or [], profile=key, previous=prev.get("key"),
-        card_note=" ".join(f"Against the previous entry: {x}." for x in (card, settings, unjudged) if x),
+        card_note=f"Against the previous entry: {'; '.join(notes)}." if notes else "",
         caution=f"Caution: {caution}." if caution else "",
         rates_note=f"Rates: {summary['rates_from']}." if summary.get("rates_from") else "",
         marker=f"<!-- app-kernel devlog entry {json.dumps(record, sort_keys=True)} -->")
