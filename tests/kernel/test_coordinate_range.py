@@ -92,3 +92,21 @@ def test_owned_buffers_of_huge_coordinates_still_rebuild_their_polygons():
     p = polygons_from_shapely([shapely.Polygon([(0, 0), (2, 0), (2, 2), (0, 2)], [[(0.5, 0.5), (0.5, 1), (1, 1)]])])
     big = PolygonBuffers(p.coords * 1e160, p.ring_offsets, p.geom_ring_offsets).to_shapely()
     assert big[0].bounds == (0.0, 0.0, 2e160, 2e160) and len(big[0].interiors) == 1
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("value,refused", [(1e-200, True), (1e101, True), (1e-100, False), (1e100, False),
+                                           (3.5, False)])
+def test_points_of_one_sign_are_checked_as_closely_as_mixed_ones(sign, value, refused):
+    """The check's quick path (every coordinate of one sign, read from the array's minimum and maximum) refuses
+    and accepts exactly what the row-by-row test does: one coordinate out of range among 10,000 fine ones."""
+    from app.kernel.geometry import points_from_any
+
+    pts = sign * np.random.default_rng(0).uniform(1.0, 100.0, (10_000, 2))
+    pts[4_321, 1] = sign * value
+    if refused:
+        with pytest.raises(CoordinateRangeError, match="point 4321 has a coordinate"):
+            points_from_any(pts)
+    else:
+        xy, kept = points_from_any(pts)
+        assert kept is None and np.array_equal(xy, pts)
