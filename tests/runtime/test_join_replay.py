@@ -92,3 +92,14 @@ def test_other_counts_are_captured_anew_and_unusable_points_keep_their_indices()
         assert not np.isin(got[0], np.flatnonzero(~ok)).any()
         _check(pts, polys, got, "intersects")
     assert replay.stats == {"replayed": 1, "eager": 2, "captures": 2}
+
+
+@pytest.mark.gpu
+def test_a_batch_with_nothing_to_join_is_answered_without_a_graph():
+    polys = make_polygons(300, 8, 1)
+    replay = JoinReplay()
+    empty = replay(np.empty((0, 2)), polys)
+    assert len(empty[0]) == len(empty[1]) == 0 and empty[0].dtype == np.int32
+    pts = make_points(3_000, 4, layout="uniform", polygons=polys)
+    _check(pts, polys, replay(pts, polys))
+    assert replay.stats == {"replayed": 0, "eager": 2, "captures": 1} and replay.refused is None

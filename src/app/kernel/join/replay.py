@@ -37,7 +37,7 @@ class JoinReplay:
     ``PolygonBuffers`` they flatten to (``app.kernel.geometry.polygons_from_shapely``), made once by the caller.
 
     ``stats`` counts the batches: ``replayed``, ``eager`` (first of their counts, or their candidates outgrew
-    the graph's room) and ``captures``."""
+    the graph's room) and ``captures``; ``refused`` says why a capture kept no graph, where one kept none."""
 
     def __init__(self, predicate: str = "within", version: str = "v4", make_valid: bool = False):
         from app.runtime.device import select
@@ -57,6 +57,7 @@ class JoinReplay:
         self.stats = {"replayed": 0, "eager": 0, "captures": 0}
         self._graph = None           # (counts, its AfterBuild, its Captured) once captured
         self._stream = None
+        self.refused: str | None = None     # why the last capture kept no graph, where one kept none
 
     def __call__(self, points, polygons) -> tuple[np.ndarray, np.ndarray]:
         xy, kept = points_from_any(points)
@@ -82,25 +83,38 @@ class JoinReplay:
         from app.runtime.execute import backend_for
         from app.runtime.graph import AfterBuild
 
-        self._graph = None
+        self._graph, self.refused = None, None
         self.stats["eager"] += 1
         plan = get_plan_class("join", self.version)({"points": max(counts[0], 1), "polygons": max(counts[1], 1),
                                                      "predicate": self.predicate})
         backend, _ = backend_for(plan, select("gpu"))
         self._stream = self._stream or cp.cuda.Stream(non_blocking=True)
         with self._stream:
+            if not (counts[0] and counts[1]):        # nothing to join: no graph to keep
+                return self._eager(plan, inputs, backend)
             stages, blockers = AfterBuild.from_eager_run(plan, inputs, backend, self._stream)
-            answer = stages.reference if stages is not None else None
-            if stages is None:      # not expected of v3 and v4: say why rather than replay a wrong graph
-                raise RuntimeError("join graph capture refused: " + "; ".join(blockers))
-            if counts[0] and counts[1]:
-                captured = stages.capture()
-                self.stats["captures"] += 1
-                self._graph = (counts, stages, captured)
-                again = self._replayed(inputs, counts, count=False)
-                if again is None or not all(np.array_equal(a, b) for a, b in zip(again, answer)):
-                    self._graph = None      # the replay disagreed with the eager run: eager from here on
+            if stages is None:      # not expected of v3 and v4: the answer eagerly, and why no graph
+                self.refused = "; ".join(blockers)
+                return self._eager(plan, inputs, backend)
+            answer = stages.reference
+            captured = stages.capture()
+            self.stats["captures"] += 1
+            self._graph = (counts, stages, captured)
+            again = self._replayed(inputs, counts, count=False)
+            if again is None or not all(np.array_equal(a, b) for a, b in zip(again, answer)):
+                self._graph = None      # the replay disagreed with the eager run: no graph kept
+                self.refused = "a replay of the captured graph did not give the eager run's answer"
         return answer
+
+    @staticmethod
+    def _eager(plan, inputs: JoinInputs, backend) -> tuple:
+        import cupy as cp
+
+        from app.runtime.nvtx import Nvtx
+        from app.runtime.recorder import Recorder
+
+        out, _ = Recorder("gpu", cp, Nvtx(False, "join"), per_stage=False).run(plan, inputs, backend)
+        return backend.outputs_to_host(out)
 
     def _replayed(self, inputs: JoinInputs, counts: tuple, count: bool = True) -> tuple | None:
         """The batch written into the graph's input buffers, the graph replayed, the result read back; None where
