@@ -2,7 +2,8 @@
 
 At 100k points x 10k polygons the eager plan is bound by its host: nine kernel launches and the Python around
 them take longer than the kernels run (H200 nodes: 0.16-0.19 ms after the build eagerly, 0.08-0.09 ms replayed as
-one graph; a whole batch end to end 0.849 against 1.169 ms, tests/benchmark/bench_replay.py).
+one graph; a whole batch end to end 0.609 against 0.788 and 0.849 against 1.169 ms on two of them,
+tests/benchmark/bench_replay.py).
 Join v3 and v4 read no size from the device before the result's length, so the stages after the build can be
 captured once and replayed for new data with the same counts -- the same points count, polygon count, ring
 count and vertex count -- written into the buffers the graph was captured with (app.runtime.graph). This class
