@@ -35,7 +35,8 @@ class JoinReplay:
     """``replay(points, polygons)`` -> (point_index, polygon_index), as ``spatial_join`` returns them, for batch
     after batch; batches of the same counts after the first replay one captured CUDA graph. ``polygons`` may be
     shapely geometries (checked and flattened on every call, which costs far more than the join) or the
-    ``PolygonBuffers`` they flatten to (``app.kernel.geometry.polygons_from_shapely``), made once by the caller.
+    ``PolygonBuffers`` they flatten to (``app.kernel.geometry.polygons_from_shapely``), made once by the caller
+    and taken as that function checked them (valid polygons, coordinates in range): not checked again.
 
     ``stats`` counts the batches: ``replayed``, ``eager`` (first of their counts, or their candidates outgrew
     the graph's room) and ``captures``; ``refused`` says why a capture kept no graph, where one kept none."""
