@@ -86,7 +86,7 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
                 note="The cost model counts each byte a stage reads or writes once; host->device copies are not "
                      "DRAM kernel traffic, and data an earlier stage left in L2 never reaches DRAM (a ratio under "
                      "1), while re-reads and scattered access move more (over 1). Its FLOPs are the operations it "
-                     "models (the orientation tests' filters); ncu counts every fp64 add, multiply and fused "
+                     "models (orientation filters, shoelace terms); ncu counts every fp64 add, multiply and fused "
                      "multiply-add (as two) the kernels ran, exact fallbacks and other arithmetic included, so a "
                      "ratio far from 1 says the event mode's roofline places that stage by a wrong operation "
                      "count."),
