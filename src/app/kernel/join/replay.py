@@ -122,7 +122,7 @@ class JoinReplay:
         """The batch written into the graph's input buffers, the graph replayed, the result read back; None where
         the candidates outgrew the graph's room (the replay's result would be short)."""
         from app.kernel.join.gpu import CANDIDATES, REFINE
-        from app.runtime.recorder import StageContext, read_to_host
+        from app.runtime.recorder import read_to_host
 
         _, stages, captured = self._graph
         state, cp = captured.state, captured.cp
@@ -131,10 +131,7 @@ class JoinReplay:
             # into the buffers the graph reads: a device copy runs at ~2 TB/s, and the build is the same code a
             # profile times. Copied by numpy into pinned buffers instead, a batch took 13.3 against the eager
             # plan's 2.4 ms end to end at 1M x 100k on an H200 node.
-            build = stages.build[0]
-            st = StageContext(build.name, build.category, "gpu", cp)
-            fresh = {"inputs": inputs}
-            getattr(stages.backend, build.name)(fresh, st, stages.plan.tiling[build.name])
+            fresh = stages.plan.run_stages({"inputs": inputs}, stages.build, stages.backend, stages.bare)
             for name in ("points", "coords", "ring_offsets", "geom_ring_offsets"):
                 dst, src = state[name], fresh[name]
                 cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes,
