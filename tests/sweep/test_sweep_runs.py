@@ -92,7 +92,7 @@ def dask_cluster(tmp_path):
     address = json.loads(sched_file.read_text())["address"]
     for _ in range(2):
         worker = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
-                  "--no-dashboard"]
+                  "--no-dashboard", "--local-directory", str(tmp_path / "scratch")]
         procs.append(subprocess.Popen(worker, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     from distributed import Client
 
@@ -150,6 +150,13 @@ def test_a_worker_killed_mid_point_is_replaced_and_the_sweep_completes(tmp_path,
     assert survivor.poll() is None
     assert "worker lost 1x" in (d / "report.md").read_text()
     check_points_are_real_profiles(d, table)
+    # The killed worker's point folder is in its own Dask directory, and the next worker Dask starts there removes it.
+    left = list((tmp_path / "scratch").rglob("app-kernel-sweep-*"))
+    assert len(left) == 1 and left[0].parent.name.startswith("worker-"), left
+    from distributed.diskutils import WorkSpace
+
+    WorkSpace(str(tmp_path / "scratch" / "dask-scratch-space")).new_work_dir(prefix="worker-").release()
+    assert not left[0].exists()
 
 
 def _leftovers(mark: str) -> list[int]:

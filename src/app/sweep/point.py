@@ -45,6 +45,19 @@ def _die_with_parent() -> None:           # runs in the child between fork and e
     set_parent_death_signal(signal.SIGTERM)                          # PR_SET_PDEATHSIG
 
 
+def _scratch() -> str | None:
+    """Where a point's profile is written before its files are read back: the Dask worker's own directory. Dask
+    removes it as the worker closes, and a worker starting on the node removes those of workers that died (their
+    locks are free), so a worker killed mid-point leaves no folder behind for good. None outside a worker: the
+    system's temporary directory, whose folder the point removes itself."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().local_directory
+    except (ImportError, ValueError):
+        return None
+
+
 def _where() -> str:
     try:
         from distributed import get_worker
@@ -121,7 +134,7 @@ def child_environment(device: str, environment: dict) -> dict:
 
 
 def _run(args: list[str], timeout: float, environment: dict, device: str) -> dict:
-    out = tempfile.mkdtemp(prefix="app-kernel-sweep-")
+    out = tempfile.mkdtemp(prefix="app-kernel-sweep-", dir=_scratch())
     env = child_environment(device, environment)
     result = {"worker": _where(), "host": socket.gethostname(), "files": {}, "profile_name": None,
               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
