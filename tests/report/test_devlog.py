@@ -321,3 +321,38 @@ def test_two_profiles_with_one_folder_name_are_two_entries(in_repo):
     markers = [json.loads(m.group(1)) for m in MARKER.finditer(log.read_text())]
     assert len(markers) == 2 and markers[0]["key"] == markers[1]["key"]
     assert markers[0]["trace_sha256"] != markers[1]["trace_sha256"]
+
+
+PROFILES = Path(__file__).resolve().parents[2] / "docs" / "kernels" / "profiles"
+
+
+def test_a_rate_is_not_compared_across_a_changed_cost_model(in_repo, monkeypatch):
+    """Event mode's rates are the cost model's counts over the measured time. Two real H200 profiles of join v4 at
+    the default sizes, before and after refine's FLOPs were counted as the kernel runs them (the model's FLOPs
+    8.293 M, then 1.115 M; its bytes the same): the GB/s change is given, the TFLOP/s change is not, and the note
+    says why. An entry whose marker predates the model's totals has them read from its profile where it is there."""
+    old, new = PROFILES / "join-v4-100k-10k-ready-for-next-run", PROFILES / "join-v4-100k-10k-refine-flops-counted"
+    log = in_repo / "log.md"
+    for d in (old, new):
+        assert main(["devlog", str(d), "--file", str(log)]) == 0
+    text = log.read_text()
+    second = text.split("**Performance** (")[2]
+    row = {ln.split("|")[1].strip(): ln.split("|")[3].strip() for ln in second.splitlines() if ln.startswith("| ")}
+    assert row["Achieved TFLOP/s"] == "-- (the cost model changed)"
+    assert re.fullmatch(r"[+-]\d+\.\d%", row["Achieved GB/s"])
+    assert "FLOPs 8.293 M then, 1.115 M now" in second and "bytes" not in second.split("FLOPs 8.293")[1][:30]
+    markers = [json.loads(m.group(1)) for m in MARKER.finditer(text)]
+    trace = json.loads((new / "trace.json").read_text())
+    assert markers[1]["model"] == {k: trace["roofline"]["end_to_end"][k] for k in ("bytes", "flops")}
+    # The first entry as an older version wrote it (no totals in its marker): its profile, found from the
+    # repository's root by its key, gives them. With the profile not there, nothing is said.
+    first = markers[0]
+    assert first.pop("model")["flops"] == 8293208.0
+    old_text = text.split("**Performance** (")[0] + "**Performance** (" + text.split("**Performance** (")[1]
+    old_text = MARKER.sub(lambda m: f"<!-- app-kernel devlog entry {json.dumps(first, sort_keys=True)} -->", old_text)
+    for where, said in ((PROFILES.parents[2], True), (in_repo, False)):
+        monkeypatch.chdir(where)
+        log.write_text(old_text)
+        assert main(["devlog", str(new), "--file", str(log)]) == 0
+        again = log.read_text().split("**Performance** (")[2]
+        assert ("-- (the cost model changed)" in again) is said

@@ -70,6 +70,47 @@ def _clean(entry: dict) -> None:
     for key in ("samples", "host_pace_samples", "launch_pace_samples"):
         if key in entry and not (isinstance(entry[key], list) and entry[key] and all(map(_positive, entry[key]))):
             entry.pop(key)
+    if "model" in entry and _model_totals(entry["model"]) is None:
+        entry.pop("model")
+
+
+def _model_totals(totals) -> dict | None:
+    """``{"bytes": b, "flops": f}``, each a finite number of 0 or more; None where ``totals`` is not that."""
+    if not isinstance(totals, dict):
+        return None
+    vals = {k: totals.get(k) for k in ("bytes", "flops")}
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+             for v in vals.values())
+    return vals if ok else None
+
+
+def _model_of_trace(trace: dict) -> dict | None:
+    """The cost model's bytes and FLOPs over the stages an event profile's rates divide by its time; None where the
+    rates are measured (the counter modes) or there are none."""
+    if not str((trace.get("summary") or {}).get("rates_from") or "").startswith("cost-model"):
+        return None
+    return _model_totals(((trace.get("roofline") or {}).get("end_to_end")) or {})
+
+
+def _model_of(entry: dict) -> dict | None:
+    """An entry's cost-model totals: its marker's, or, for a marker written before markers kept them, those in the
+    trace.json of the profile its key names, where that folder is still there (as _card_of reads the card)."""
+    if entry.get("model"):
+        return entry["model"]
+    if not entry.get("key") or not Path(entry["key"]).is_dir():
+        return None
+    try:
+        return _model_of_trace(read_trace(entry["key"], "devlog"))
+    except BadParameter:
+        return None
+
+
+def _model_change(new: dict | None, old: dict | None) -> dict:
+    """Which of the cost model's totals ("bytes", "flops") differ between two entries of one series: the same
+    parameters, so a difference is the model's own (counted differently), not the work's."""
+    if not new or not old:
+        return {}
+    return {k: (old[k], new[k]) for k in ("bytes", "flops") if not math.isclose(old[k], new[k], rel_tol=1e-9)}
 
 
 # The summary fields an entry prints, each a number (or null: missing, and said so) or, for the rest, its type.
@@ -118,6 +159,10 @@ def _value(v, unit: str, digits: int = 1, why: str | None = None) -> str:
     if v is None:
         return f"missing ({why})" if why else "missing"
     return f"{v:,.{digits}f}{unit}"
+
+
+def _mega(v: float) -> str:
+    return f"{v / 1e6:,.3f} M"
 
 
 def _vs(new, old, lower_is_better: bool = False) -> str:
@@ -253,6 +298,13 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
               "card": trace.get("device", {}).get("uuid"), "duration_us": summary.get("duration_us"),
               "achieved_tflops": summary.get("achieved_tflops"), "achieved_gbps": summary.get("achieved_gbps"),
               "samples": samples_of(trace), "settings": _settings(trace), "trace_sha256": digest} | ({"backend": backend} if backend else {})
+    model = _model_of_trace(trace)
+    if model:
+        record["model"] = model
+    # Event mode's rates are the cost model's bytes and FLOPs over the measured time: where the model counts the
+    # same work differently from the previous entry's (a model corrected between them), a rate's change is the
+    # model's, not the kernel's, and is not given.
+    remodelled = _model_change(model, _model_of(prev)) if prev else {}
     duration_vs = _vs(summary.get("duration_us"), prev.get("duration_us"), True)
     pace_rows, paces = _pace_rows(trace, record, prev)
     caution = None
@@ -277,13 +329,20 @@ def append_devlog(profile: str, file: str | None = None) -> tuple[Path, bool]:
     # The run settings compare warns about (L2 flushed or kept, warm-up or none, CPU counts), from the previous
     # entry's marker: its profile may be gone. An entry written before markers kept them compares nothing here.
     settings = other_settings([_as_trace(prev["settings"]), trace]) if prev.get("settings") else ""
-    notes = [x for x in (card, settings, unjudged) if x]
+    model_note = ("the cost model counts this work differently from the previous entry's ("
+                  + ", ".join(f"{'FLOPs' if k == 'flops' else 'bytes'} {_mega(a)} then, {_mega(b)} now"
+                              for k, (a, b) in remodelled.items())
+                  + "), and the achieved rates are its counts over the time: their change would be the model's, so "
+                    "none is given") if remodelled else ""
+    notes = [x for x in (card, settings, model_note, unjudged) if x]
+    rate_vs = {key: "-- (the cost model changed)" if what in remodelled else _vs(summary.get(key), prev.get(key))
+               for key, what in (("achieved_tflops", "flops"), ("achieved_gbps", "bytes"))}
     rows = [
         ["Duration", _value(summary.get("duration_us"), " us", 1, miss.get("duration_us")), duration_vs],
         ["Achieved TFLOP/s", _value(summary.get("achieved_tflops"), "", 4, miss.get("achieved_tflops")),
-         _vs(summary.get("achieved_tflops"), prev.get("achieved_tflops"))],
+         rate_vs["achieved_tflops"]],
         ["Achieved GB/s", _value(summary.get("achieved_gbps"), "", 1, miss.get("achieved_gbps")),
-         _vs(summary.get("achieved_gbps"), prev.get("achieved_gbps"))],
+         rate_vs["achieved_gbps"]],
         [f"Occupancy ({summary.get('occupancy_kind') or 'n/a'})",
          _value(summary.get("occupancy_pct"), "%", 0, miss.get("occupancy_pct")), "--"],
         ["SM% (TC Util: these kernels use no tensor cores)", _value(summary.get("sm_pct"), "%", 1, miss.get("sm_pct")), "--"],
