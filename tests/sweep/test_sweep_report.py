@@ -101,7 +101,8 @@ def test_without_intervals_the_order_is_unresolved_never_clear():
     (c,) = crossovers(frame_of(rows, ["points"]), ["points"], ["v1", "v2"])
     assert not c["clear"] and c["why"] == "no interval"
     text = "\n".join(_crossovers(frame_of(rows, ["points"]), ["points"], ["v1", "v2"]))
-    assert "1 crossing not resolved (a point at one end has no 95% interval: fewer than 6 timed runs)" in text
+    assert "1 crossing not resolved (a point at one end has no 95% interval: fewer than 6 timed runs), so possibly " \
+           "noise: v1 and v2 along points 1k-2k." in text             # which two versions swap places, and where
     assert "they cross near" not in text
     report = sweep_files(SweepSpec("join", ["v1", "v2"], {"points": [1000, 2000]}, bench_runs=3),
                          frame_of(rows, ["points"]), STAGES, RUN)["report.md"]

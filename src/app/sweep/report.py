@@ -223,7 +223,8 @@ def _crossovers(frame, axes, versions) -> list[str]:
         more = " more" if listed else ""
         listed += len(these)
         out.append(f"- {len(these)}{more} crossing{'s' if len(these) > 1 else ''} not resolved ({text}), so possibly "
-                   "noise: " + "; ".join(f"{c['axis']} {human(_int(c['between'][0]))}-{human(_int(c['between'][1]))}"
+                   "noise: " + "; ".join(f"{' and '.join(c['versions'])} along {c['axis']} "
+                                         f"{human(_int(c['between'][0]))}-{human(_int(c['between'][1]))}"
                                          + (f" at {_grid(c['fixed'])}" if c["fixed"] else "") for c in these) + ".")
     return out + skipped + [""]
 
