@@ -470,3 +470,24 @@ def test_a_reading_under_a_tenth_of_a_percent_is_never_printed_as_zero():
     dram = 100 * 480_320 / 212.6e-6 / 4_800e9
     assert f"{dram:.1f}" == "0.0" and advice.pct(dram) == "0.047"
     assert advice.pct(0.0) == "0.0" and advice.pct(2.23) == "2.2" and advice.pct(-0.01) == "-0.01"
+
+
+def test_the_roofline_table_gives_no_flop_rate_where_the_model_counts_none():
+    """A real H200 event profile of overlay v3 (docs/kernels/profiles): the sorts and the filter's comparisons are
+    modelled with no FLOPs, so they have no TFLOP/s to give (it read 0.0000, like a measured rate of zero); a share
+    of the roofline under 0.05% keeps two significant digits instead of reading 0.0."""
+    from app.report.event_report import _roofline
+
+    trace = json.loads((Path(__file__).resolve().parents[2] / "docs/kernels/profiles/overlay-v3-10k-10k-ready-for-next-run"
+                        / "trace.json").read_text())
+    roof = trace["roofline"]
+    section = _roofline(roof)
+    rows = {r[0]: dict(zip(section.columns, r)) for r in section.rows}
+    sort = rows["reconstruction_event_sort"]
+    assert sort["model MFLOP"] == "0 (none modelled)" and sort["TFLOP/s"] == "- (none modelled)"
+    assert sort["GB/s"] == f"{roof['stages']['reconstruction_event_sort']['achieved_gbps']:,.1f}"
+    refine = rows["exact_intersection_refine"]
+    assert refine["TFLOP/s"] == f"{roof['stages']['exact_intersection_refine']['achieved_tflops']:.4f}"
+    area = dict(roof["stages"]["area_reconstruction"], pct_of_roofline=0.047)
+    (row,) = _roofline(dict(roof, stages={"area_reconstruction": area}, end_to_end=None)).rows
+    assert row[-1] == "0.047"

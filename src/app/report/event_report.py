@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from app.analysis import advice
+from app.analysis.advice import pct
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, render, us
@@ -126,9 +127,8 @@ def _roofline(roof):
     if not roof.get("available"):
         return Section("Roofline (cost model)", text=f"No roofline: {roof['why']}.")
     e = roof["end_to_end"]
-    rows = [[name, fmt(p["bytes"] / 1e6, 2), fmt(p["flops"] / 1e6, 2), fmt(p["arithmetic_intensity"], 3),
-             fmt(p["achieved_gbps"]), fmt(p["achieved_tflops"], 4),
-             "flagged: " + "; ".join(p["flags"]) if p.get("flags") else fmt(p["pct_of_roofline"])]
+    rows = [[name, fmt(p["bytes"] / 1e6, 2), *_flop_cells(p, fmt(p["achieved_gbps"])),
+             "flagged: " + "; ".join(p["flags"]) if p.get("flags") else _pct_cell(p["pct_of_roofline"])]
             for name, p in list(roof["stages"].items()) + ([("end to end", e)] if e else [])]
     if e:
         below = (e["arithmetic_intensity"] or 0) < roof["ridge_flop_per_byte"]
@@ -146,6 +146,20 @@ def _roofline(roof):
                         "counted), not counters. A figure the "
                         "cost model cannot reach (above the peak) or a time that is no measurement is flagged, and "
                         "no class or advice is drawn from it.")
+
+
+def _flop_cells(p: dict, gbps: str) -> list[str]:
+    """model MFLOP, FLOP/B, GB/s (given) and TFLOP/s of a roofline point. A stage whose model counts no
+    floating-point work (a sort, or a filter of comparisons) has no FLOP rate to give, rather than a rate of zero."""
+    if not p["flops"]:
+        return ["0 (none modelled)", "-", gbps, "- (none modelled)"]
+    return [fmt(p["flops"] / 1e6, 2), fmt(p["arithmetic_intensity"], 3), gbps, fmt(p["achieved_tflops"], 4)]
+
+
+def _pct_cell(value) -> str:
+    """A share of the roofline to one decimal, or to two significant digits under 0.05: never printed as zero
+    (overlay's area_reconstruction at 0.087% read "0.1", and 0.047% read "0.0")."""
+    return "n/a" if value is None else pct(value)
 
 
 def _host_cell(stage: dict) -> str:
