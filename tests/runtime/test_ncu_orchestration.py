@@ -83,6 +83,13 @@ def test_ncu_mode_from_replayed_capture_lists_source_lines(tmp_path):
     assert "refine" in kernels
     trace = json.loads((d / "trace.json").read_text())
     assert all(s["ncu"]["dram_pct"] is not None for s in trace["stages"] if s["metadata"]["kernels"])
+    # A small reading keeps two significant digits: join_extent's 0.023 FLOP/byte and init_run's DRAM 0.04% read 0.0
+    # once, like kernels that do no arithmetic and move nothing.
+    table = report.split("## Kernels", 1)[1].split("\n## ", 1)[0]
+    cells = {r.split("|")[2].strip(): [c.strip() for c in r.split("|")] for r in table.splitlines()
+             if r.startswith("| bounds |")}
+    assert cells["join_extent"][6] == "0.023" and cells["init_run"][9] == "0.04"
+    assert cells["init_run"][5] == "4.5e-06"            # 8 FLOPs in 1.8 us, a measured rate: not 0.0000
 
 
 def test_counter_modes_refuse_bench_runs_in_one_line(tmp_path, capsys):

@@ -12,7 +12,7 @@ from app.analysis import advice
 from app.analysis.advice import pct
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
-from app.report.markdown import Section, fmt, render, us
+from app.report.markdown import Section, fmt, fmt_reading, render, us
 from app.report.sections import (device_section, transfers_section, verification_section,
                                  with_verification_headline)
 from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
@@ -41,7 +41,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                                    "Bottleneck", "Key Issue"],
                 rows=[[f["stage"], us(s["elapsed_seconds"]), _spread_cell(s["spread"]),
                        _host_cell(s),
-                       "n/a", fmt(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
+                       "n/a", _pct_cell(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
                       for f, s in zip(findings, trace["stages"])],
                 note="Duration = median of the timed runs; ± spread = 1.4826 x median absolute deviation / median "
                      "(robust: outlier runs, counted in brackets, cannot move it). "
@@ -153,7 +153,8 @@ def _flop_cells(p: dict, gbps: str) -> list[str]:
     floating-point work (a sort, or a filter of comparisons) has no FLOP rate to give, rather than a rate of zero."""
     if not p["flops"]:
         return ["0 (none modelled)", "-", gbps, "- (none modelled)"]
-    return [fmt(p["flops"] / 1e6, 2), fmt(p["arithmetic_intensity"], 3), gbps, fmt(p["achieved_tflops"], 4)]
+    return [fmt(p["flops"] / 1e6, 2), fmt_reading(p["arithmetic_intensity"], 3), gbps,
+            fmt_reading(p["achieved_tflops"], 4)]
 
 
 def _pct_cell(value) -> str:

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import math
 
+from app.analysis.advice import pct
 from app.analysis.kernel_metrics import DURATION, L2_JUDGE_MIN_BYTES, LOCALITY_MIN_EXCESS, kernel_time, kernel_time_text
 from app.report.clock_text import clock_cell, throttle_note
-from app.report.markdown import Section, fmt, render
+from app.report.markdown import Section, fmt, fmt_reading, render
 from app.report.sections import with_verification_headline
 
 
 def _pct(v) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) or math.isinf(v) else f"{v:.1f}"
+    """A measured share (or FLOP/byte) to one decimal; under 0.05, to two significant digits, so a reading is never
+    printed as zero."""
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) or math.isinf(v) else pct(v)
 
 
 GAIN_NOTE = ("Gain = the stage's share of kernel time x an estimate of the part it could recover: "
@@ -66,7 +69,7 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
         Section("Kernels", columns=["Stage", "Kernel", "us", "GB/s", "TFLOP/s fp64", "FLOP/B", "% roofline",
                                     "SM%", "DRAM%", "Occ%", "L2 hit%", "regs", "waves/SM", "Bottleneck"],
                 rows=[[k.stage or "-", k.kernel[:40], fmt(k.duration_us), fmt(k.achieved_gbps),
-                       fmt(k.achieved_tflops_fp64, 4), _pct(k.arithmetic_intensity), _pct(k.pct_of_roofline), _pct(k.sm_pct),
+                       fmt_reading(k.achieved_tflops_fp64, 4), _pct(k.arithmetic_intensity), _pct(k.pct_of_roofline), _pct(k.sm_pct),
                        _pct(k.dram_pct), _pct(k.achieved_occupancy_pct), _l2(k), fmt(k.registers, 0),
                        _pct(k.waves_per_sm), k.bottleneck] for k in kernels.itertuples()],
                 note=f"L2 hit% marked * was measured on under {L2_JUDGE_MIN_BYTES // 1024} KiB of DRAM traffic: there "
