@@ -186,3 +186,35 @@ def test_profiles_run_with_other_settings_are_compared_with_a_warning(tmp_path, 
     cpu = {"selected_runtime": "cpu", "device": {"name": "Intel(R) Xeon(R) Processor", "logical_cpus": 2}}
     other = cpu | {"device": {"name": "Intel(R) Xeon(R) Processor", "logical_cpus": 64}}
     assert other_settings([cpu, other]) == "the CPU profiles ran on hosts of 2 vs 64 logical CPUs: other machines"
+
+
+def test_sets_made_one_after_the_other_are_warned_about(tmp_path, capsys):
+    """A profile's folder is named for the second it was written. Two sets of the same code's real profiles: made
+    one side after the other, a change in the host's pace between them would read as the code's (p1's host ran a
+    third slower than p8's), so compare warns; in turns, or from folders renamed since, it says nothing."""
+    def folders(side, stamps):
+        out = []
+        for p, stamp in zip(side, stamps):
+            d = tmp_path / f"{len(list(tmp_path.iterdir()))}" / stamp
+            d.mkdir(parents=True)
+            (d / "trace.json").write_text(Path(p).read_text())
+            out.append(d)
+        return paths(*out)
+
+    base, new = [SAME[n] for n in (1, 2, 4)], [SAME[n] for n in (5, 7, 8)]
+    cases = {"apart": (["20261127-100001", "20261127-100002", "20261127-100003"],
+                       ["20261127-100004", "20261127-100005", "20261127-100006"]),
+             "in turns": (["20261127-100001", "20261127-100003", "20261127-100005"],
+                          ["20261127-100002", "20261127-100004", "20261127-100006"]),
+             "renamed": (["20261127-100001", "20261127-100002", "base-3"],
+                         ["20261127-100004", "20261127-100005", "20261127-100006"])}
+    said = {}
+    for name, (a, b) in cases.items():
+        assert main(["compare", folders(base, a), folders(new, b)]) == 0
+        said[name] = capsys.readouterr().out.splitlines()[0]
+    assert said["apart"].startswith("WARNING: the BASE profiles were all made before the NEW ones (20261127-100001 to "
+                                    "20261127-100003, then 20261127-100004 to 20261127-100006, UTC): the sides did "
+                                    "not take turns")
+    assert "take turns" not in said["in turns"] and "take turns" not in said["renamed"]
+    assert main(["compare", folders(new, cases["apart"][0]), folders(base, cases["apart"][1]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warning"].startswith("the BASE profiles were all made before")

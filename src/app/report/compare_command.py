@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from app.analysis.baseline import (mismatch_of, other_backend, other_card, other_settings, read_trace,
@@ -142,6 +143,33 @@ def _side(paths: str, what: str) -> tuple[list[dict], list[Path]]:
     return traces, list(seen)
 
 
+_STAMP = re.compile(r"^(\d{8}-\d{6})")      # a profile folder's name starts with the second it was written (UTC)
+
+
+def _stamp(key: Path) -> str | None:
+    """When a profile was written, from its folder's name (None where the folder was renamed)."""
+    m = _STAMP.match((key.parent if key.name == "trace.json" else key).name)
+    return m.group(1) if m else None
+
+
+def not_in_turns(base_keys: list[Path], new_keys: list[Path]) -> str:
+    """Why two sets of profiles may differ by when they ran, or '': every profile of one side written before every
+    profile of the other. The pace of a lent host moves between processes and over minutes, so the sets must take
+    turns for a change between them to be the code's. Said only where each side has two or more profiles and every
+    folder still has its time in its name."""
+    if min(len(base_keys), len(new_keys)) < 2:
+        return ""
+    base, new = [_stamp(k) for k in base_keys], [_stamp(k) for k in new_keys]
+    if None in base or None in new:
+        return ""
+    for first, a, second, b in (("BASE", base, "NEW", new), ("NEW", new, "BASE", base)):
+        if max(a) < min(b):
+            return (f"the {first} profiles were all made before the {second} ones ({min(a)} to {max(a)}, then "
+                    f"{min(b)} to {max(b)}, UTC): the sides did not take turns, so a change in the machine's pace "
+                    "between them would read as the code's; make them in turns (python -m app.kernel ab does)")
+    return ""
+
+
 def check_percentages(args) -> None:
     """--floor and --fail-on-regression (either may be None: not given), checked before any work: compare's own,
     and ab's before it makes a worktree."""
@@ -178,7 +206,8 @@ def run_compare(argv: list[str]) -> int:
     if len(modes) > 1:
         warning = "; ".join(x for x in (warning, f"modes differ ({' vs '.join(modes)}): their "
                                                   "stage times measure different things") if x)
-    warning = "; ".join(x for x in (warning, other_backend(bases + news), other_settings(bases + news),
+    warning = "; ".join(x for x in (warning, not_in_turns(base_keys, new_keys), other_backend(bases + news),
+                                    other_settings(bases + news),
                                     same_cpu_stages(bases + news),
                                     next(filter(None, (other_card(base, t) for t in bases + news)), "")) if x)
     result = compare_processes(bases, news, args.floor / 100)
