@@ -158,9 +158,9 @@ def _flop_cells(p: dict, gbps: str) -> list[str]:
 
 
 def _pct_cell(value) -> str:
-    """A share of the roofline to one decimal, or to two significant digits under 0.05: never printed as zero
-    (overlay's area_reconstruction at 0.087% read "0.1", and 0.047% read "0.0")."""
-    return "n/a" if value is None else pct(value)
+    """A share of a peak or of the roofline to one decimal, or to two significant digits under 0.05, so a reading
+    is never printed as zero (0.047% read "0.0"); "n/a" where there is no reading."""
+    return pct(value) if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
 
 def _host_cell(stage: dict) -> str:
