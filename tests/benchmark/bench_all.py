@@ -11,15 +11,15 @@ Every output is checked against shapely before its ratio is printed; a mismatch 
 exit status 1. Holds the device lock for the whole run,
 so no profile shares the GPU with it.
 
-Each row also gives the host CPU's pace while that version ran: the median time of the fixed
-Python loop event mode times before its runs (app.runtime.host_pace), taken just before and just
-after the version's timings. The versions run one after another, and on a shared host the CPU can
-slow between them; where two rows' loops differ, so did the host. In one run on an H100 host, join
-v1 and v2 at 100k x 10k ran while the loop took 85.3 and 80.4 us, v3 and v4 while it took 49.4 and
-47.8 us: their 0.35-0.53 against 0.19-0.25 ms after the build was partly the host's. On a GPU each row also gives
-the host's launch pace then (app.runtime.launch_pace: an empty kernel's launch, timed the same way): at these
-sizes the plans are bound by their launches, and on the lent hosts a launch's cost moves where the loop's does
-not (on one H200 host two profiles 25% apart had loops within 1% and launches 10% apart).
+Each row also gives the host CPU's pace while that version ran: the median time of the fixed Python loop event
+mode times before its runs (app.runtime.host_pace), taken before each round of the GPU runs on a GPU
+(bench_join.time_plan), else just before and just after the version's timings. The versions run one after
+another, and on a shared host the CPU can slow between them; where two rows' loops differ, so did the host. In
+one run on an H100 host, join v1 and v2 at 100k x 10k ran while the loop took 85.3 and 80.4 us, v3 and v4 while
+it took 49.4 and 47.8 us: their 0.35-0.53 against 0.19-0.25 ms after the build was partly the host's. On a GPU
+each row also gives the host's launch pace then (app.runtime.launch_pace: an empty kernel's launch, timed the
+same way): at these sizes the plans are bound by their launches, and on the lent hosts a launch's cost moves
+where the loop's does not (on one H200 host two profiles 25% apart had loops within 1% and launches 10% apart).
 """
 from __future__ import annotations
 
@@ -152,6 +152,8 @@ def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> 
                 row["host_loop"] = statistics.median(pace + more)
                 if launches:
                     row["launch_pace"] = statistics.median(launch + more_launch)
+                if gpu and g["host_loop"] is not None:     # the pace while the GPU runs were timed, which their
+                    row["host_loop"], row["launch_pace"] = g["host_loop"], g["launch_pace"]     # figures depend on
                 rows.append(row)
                 print(_line(row), file=sys.stderr, flush=True)
     return rows

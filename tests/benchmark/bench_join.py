@@ -7,8 +7,10 @@ device), the host->device build on its own line, end to end (host clock: host
 arrays in, result copied back to host arrays; bare runs, with no stage marks), and
 the stages after the build replayed as one CUDA graph (where the plan reads no size before the result's length it
 serves new data of the same counts, written into the buffers it was captured with,
-while the device's counts fit its rooms; else these inputs' sizes only). CPU: the numpy plan, all
-stages. shapely: STRtree build + query with the predicate (one thread).
+while the device's counts fit its rooms; else these inputs' sizes only), and the host's pace while the GPU runs
+were timed (event mode's fixed Python loop and an empty kernel's launch, before each round): at 100k x 10k the
+stages after the build are bound by the host, and its pace moves from one process to the next. CPU: the numpy
+plan, all stages. shapely: STRtree build + query with the predicate (one thread).
 Every output is checked equal to shapely's before a ratio is printed.
 """
 from __future__ import annotations
@@ -28,6 +30,8 @@ from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for, xp_for  # noqa: E402
 from app.runtime.nvtx import Nvtx  # noqa: E402
 from app.runtime.recorder import OneMarkRecorder, Recorder  # noqa: E402
+from app.runtime.host_pace import loop_seconds  # noqa: E402
+from app.runtime.launch_pace import LaunchPace  # noqa: E402
 from app.runtime.stats import median_interval  # noqa: E402
 from app.runtime.timing import copied_back, warm_up  # noqa: E402
 
@@ -82,7 +86,15 @@ def time_plan(plan, inputs, device: str, runs: int):
         arm()                                        # the bare recorder's own events made before any timed run
     build, after, after_one, total, e2e_marks = [], [], [], [], set()
     times = {name: [] for name in timed}
+    # The host's pace before each round, as event mode times it before each timed run: at the default sizes the GPU
+    # plans are bound by their host, whose pace moves from one process to the next (on one H200 node six processes
+    # ran join v4's stages after the build in 125.7 to 249.3 us as the loop took 44.9 to 79.9 us).
+    pace = LaunchPace(xp) if device == "gpu" and runs else None
+    loops, launches = [], []
     for i in range(runs):
+        loops.append(loop_seconds())
+        if pace:
+            launches.append(pace.seconds())
         _, r = rec.run(plan, inputs, backend)
         build.append(r.stages[0]["seconds"])
         after.append(r.total_seconds - r.stages[0]["seconds"])
@@ -96,7 +108,9 @@ def time_plan(plan, inputs, device: str, runs: int):
     res = {"build": statistics.median(build), "after": statistics.median(after),
            "after_one_mark": statistics.median(after_one) if after_one else None,
            "total": statistics.median(total), "after_min": min(after), "e2e": statistics.median(times["e2e"]),
-           "out": results["e2e"], "device_name": sel.device_name, "e2e_marks": sorted(e2e_marks)}
+           "out": results["e2e"], "device_name": sel.device_name, "e2e_marks": sorted(e2e_marks),
+           "host_loop": statistics.median(loops) if loops else None,
+           "launch_pace": statistics.median(launches) if launches else None}
     if runs:     # the medians' ~95% intervals: where two versions' intervals overlap, the runs cannot tell them apart
         res |= {"after_ci": median_interval(after), "e2e_ci": median_interval(times["e2e"]),
                 "after_one_mark_ci": median_interval(after_one)}
@@ -125,6 +139,13 @@ def e2e_text(r) -> str:
     pinned = (f" (inputs in pinned memory {ms(r['gpu_e2e_pinned'], r.get('gpu_e2e_pinned_ci'))})"
               if r.get("gpu_e2e_pinned") else "")
     return f"end to end {ms(r['gpu_e2e'], r.get('gpu_e2e_ci'))}{pinned}"
+
+
+def pace_text(r) -> str:
+    """The host's pace while the GPU runs were timed: the fixed loop's median and an empty kernel's launch."""
+    if r.get("host_loop") is None:
+        return "host pace -"
+    return f"host loop {r['host_loop'] * 1e6:.1f} us, a launch {r['launch_pace'] * 1e6:.2f} us"
 
 
 def graph_after_build(plan, inputs, backend, record, runs: int) -> dict:
@@ -205,7 +226,7 @@ def main(argv=None) -> int:
                         "graph_after": gp.get("graph_after"), "graph_new_inputs": gp.get("graph_new_inputs"),
                         "gpu_ok": all(np.array_equal(a, b) for out in (gp["out"], gp.get("out_pinned", gp["out"]))
                                       for a, b in zip(out, ref)),
-                        "card": gp["device_name"]}
+                        "card": gp["device_name"], "host_loop": gp["host_loop"], "launch_pace": gp["launch_pace"]}
             rows.append(res)
             print(_row(res), flush=True)
     print("\njoin benchmark (medians, GPU ones with their ~95% intervals in brackets; GPU: stages after the "
@@ -224,7 +245,7 @@ def _row(r) -> str:
               f"{one_mark_text(r)} + H2D "
               f"{r['gpu_build'] * 1e3:.3f} ms  {e2e_text(r)}  shapely/gpu "
               f"{r['shapely'] / r['gpu_after']:8.0f}x after build, {r['shapely'] / r['gpu_e2e']:6.0f}x end to end  "
-              f"{graph_text(r)}  ok={r['gpu_ok']}  [{r['card']}]")
+              f"{graph_text(r)}  ok={r['gpu_ok']}  {pace_text(r)}  [{r['card']}]")
     return s
 
 

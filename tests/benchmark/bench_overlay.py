@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from app.kernel.overlay.oracle import compare, shapely_overlay  # noqa: E402
 from app.kernel.plan import get_plan_class  # noqa: E402
 from app.runtime.device import select  # noqa: E402
-from tests.benchmark.bench_join import e2e_text, ms, one_mark_text, parse_size, time_plan  # noqa: E402
+from tests.benchmark.bench_join import e2e_text, ms, one_mark_text, pace_text, parse_size, time_plan  # noqa: E402
 
 
 def time_shapely(inputs, runs: int):
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                          f"{one_mark_text(e2e)} + H2D "
                          f"{gp['build'] * 1e3:.3f} ms  {e2e_text(e2e)}  shapely/gpu "
                          f"{t_shp / gp['after']:8.0f}x after build, {t_shp / gp['e2e']:6.0f}x end to end  ok={g_ok}  "
-                         f"[{gp['device_name']}]")
+                         f"{pace_text(gp)}  [{gp['device_name']}]")
             lines.append(line)
             print(line, flush=True)
     print("\noverlay benchmark (medians, GPU ones with their ~95% intervals in brackets; GPU: stages after the "

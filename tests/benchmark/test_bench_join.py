@@ -25,3 +25,8 @@ def test_end_to_end_is_timed_on_bare_runs_and_their_result_is_checked(device):
     assert all(np.array_equal(a, b) for a, b in zip(r["out"], ref))
     if device == "gpu":
         assert all(np.array_equal(a, b) for a, b in zip(r["out_pinned"], ref))
+    # The host's pace before each round: the loop's median, and on a GPU an empty kernel's launch.
+    assert 1e-6 < r["host_loop"] < 1e-2
+    assert (r["launch_pace"] is None) == (device == "cpu")
+    if device == "gpu":
+        assert 1e-7 < r["launch_pace"] < 1e-3 and "a launch" in bench_join.pace_text(r)
