@@ -93,16 +93,12 @@ def _model_of_trace(trace: dict) -> dict | None:
 
 
 def _model_of(entry: dict) -> dict | None:
-    """An entry's cost-model totals: its marker's, or, for a marker written before markers kept them, those in the
-    trace.json of the profile its key names, where that folder is still there (as _card_of reads the card)."""
+    """An entry's cost-model totals: its marker's, or, for a marker written before markers kept them, those in its
+    profile's trace where that is still there."""
     if entry.get("model"):
         return entry["model"]
-    if not entry.get("key") or not Path(entry["key"]).is_dir():
-        return None
-    try:
-        return _model_of_trace(read_trace(entry["key"], "devlog"))
-    except BadParameter:
-        return None
+    trace = _profile_trace(entry)
+    return _model_of_trace(trace) if trace else None
 
 
 def _model_change(new: dict | None, old: dict | None) -> dict:
@@ -218,18 +214,25 @@ def _as_trace(settings: dict) -> dict:
             "device": {"logical_cpus": settings.get("logical_cpus")}}
 
 
-def _card_of(entry: dict) -> str | None:
-    """The card an entry's profile ran on: its marker's, or, for a marker written before markers recorded it, the
-    card in the trace.json of the profile its key names, where that folder is still there (the key of a profile
-    kept under docs/ is its path from the repository's root, where the command runs)."""
-    if entry.get("card"):
-        return entry["card"]
+def _profile_trace(entry: dict) -> dict | None:
+    """The trace.json of the profile an entry's key names, where that folder is still there (the key of a profile
+    kept under docs/ is its path from the repository's root, where the command runs): what an entry written before
+    its marker kept a field is read from. None where it is gone or is no readable profile trace."""
     if not entry.get("key") or not Path(entry["key"]).is_dir():
         return None
     try:
-        return (read_trace(entry["key"], "devlog").get("device") or {}).get("uuid")
-    except BadParameter:            # not a readable profile trace: no card to be had
+        return read_trace(entry["key"], "devlog")
+    except BadParameter:
         return None
+
+
+def _card_of(entry: dict) -> str | None:
+    """The card an entry's profile ran on: its marker's, or, for a marker written before markers recorded it, the
+    card in its profile's trace where that is still there."""
+    if entry.get("card"):
+        return entry["card"]
+    trace = _profile_trace(entry)
+    return (trace.get("device") or {}).get("uuid") if trace else None
 
 
 def devlog_path(kernel: str, file: str | None) -> Path:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 
 from app.analysis import advice
-from app.analysis.advice import pct
 from app.report.baseline import baseline_section, mismatch_warning
 from app.report.clock_text import clock_cell, throttle_note
-from app.report.markdown import Section, fmt, fmt_reading, render, us
+from app.report.markdown import Section, fmt, fmt_pct, fmt_reading, render, us
 from app.report.sections import (device_section, transfers_section, verification_section,
                                  with_verification_headline)
 from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
@@ -41,7 +40,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                                    "Bottleneck", "Key Issue"],
                 rows=[[f["stage"], us(s["elapsed_seconds"]), _spread_cell(s["spread"]),
                        _host_cell(s),
-                       "n/a", _pct_cell(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
+                       "n/a", fmt_pct(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
                       for f, s in zip(findings, trace["stages"])],
                 note="Duration = median of the timed runs; ± spread = 1.4826 x median absolute deviation / median "
                      "(robust: outlier runs, counted in brackets, cannot move it). "
@@ -128,7 +127,7 @@ def _roofline(roof):
         return Section("Roofline (cost model)", text=f"No roofline: {roof['why']}.")
     e = roof["end_to_end"]
     rows = [[name, fmt(p["bytes"] / 1e6, 2), *_flop_cells(p, fmt(p["achieved_gbps"])),
-             "flagged: " + "; ".join(p["flags"]) if p.get("flags") else _pct_cell(p["pct_of_roofline"])]
+             "flagged: " + "; ".join(p["flags"]) if p.get("flags") else fmt_pct(p["pct_of_roofline"])]
             for name, p in list(roof["stages"].items()) + ([("end to end", e)] if e else [])]
     if e:
         below = (e["arithmetic_intensity"] or 0) < roof["ridge_flop_per_byte"]
@@ -155,12 +154,6 @@ def _flop_cells(p: dict, gbps: str) -> list[str]:
         return ["0 (none modelled)", "-", gbps, "- (none modelled)"]
     return [fmt(p["flops"] / 1e6, 2), fmt_reading(p["arithmetic_intensity"], 3), gbps,
             fmt_reading(p["achieved_tflops"], 4)]
-
-
-def _pct_cell(value) -> str:
-    """A share of a peak or of the roofline to one decimal, or to two significant digits under 0.05, so a reading
-    is never printed as zero (0.047% read "0.0"); "n/a" where there is no reading."""
-    return pct(value) if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
 
 def _host_cell(stage: dict) -> str:

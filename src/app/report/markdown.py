@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def fmt_reading(v, digits: int = 1) -> str:
     if isinstance(v, float) and math.isfinite(v) and 0 < abs(v) < 0.5 * 10 ** -digits:
         return f"{v:.2g}"
     return fmt(v, digits)
+
+
+def fmt_pct(v) -> str:
+    """A share of a peak (or a small ratio, as FLOP/byte) to one decimal, as fmt_reading gives it: a reading under
+    0.05 keeps two significant digits, never printed as zero; "n/a" where there is no reading."""
+    return fmt_reading(float(v), 1) if isinstance(v, numbers.Real) and not isinstance(v, bool) else "n/a"
 
 
 def fmt(v, digits: int = 1, suffix: str = "") -> str:

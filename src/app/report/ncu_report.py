@@ -3,17 +3,10 @@ from __future__ import annotations
 
 import math
 
-from app.analysis.advice import pct
 from app.analysis.kernel_metrics import DURATION, L2_JUDGE_MIN_BYTES, LOCALITY_MIN_EXCESS, kernel_time, kernel_time_text
 from app.report.clock_text import clock_cell, throttle_note
-from app.report.markdown import Section, fmt, fmt_reading, render
+from app.report.markdown import Section, fmt, fmt_pct, fmt_reading, render
 from app.report.sections import with_verification_headline
-
-
-def _pct(v) -> str:
-    """A measured share (or FLOP/byte) to one decimal; under 0.05, to two significant digits, so a reading is never
-    printed as zero."""
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) or math.isinf(v) else pct(v)
 
 
 GAIN_NOTE = ("Gain = the stage's share of kernel time x an estimate of the part it could recover: "
@@ -35,8 +28,9 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
         kind = top["bottleneck"].split(" ")[0]
         bottleneck = kind.replace("-bound", "").capitalize() + "-bound" if "bound" in kind else kind
         cause = (f"{top['stage']} takes {100 * top['duration_us'] / total:.0f}% of the kernel time at SM "
-                 f"{_pct(top['sm_pct'])}% and DRAM {_pct(top['dram_pct'])}% of peak "
-                 f"(achieved occupancy {_pct(top['achieved_occupancy_pct'])}%, L2 hit {_pct(top['l2_hit_pct'])}%).")
+                 f"{fmt_pct(top['sm_pct'])}% and DRAM {fmt_pct(top['dram_pct'])}% of peak "
+                 f"(achieved occupancy {fmt_pct(top['achieved_occupancy_pct'])}%, "
+                 f"L2 hit {fmt_pct(top['l2_hit_pct'])}%).")
     else:
         bottleneck, cause = "n/a", "No stage kernels were profiled."
     rows = []
@@ -48,8 +42,8 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
             issue.append(f"{r.local_spill_bytes:,.0f} B spilled")
         if r.kernels and not math.isnan(r.waves_per_sm) and r.waves_per_sm < 1:
             issue.append(f"{r.waves_per_sm:.2f} waves/SM")
-        rows.append([r.stage, fmt(r.duration_us), _pct(r.sm_pct), _pct(r.dram_pct), _pct(r.achieved_occupancy_pct),
-                     r.bottleneck, "; ".join(issue) or "-"])
+        rows.append([r.stage, fmt(r.duration_us), fmt_pct(r.sm_pct), fmt_pct(r.dram_pct),
+                     fmt_pct(r.achieved_occupancy_pct), r.bottleneck, "; ".join(issue) or "-"])
     outside = trace["metadata"]["kernels_outside_stages"]
     return [
         Section("Configuration", columns=list(trace["metadata"]["params"]) + ["device", "clocks"],
@@ -69,9 +63,10 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
         Section("Kernels", columns=["Stage", "Kernel", "us", "GB/s", "TFLOP/s fp64", "FLOP/B", "% roofline",
                                     "SM%", "DRAM%", "Occ%", "L2 hit%", "regs", "waves/SM", "Bottleneck"],
                 rows=[[k.stage or "-", k.kernel[:40], fmt(k.duration_us), fmt(k.achieved_gbps),
-                       fmt_reading(k.achieved_tflops_fp64, 4), _pct(k.arithmetic_intensity), _pct(k.pct_of_roofline), _pct(k.sm_pct),
-                       _pct(k.dram_pct), _pct(k.achieved_occupancy_pct), _l2(k), fmt(k.registers, 0),
-                       _pct(k.waves_per_sm), k.bottleneck] for k in kernels.itertuples()],
+                       fmt_reading(k.achieved_tflops_fp64, 4), fmt_pct(k.arithmetic_intensity),
+                       fmt_pct(k.pct_of_roofline), fmt_pct(k.sm_pct), fmt_pct(k.dram_pct),
+                       fmt_pct(k.achieved_occupancy_pct), _l2(k), fmt(k.registers, 0), fmt_pct(k.waves_per_sm),
+                       k.bottleneck] for k in kernels.itertuples()],
                 note=f"L2 hit% marked * was measured on under {L2_JUDGE_MIN_BYTES // 1024} KiB of DRAM traffic: there "
                      "the rate reflects ncu's replay more than the kernel (the two counter modes disagree by up to "
                      "~40 points on such kernels), so no locality class or advice is drawn from it, and a stage's "
@@ -133,7 +128,7 @@ def _bytes_row(stage: dict) -> list[str]:
 
 
 def _l2(k) -> str:
-    value = _pct(k.l2_hit_pct)
+    value = fmt_pct(k.l2_hit_pct)
     return value if value == "n/a" or getattr(k, "l2_judged", True) else value + "*"
 
 
