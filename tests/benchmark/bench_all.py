@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from app.kernel.plan import get_plan_class, kernels  # noqa: E402
 from app.runtime.host_pace import loop_seconds  # noqa: E402
-from app.runtime.launch_pace import LAUNCHES, LaunchPace  # noqa: E402
+from app.runtime.launch_pace import LAUNCHES  # noqa: E402
 from app.runtime.device import select  # noqa: E402
 from app.runtime.execute import backend_for, xp_for  # noqa: E402
 from app.runtime.lock import device_key, device_lock  # noqa: E402
@@ -77,7 +77,7 @@ def _inputs_and_reference(kernel: str, version: str, a: int, b: int, vertices: i
     return params, inputs, t, ok
 
 
-PACE_LOOPS = 20     # loop timings before and after each version's runs: about 1-2 ms in all
+PACE_LOOPS = 20     # loop timings before and after each version's CPU runs: about 1-2 ms in all
 
 
 def _shapely_once(kernel: str, inputs):
@@ -116,16 +116,10 @@ def cpu_beside_shapely(plan, inputs, runs: int, shapely_once) -> dict:
 
 def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> list[dict]:
     rows = []
-    launches = None
-    if gpu:
-        import cupy as cp
 
-        launches = LaunchPace(cp)
-
-    def host_pace() -> tuple[list[float], list[float]]:
-        """The loop's timings and (on a GPU) the launch pace's, taken together before and after a version."""
-        return ([loop_seconds() for _ in range(PACE_LOOPS)],
-                [launches.seconds() for _ in range(PACE_LOOPS)] if launches else [])
+    def host_loops() -> list[float]:
+        """The loop's timings, taken before and after a version's CPU runs where no GPU runs time their own."""
+        return [loop_seconds() for _ in range(PACE_LOOPS)]
 
     for kernel, pairs in sizes.items():
         versions = sorted(kernels()[kernel])
@@ -134,7 +128,7 @@ def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> 
             shapely_once = _shapely_once(kernel, inputs)
             for v in versions:
                 plan = get_plan_class(kernel, v)(params | {"vertices": vertices})
-                pace, launch = host_pace()
+                pace = [] if gpu else host_loops()
                 cpu = cpu_beside_shapely(plan, inputs, cpu_runs, shapely_once)
                 row = {"kernel": kernel, "version": v, "size": f"{a:,} x {b:,}", "shapely": cpu["shapely"],
                        "cpu": cpu["cpu"], "cpu_ratio": cpu["ratio"], "cpu_ratio_ci": cpu["ratio_ci"],
@@ -147,13 +141,12 @@ def measure(sizes: dict, runs: int, cpu_runs: int, vertices: int, gpu: bool) -> 
                             "gpu_e2e_pinned_ci": g.get("e2e_pinned_ci"),
                             "gpu_e2e": g["e2e"], "gpu_e2e_pinned": g.get("e2e_pinned"),
                             "gpu_ok": ok(g["out"]) and ok(g.get("out_pinned", g["out"])), "card": g["device_name"],
-                            "graph_after": g.get("graph_after"), "graph_new_inputs": g.get("graph_new_inputs")}
-                more, more_launch = host_pace()
-                row["host_loop"] = statistics.median(pace + more)
-                if launches:
-                    row["launch_pace"] = statistics.median(launch + more_launch)
-                if gpu and g["host_loop"] is not None:     # the pace while the GPU runs were timed, which their
-                    row["host_loop"], row["launch_pace"] = g["host_loop"], g["launch_pace"]     # figures depend on
+                            "graph_after": g.get("graph_after"), "graph_new_inputs": g.get("graph_new_inputs"),
+                            # the pace while the GPU runs were timed (before each round), which their figures
+                            # depend on
+                            "host_loop": g["host_loop"], "launch_pace": g["launch_pace"]}
+                else:
+                    row["host_loop"] = statistics.median(pace + host_loops())
                 rows.append(row)
                 print(_line(row), file=sys.stderr, flush=True)
     return rows
@@ -169,9 +162,9 @@ def _line(r: dict) -> str:
               f"{r['gpu_total'] * 1e3:8.3f} ms  {bench_join.e2e_text(r)}  shapely/gpu "
               f"{r['shapely'] / r['gpu_after']:7.0f}x after build, {r['shapely'] / r['gpu_e2e']:6.0f}x end to end  "
               f"{bench_join.graph_text(r)}  ok={r['gpu_ok']}")
-    if "host_loop" in r:
+    if r.get("host_loop") is not None:          # none where no GPU run was timed (--runs 0)
         s += f"  host loop {r['host_loop'] * 1e6:.1f} us"
-    if "launch_pace" in r:
+    if r.get("launch_pace") is not None:
         s += f", a launch {r['launch_pace'] * 1e6:.2f} us"
     return s
 
@@ -212,7 +205,8 @@ def main(argv=None) -> int:
           "pinned host memory (no host copy before their DMA); graph replay: the stages after "
           "the build as one CUDA graph, for new data of these counts (written into the buffers it was captured "
           "with, while the counts the device finds fit its rooms) or for these sizes only; host loop: the "
-          "median time of a fixed Python loop just before and after the row's runs, the host CPU's pace then "
+          "median time of a fixed Python loop before each round of the row's GPU runs (on the CPU, just before "
+          "and after its runs), the host CPU's pace then "
           "(a row whose loop is slower ran on a slower host); a launch: on a GPU, the host time of one launch of an "
           f"empty kernel, timed in {LAUNCHES}s at the same moments, the host's launch pace "
           "then (at these sizes the plans are bound by their launches, so a row whose launches are slower ran on a "
