@@ -381,6 +381,32 @@ def test_a_stage_the_other_marks_measurably_inflate_says_so_in_its_key_issue():
                    for f in advice.stage_findings(old, plan_roofline(old["device"]["name"], "gpu", old["stages"])))
 
 
+def test_a_gain_leaves_out_what_the_other_marks_measurably_add():
+    """The profiler's marks are not the code's time: where the capture resolved what the other stages' marks add to
+    a stage, its gain is figured without them and the trigger says how much was left out; where the interval of that
+    figure reaches zero (predicate_refine here), nothing is left out."""
+    t = json.loads((DATA / "join_v4_100k_10k_h200_one_mark.trace.json").read_text())
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    ops = {o["name"]: o for o in advice.opportunities(t, roof, advice.stage_findings(t, roof))}
+    added = {o["name"]: o for o in t["timing"]["one_mark"]["stages"]}
+    total = t["total_elapsed_seconds"]
+    checked = set()
+    for s in t["stages"]:
+        op = next((o for n, o in ops.items() if n.startswith("Fuse or enlarge the launches of " + s["name"] + " ")),
+                  None)
+        if op is None:
+            continue
+        a = added[s["name"]]
+        left_out = a["marks_add_seconds"] if a["marks_add_ci95"][0] > 0 else 0.0
+        target = roof["stages"][s["name"]]["roofline_seconds"] / advice.ATTAINABLE
+        assert op["gain_pct"] == pytest.approx(100 * (s["elapsed_seconds"] - left_out - target) / total)
+        assert (f"the other marks' {left_out * 1e6:.1f} us left out" in op["trigger"]) == (left_out > 0)
+        checked.add((s["name"], left_out > 0))
+    assert ("candidate_filter", True) in checked and ("predicate_refine", False) in checked
+    md = build_report(t, PARAMS, roof, None)
+    assert "that is left out first (the marks are the profiler's, not the code's)" in md
+
+
 def _edited(name: str, stage: str, **changes) -> dict:
     """A real H200 trace with one stage's measured time or cost-model figures changed as an impossible reading
     would have them."""

@@ -56,7 +56,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
         Section("Top 3 Opportunities (ranked by estimated impact)",
                 items=[f"{o['name']} — est. {fmt(o['gain_pct'], 0, '%') if o['gain_pct'] is not None else 'n/a'} "
                        f"gain — trigger: {o['trigger']}" for o in ops[:3]] or ["none triggered"],
-                note=f"Gain = time above {advice.ATTAINABLE:.0%} of the stage's roofline, as a share of the plan."),
+                note=f"Gain = time above {advice.ATTAINABLE:.0%} of the stage's roofline, as a share of the plan; "
+                     "where the profile measured what the other stages' marks add to a stage's time, that is left "
+                     "out first (the marks are the profiler's, not the code's)."),
         baseline_section(trace, baseline),
         Section("Timing", columns=["what", "value"], rows=[
             ["total, median of timed runs (us): host arrays in, result "
