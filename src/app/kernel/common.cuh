@@ -249,20 +249,35 @@ extern "C" __global__ void init_summary(double* summary) { summary_identity(summ
 __device__ __forceinline__ void bounds_summary_add(double* summary, double x0, double y0, double x1, double y1,
                                                    double w, double h);
 
-// A geometry's vertices run from its first ring's start to its last ring's end: read through the two
-// offset tables here rather than gathered into a third table by an extra launch.
-// polygon_bounds_at: thread's polygon g (any g; past G it adds nothing); the whole block must call it.
-__device__ __forceinline__ void polygon_bounds_at(const double* coords, const int* ring_off, const int* geom_ring_off,
-                                                  long long G, double* bbox, double* summary, long long g) {
+// A geometry's vertices run from its first ring's start to its last ring's end: read through the two offset tables
+// here rather than gathered into a third table by an extra launch. A group of LANES consecutive lanes (1, 2, 4 or 8)
+// takes a polygon, striding over its vertices, so a warp's loads cover its polygons' vertex runs side by side; ``t``
+// is the thread's index among the polygon threads, polygon t / LANES. The box is written by the group's first lane,
+// which alone adds its size to the summary. Every thread of the block must call it (shuffles, then block_extent's
+// barrier). LANES is a template argument: at 1 the loop is the thread-a-polygon one, a plain stride, no shuffles.
+template <int LANES>
+__device__ __forceinline__ void polygon_bounds(const double* coords, const int* ring_off, const int* geom_ring_off,
+                                               long long G, double* bbox, double* summary, long long t) {
+    const long long g = t / LANES;
+    const int sub = (int)(t % LANES);
     double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0, w = 0.0, h = 0.0;
     if (g < G) {
         const double2* xy = reinterpret_cast<const double2*>(coords);     // one 16-byte load a vertex
 #pragma unroll 4
-        for (int k = ring_off[geom_ring_off[g]], k1 = ring_off[geom_ring_off[g + 1]]; k < k1; ++k) {
+        for (int k = ring_off[geom_ring_off[g]] + sub, k1 = ring_off[geom_ring_off[g + 1]]; k < k1; k += LANES) {
             const double2 v = xy[k];
             x0 = fmin(x0, v.x); y0 = fmin(y0, v.y); x1 = fmax(x1, v.x); y1 = fmax(y1, v.y);
         }
-        bbox[4 * g] = x0; bbox[4 * g + 1] = y0; bbox[4 * g + 2] = x1; bbox[4 * g + 3] = y1;
+    }
+    for (int off = LANES / 2; off > 0; off >>= 1) {      // the group's box, in each of its lanes
+        x0 = fmin(x0, __shfl_xor_sync(FULL_MASK, x0, off));
+        y0 = fmin(y0, __shfl_xor_sync(FULL_MASK, y0, off));
+        x1 = fmax(x1, __shfl_xor_sync(FULL_MASK, x1, off));
+        y1 = fmax(y1, __shfl_xor_sync(FULL_MASK, y1, off));
+    }
+    if (g < G && sub == 0) {
+        reinterpret_cast<double2*>(bbox)[2 * g] = make_double2(x0, y0);
+        reinterpret_cast<double2*>(bbox)[2 * g + 1] = make_double2(x1, y1);
         w = x1 - x0; h = y1 - y0;
     }
     bounds_summary_add(summary, x0, y0, x1, y1, w, h);

@@ -9,18 +9,23 @@ extern "C" __global__ void init_run(unsigned long long* ledger, int words, doubl
 }
 
 // The polygons' bboxes (common.cuh's polygon_bounds) and the points' extent in one launch: the first
-// poly_blocks blocks take a polygon a thread, the rest stride over the points -- a fixed grid, so only a few
-// hundred blocks do atomics. Each block takes one branch whole (both end in block_extent's __syncthreads).
-// ``ledger`` (v3, v4; null for v1, v2, whose init_run zeroes it): the run's ledger, zeroed here by the first block;
-// nothing in this launch reads it.
+// poly_blocks blocks take the polygons, ``lanes`` threads a polygon (gpu.py's extent_lanes), the rest stride over
+// the points, a fixed grid. Each block takes one branch whole (both end in block_extent's __syncthreads), so
+// poly_blocks plus a few hundred blocks do the summary's atomics. ``ledger`` (v3, v4; null for v1, v2, whose
+// init_run zeroes it): the run's ledger, zeroed here by the first block; nothing in this launch reads it.
 extern "C" __global__ void join_extent(const double* coords, const int* ring_off, const int* geom_ring_off,
-                                       long long G, double* bbox, const double* pts, long long N, int poly_blocks,
-                                       double* summary, unsigned long long* ledger, int words) {
+                                       long long G, int lanes, double* bbox, const double* pts, long long N,
+                                       int poly_blocks, double* summary, unsigned long long* ledger, int words) {
     if (ledger != nullptr && blockIdx.x == 0)
         for (int i = threadIdx.x; i < words; i += blockDim.x) ledger[i] = 0;
     if ((int)blockIdx.x < poly_blocks) {
-        polygon_bounds_at(coords, ring_off, geom_ring_off, G, bbox, summary,
-                          blockIdx.x * (long long)blockDim.x + threadIdx.x);
+        const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+        switch (lanes) {       // the same for the whole launch: no divergence
+            case 8: polygon_bounds<8>(coords, ring_off, geom_ring_off, G, bbox, summary, t); break;
+            case 4: polygon_bounds<4>(coords, ring_off, geom_ring_off, G, bbox, summary, t); break;
+            case 2: polygon_bounds<2>(coords, ring_off, geom_ring_off, G, bbox, summary, t); break;
+            default: polygon_bounds<1>(coords, ring_off, geom_ring_off, G, bbox, summary, t);
+        }
         return;
     }
     double x0 = 1.0 / 0.0, y0 = 1.0 / 0.0, x1 = -1.0 / 0.0, y1 = -1.0 / 0.0;
