@@ -201,6 +201,11 @@ def test_a_stage_that_ran_gpu_work_without_a_kernel_in_the_capture_is_missing_no
     assert STAGES[0] == "owned_buffer_build" and not (kernels["stage"] == STAGES[0]).any()   # none in the capture
     build = stages.set_index("stage").loc[STAGES[0]]
     assert build["bottleneck"] == "no kernels" and not build["unprofiled"]
+    # ncu times kernels only: the build's row gives no time rather than a time of zero
+    trace = {"metadata": {"params": {}, "kernels_outside_stages": 0}, "device": {"name": DEVICE}, "stages": []}
+    table = next(t for t in stage_sections(trace, stages, kernels, ops, None, "x") if t.title == "Stages")
+    assert table.rows[0][:2] == [STAGES[0], "- (no kernels: ncu times kernels only)"]
+    assert table.rows[1][0] == STAGES[1] and table.rows[1][1] == f"{stages.iloc[1]['duration_us']:,.1f}"
     # Without that record every GPU stage given rows is expected to launch kernels: the build is then missing too.
     bare = {"selection": {"selected": "gpu"}, "stages": worker["stages"]}
     assert stages_with_gpu_work(bare) == set(STAGES)

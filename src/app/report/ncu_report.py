@@ -42,7 +42,9 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
             issue.append(f"{r.local_spill_bytes:,.0f} B spilled")
         if r.kernels and not math.isnan(r.waves_per_sm) and r.waves_per_sm < 1:
             issue.append(f"{r.waves_per_sm:.2f} waves/SM")
-        rows.append([r.stage, fmt(r.duration_us), fmt_pct(r.sm_pct), fmt_pct(r.dram_pct),
+        # A stage that launched no kernel (the build's copies) has no time ncu could take: not a time of zero.
+        duration = fmt(r.duration_us) if r.kernels or r.unprofiled else "- (no kernels: ncu times kernels only)"
+        rows.append([r.stage, duration, fmt_pct(r.sm_pct), fmt_pct(r.dram_pct),
                      fmt_pct(r.achieved_occupancy_pct), r.bottleneck, "; ".join(issue) or "-"])
     outside = trace["metadata"]["kernels_outside_stages"]
     return [
