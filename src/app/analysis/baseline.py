@@ -108,6 +108,15 @@ def latest_profile(parent, device_name: str | None) -> str:
                        f"under {parent}{also}; run once without --baseline first")
 
 
+def launched_no_kernels(stage: dict) -> bool:
+    """A stage of a counter-mode profile (ncu, annotation) that launched no kernel, such as the build's copies: ncu
+    times kernels only, so its elapsed_seconds of 0 is no time taken, not a time of zero, and no change is judged
+    from it."""
+    counters = stage.get("ncu")
+    return (isinstance(counters, dict) and counters.get("kernels") == 0 and not counters.get("unprofiled")
+            and stage.get("elapsed_seconds") == 0)
+
+
 def _check_shape(path, trace, what: str = "--baseline") -> None:
     """Every field a comparison, a report's vs Baseline section or a devlog entry reads, of the type it reads: a trace
     that is damaged or hand-edited is refused here in one line, before any work, never met later as a traceback or
@@ -128,8 +137,10 @@ def _check_shape(path, trace, what: str = "--baseline") -> None:
     if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
         _fail(path, "field 'stages' is missing or not a list of stages", what)
     for s in stages:
-        # A stage's time is its median run's: 0 or less is no time a change can be measured from.
-        if not isinstance(s.get("name"), str) or not _finite(s.get("elapsed_seconds")) or s["elapsed_seconds"] <= 0:
+        # A stage's time is its median run's: 0 or less is no time a change can be measured from. A counter-mode stage
+        # that launched no kernel has no time at all (launched_no_kernels), which compare and devlog leave out.
+        if not isinstance(s.get("name"), str) or not _finite(s.get("elapsed_seconds")) or (
+                s["elapsed_seconds"] <= 0 and not launched_no_kernels(s)):
             _fail(path, f"stage {s.get('name')!r} has no finite elapsed_seconds above 0 ({s.get('elapsed_seconds')!r})",
                   what, DAMAGED)
     if not isinstance(trace.get("device", {}), dict) or not isinstance(trace.get("metadata", {}), dict):

@@ -10,7 +10,8 @@ must not read as a regression. One profile a side gets no verdict: its runs' own
 shown as theirs (one_process_verdict), since processes of identical code differ by more.
 Profiles of several processes a side (a set each) need ``MIN_PROCESSES`` a side and
 ``MIN_RUNS`` runs in each process for a verdict, since their interval resamples the
-processes. A stage that only one side timed is listed apart, with no verdict.
+processes. A stage that only one side timed, or that launched no kernel in a counter-mode profile, is listed apart,
+with no verdict.
 
 Beside the verdict, the host's pace in each profile (event mode times a fixed Python loop, and on a GPU a few
 launches of an empty kernel, before every timed run; nsys mode before every traced iteration): where the host
@@ -23,6 +24,7 @@ import math
 
 import numpy as np
 
+from app.analysis.baseline import launched_no_kernels
 from app.runtime.stats import MIN_CI_SAMPLES, robust_rel_spread
 
 RESAMPLES = 4000
@@ -210,6 +212,10 @@ def compare_processes(base: list[dict], new: list[dict], floor: float = DEFAULT_
     listed in ``one_side_stages`` with no verdict, never dropped."""
     stages, one_side = [], []
     for name in dict.fromkeys(s["name"] for t in new + base for s in t["stages"]):   # NEW's order first
+        untimed = sum(1 for t in base + new for s in t["stages"] if s["name"] == name and launched_no_kernels(s))
+        if untimed:
+            one_side.append(_no_kernels(name, untimed, len(base) + len(new)))
+            continue
         b, n = ([samples_of(t, name) for t in side] for side in (base, new))
         if all(b) and all(n):
             stages.append({"name": name} | process_verdict(b, n, floor))
@@ -243,6 +249,14 @@ def _one_side(name: str, base: list[list[float]], new: list[list[float]]) -> dic
                for h, side in zip(have, (base, new))]
     return {"name": name, "only_in": only, "profiles_with_it": have, "base_median_us": medians[0],
             "new_median_us": medians[1], "verdict": None, "why": f"{where}: nothing to compare it with"}
+
+
+def _no_kernels(name: str, untimed: int, profiles: int) -> dict:
+    """A stage that launched no kernel in ``untimed`` of the ``profiles`` (a counter mode's build): no time, no
+    verdict."""
+    return {"name": name, "only_in": None, "no_kernels": True, "base_median_us": None, "new_median_us": None,
+            "verdict": None, "why": f"no kernels: it launched none in {untimed} of the {profiles} profiles, and ncu "
+                                    "times kernels only (a copy's time is not captured), so there is no time to compare"}
 
 
 def machine_caution(total: dict, pace: dict | None, launch: dict | None) -> str | None:

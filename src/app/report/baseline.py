@@ -33,7 +33,10 @@ def baseline_section(trace: dict, baseline: dict | None, note: str = "") -> Sect
                      else "none (too few runs)" if r["why"].startswith("too few runs") else "none", verdict_text(r)])
         if r.get("within_process") and r["why"] not in reasons:
             reasons.append(r["why"])
-    for r in result["one_side_stages"]:      # a stage of one side alone: listed, no verdict
+    for r in result["one_side_stages"]:      # a stage of one side alone, or of no kernels: listed, no verdict
+        if r.get("no_kernels"):
+            rows.append([f"{r['name']} (us)", "-", "-", "--", "--", "no kernels (ncu times kernels only)"])
+            continue
         rows.append([f"{r['name']} (us)", _absent(r["base_median_us"]), _absent(r["new_median_us"]), "--", "--",
                      r["why"].split(":")[0].replace("BASE", "the baseline").replace("NEW", "this profile")])
     return Section("vs Baseline", text=f"Baseline: {baseline.get('kernel')} {baseline.get('version')} "

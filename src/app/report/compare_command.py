@@ -88,13 +88,14 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
         lines.append(f"{name:<28} {_us(r['base_median_us']):>12} {_us(r['new_median_us']):>12} "
                      f"{change:>9} {ci:>20}  {verdict_text(r)}")
     for r in result.get("one_side_stages", []):
-        lines.append(f"{r['name']:<28} {_us(r['base_median_us']):>12} {_us(r['new_median_us']):>12} "
-                     f"{'--':>9} {'--':>20}  {r['why'].split(':')[0]}")
+        side = ("--", "--") if r.get("no_kernels") else (_us(r["base_median_us"]), _us(r["new_median_us"]))
+        lines.append(f"{r['name']:<28} {side[0]:>12} {side[1]:>12} {'--':>9} {'--':>20}  {r['why'].split(':')[0]}")
     lines.append(f"noise: the interval includes 0, or |change| is below the runs' own spread or "
                  f"{result['floor_pct']:g}%, or a side has fewer than {result.get('min_runs', MIN_RUNS)} runs")
     lines += [f"no verdict: {why}" if why == ONE_PROCESS_WHY else f"noise, no interval: {why}" for why in reasons]
-    if result.get("one_side_stages"):
+    if any(not r.get("no_kernels") for r in result.get("one_side_stages", [])):
         lines.append("a stage in one side only (renamed, or another kernel's) has nothing to compare with: no verdict")
+    lines += [f"{r['name']}: {r['why']}" for r in result.get("one_side_stages", []) if r.get("no_kernels")]
     lines.append(TOTAL_NOTE)
     if total.get("processes", [1, 1]) != [1, 1]:
         medians = ["; ".join(f"{m:,.1f}" for m in side) for side in total["process_medians_us"]]
@@ -106,14 +107,15 @@ def table(result: dict, base: dict, new: dict, warning: str) -> str:
     if pace:
         lines.append(f"host CPU pace (a fixed Python loop before each timed run): {host_pace_change(pace)}")
     else:
-        lines.append("host CPU pace: not recorded in either profile (profiles made before it was measured)")
+        lines.append("host CPU pace: not recorded in either profile (event and nsys modes time it; a counter-mode "
+                     "profile, ncu or annotation, or one made before it was measured has none)")
     launch = result.get("launch_pace")
     if launch:
         lines.append(f"host launch pace (an empty kernel launched before each timed run, us a launch): "
                      f"{host_pace_change(launch)}")
     else:
-        lines.append("host launch pace: not recorded in either profile (GPU profiles only, and only since it was "
-                     "measured)")
+        lines.append("host launch pace: not recorded in either profile (event and nsys modes time it on a GPU; a "
+                     "counter-mode profile, a CPU run, or one made before it was measured has none)")
     if result.get("caution"):
         lines.append(f"CAUTION: {result['caution']}")
     return "\n".join(lines)
