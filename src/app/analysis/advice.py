@@ -79,10 +79,10 @@ MARKS_ADD_SHARE = 0.10     # the other stage marks' share of a stage's time from
 def _marks_add(trace: dict) -> dict[str, str]:
     """Stages whose time with every stage marked the other marks measurably inflate by MARKS_ADD_SHARE or more of
     it: a Key Issue, since the stage's DRAM% is computed from that inflated time."""
-    out = {}
+    out, resolved = {}, _marks_added(trace)
     for o in (trace.get("timing", {}).get("one_mark") or {}).get("stages", []):
         add, marked = o["marks_add_seconds"], o["marked_seconds"]
-        if o["name"] in _marks_added(trace) and marked > 0 and add >= MARKS_ADD_SHARE * marked:
+        if o["name"] in resolved and marked > 0 and add >= MARKS_ADD_SHARE * marked:
             out[o["name"]] = (f"the other stages' marks add {add * 1e6:.1f} us ({100 * add / marked:.0f}%) to its "
                               "time")
     return out
