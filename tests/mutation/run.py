@@ -40,7 +40,7 @@ for name in sys.argv[1:]:
 SAMPLE = "*__mutmut_*1"     # mutmut numbers each function's mutants 1, 2, ... in source order
 TESTS = ["tests/cli/test_baseline.py", "tests/runtime/test_lock.py", "tests/report/test_writer.py",
          "tests/runtime/test_memory.py", "tests/analysis/test_timeline_accounting.py",
-         "tests/report/test_verification_text.py"]
+         "tests/report/test_verification_text.py", "tests/report/test_counter_profiles_compared.py"]
 
 
 def main() -> int:

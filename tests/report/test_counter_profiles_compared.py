@@ -52,8 +52,10 @@ def test_a_stage_with_zero_time_and_kernels_is_still_refused(tmp_path):
     trace["stages"][1]["elapsed_seconds"] = 0.0
     bad = tmp_path / "trace.json"
     bad.write_text(json.dumps(trace))
-    with pytest.raises(BadParameter, match="stage 'bounds' has no finite elapsed_seconds above 0"):
-        read_trace(str(bad))
+    with pytest.raises(BadParameter) as err:
+        read_trace(str(bad), "BASE")
+    assert str(err.value) == (f"BASE {bad}: stage 'bounds' has no finite elapsed_seconds above 0 (0.0); the trace is "
+                              "damaged: profile again, or pass another profile folder or its trace.json")
 
 
 def test_devlog_logs_ncu_profiles_one_after_the_other(tmp_path):
