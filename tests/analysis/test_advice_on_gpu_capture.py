@@ -407,6 +407,34 @@ def test_a_gain_leaves_out_what_the_other_marks_measurably_add():
     assert "that is left out first (the marks are the profiler's, not the code's)" in md
 
 
+@pytest.mark.parametrize("name,offered", [("join_v3_100k_10k_h200", True), ("overlay_v3_100k_100k_h200_rooms", True),
+                                          ("overlay_v3_100k_100k_h200", False)])
+def test_a_measured_graph_replay_is_an_opportunity_of_its_measured_gain(name, offered):
+    """With --graph the profile times the stages after the build replayed as one CUDA graph, interleaved with eager
+    runs: where the two are told apart and the graph serves new data, replaying it is advised, its gain the measured
+    difference. The older overlay capture read sizes mid-plan (its graph replays taped sizes: the same data only)."""
+    t = json.loads((DATA / f"{name}.trace.json").read_text())
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    ops = [o for o in advice.opportunities(t, roof, advice.stage_findings(t, roof)) if "CUDA graph" in o["name"]]
+    assert bool(ops) == offered
+    if not offered:
+        assert t["timing"]["graph"]["replay"]["replayed"] and not t["timing"]["graph"]["after_build"]
+        return
+    (op,) = ops
+    r = t["timing"]["graph"]["replay"]
+    g, e = r["graph_after_build_seconds"], r["eager_after_build_seconds"]
+    assert op["gain_pct"] == pytest.approx(100 * (e - g) / t["total_elapsed_seconds"])
+    assert f"measured here: {g * 1e6:,.1f} against {e * 1e6:,.1f} us eager, interleaved" in op["name"]
+    overlapping = json.loads(json.dumps(t))
+    overlapping["timing"]["graph"]["replay"]["graph_ci95"] = [g, e]        # reaches the eager interval: not resolved
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    assert not any("CUDA graph" in o["name"]
+                   for o in advice.opportunities(overlapping, roof, advice.stage_findings(overlapping, roof)))
+    if name == "join_v3_100k_10k_h200":       # 116.2 against 367.6 us of a 1,075.4 us plan
+        assert round(op["gain_pct"]) == 23
+        assert "Replay the stages after the build as one CUDA graph" in build_report(t, PARAMS, roof, None)
+
+
 def _edited(name: str, stage: str, **changes) -> dict:
     """A real H200 trace with one stage's measured time or cost-model figures changed as an impossible reading
     would have them."""
