@@ -435,6 +435,29 @@ def test_a_measured_graph_replay_is_an_opportunity_of_its_measured_gain(name, of
         assert "Replay the stages after the build as one CUDA graph" in build_report(t, PARAMS, roof, None)
 
 
+def test_runs_that_followed_the_launch_pace_point_the_root_cause_at_a_graph_replay():
+    """A default join whose 10 runs rose and fell with the host's launch pace (+0.85): the root cause says so and
+    names --graph, which measures what the launches cost. Not where the runs did not follow it, nor where a graph
+    replay was measured already (its opportunity says what it saves)."""
+    def cause(t):
+        roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+        return advice.overall(t, advice.stage_findings(t, roof), roof)[1]
+
+    t = json.loads((DATA / "join_v4_100k_10k_h200_launch_paced.trace.json").read_text())
+    lp = t["timing"]["launch_pace"]
+    assert lp["follows"] and lp["runs"] == 10
+    text = cause(t)
+    assert text.endswith(f"led by output_sort; the runs followed the host's launch pace (rank correlation "
+                         f"{lp['rank_correlation']:+.2f} over 10 runs), so --graph, which times the stages after the "
+                         "build replayed as one CUDA graph, would show what their launches cost.")
+    assert text.count(". ") == 1                    # still two sentences
+    replayed = json.loads(json.dumps(t))
+    replayed["timing"]["graph"] = {"after_build": True, "replay": {"replayed": True}}
+    assert "--graph" not in cause(replayed)
+    other = json.loads((DATA / "join_v4_100k_10k_h200_launch_pace.trace.json").read_text())
+    assert other["timing"]["launch_pace"]["follows"] is False and "--graph" not in cause(other)
+
+
 def _edited(name: str, stage: str, **changes) -> dict:
     """A real H200 trace with one stage's measured time or cost-model figures changed as an impossible reading
     would have them."""

@@ -247,7 +247,7 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
         return ("Transfer-bound (host->device copy)",
                 f"{t['stage']} copies {copied:.1f} MB at {_gbps(stage):.1f} GB/s and takes "
                 f"{t['share_pct']:.0f}% of the plan{bound}. The device stages after it take {rest * 1e6:,.0f} us "
-                f"together and are {top['bottleneck']}, led by {top['stage']}.")
+                f"together and are {top['bottleneck']}, led by {top['stage']}{_launch_paced(trace)}.")
     if top["bottleneck"] == "n/a (flagged)":
         return ("unclassified (flagged values)",
                 f"{top['stage']} takes {top['share_pct']:.0f}% of the plan, but its roofline figures are impossible "
@@ -267,5 +267,21 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
              f"{pct(top['dram_pct'])}% of peak DRAM bandwidth.")
     if top["bottleneck"] == "latency-bound":
         cause += (" The GPU waits on launches, host round-trips and dependent steps rather than on "
-                  "memory or arithmetic" + (f" ({top['key_issue']})." if top["key_issue"] != "-" else "."))
+                  "memory or arithmetic" + (f" ({top['key_issue']})" if top["key_issue"] != "-" else "")
+                  + _launch_paced(trace) + ".")
     return f"{kind}-bound", cause
+
+
+def _launch_paced(trace: dict) -> str:
+    """A clause for the root cause where a GPU plan's runs followed the host's launch pace (their totals rose and fell
+    with an empty kernel's launch time taken before each: app.runtime.launch_pace) and no graph replay was measured:
+    what the launches cost is then worth measuring (--graph), where a launch-bound stage and a GPU-bound one the
+    host issued while the GPU was busy read alike from the stage times alone."""
+    timing = trace.get("timing") or {}
+    lp = timing.get("launch_pace") or {}
+    if (trace.get("selected_runtime") != "gpu" or not lp.get("follows")
+            or ((timing.get("graph") or {}).get("replay") or {}).get("replayed")):
+        return ""
+    return (f"; the runs followed the host's launch pace (rank correlation {lp['rank_correlation']:+.2f} over "
+            f"{lp['runs']} runs), so --graph, which times the stages after the build replayed as one CUDA graph, "
+            "would show what their launches cost")
