@@ -73,3 +73,14 @@ def test_devlog_logs_ncu_profiles_one_after_the_other(tmp_path):
     text = log.read_text()
     assert text.count("app-kernel devlog entry") == 2
     assert "| Duration | 72.6 us | 10.1% faster (noise) |" in text     # one iteration a side: no verdict
+
+
+def test_the_reports_vs_baseline_section_lists_the_build_with_no_time():
+    """An ncu profile made with --baseline another: the build's row has no time on either side and no verdict."""
+    from app.report.baseline import baseline_section
+
+    section = baseline_section(read_trace(str(AFTER)), read_trace(str(BEFORE)))
+    rows = {r[0]: r for r in section.rows}
+    assert rows["owned_buffer_build (us)"] == ["owned_buffer_build (us)", "-", "-", "--", "--",
+                                               "no kernels (ncu times kernels only)"]
+    assert rows["bounds (us)"][1:3] == ["17.6", "10.1"]
