@@ -7,6 +7,8 @@ measured values through the same functions.
 """
 from __future__ import annotations
 
+import math
+
 from app.runtime.recorder import mid_plan_reads
 from app.runtime.stats import MIN_CI_SAMPLES, intervals_apart, outlier_runs, robust_of
 
@@ -168,6 +170,13 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
     return sorted(ops, key=lambda o: -(o["gain_pct"] or 0.0))
 
 
+def replay_resolved(replay: dict) -> bool:
+    """Whether a graph replay's median and its interleaved eager runs' are told apart: both 95% intervals there,
+    finite, and not overlapping."""
+    g, e = replay.get("graph_ci95"), replay.get("eager_ci95")
+    return bool(g and e and all(v is not None and math.isfinite(v) for v in (*g, *e)) and intervals_apart(g, e))
+
+
 def _graph_replay(trace: dict, total: float) -> dict | None:
     """The stages after the build replayed as one CUDA graph, where the profile measured the replay (--graph)
     interleaved with eager runs and told the two apart, and the graph serves new data (no size read before the
@@ -181,8 +190,7 @@ def _graph_replay(trace: dict, total: float) -> dict | None:
     if not (replay.get("replayed") and graph.get("after_build")):    # a graph with taped size reads serves no new data
         return None
     g, e = replay["graph_after_build_seconds"], replay["eager_after_build_seconds"]
-    gci, eci = replay.get("graph_ci95"), replay.get("eager_ci95")
-    if not (gci and eci and intervals_apart(gci, eci)) or not 0 < g < e:
+    if not replay_resolved(replay) or not 0 < g < e:
         return None
     return {"name": f"Replay the stages after the build as one CUDA graph for each new batch of the same counts "
                     f"(measured here: {g * 1e6:,.1f} against {e * 1e6:,.1f} us eager, interleaved): one host call "

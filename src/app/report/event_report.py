@@ -15,7 +15,7 @@ from app.report.markdown import Section, fmt, fmt_pct, fmt_reading, render, us
 from app.report.sections import (device_section, transfers_section, verification_section,
                                  with_verification_headline)
 from app.report.timing_text import drift_of, drift_text, pace_rows, still_changing
-from app.runtime.stats import MIN_CI_SAMPLES, OUTLIER_MIN_RUNS, intervals_apart, robust_of
+from app.runtime.stats import MIN_CI_SAMPLES, OUTLIER_MIN_RUNS, robust_of
 
 
 def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | None,
@@ -300,7 +300,7 @@ def _graph_resolved(replay: dict) -> str:
     g, e = replay.get("graph_ci95"), replay.get("eager_ci95")
     if not (g and e and _finite(*g, *e)):
         return f", not resolved: {replay['runs']} pairs give no 95% interval (it needs {MIN_CI_SAMPLES})"
-    return "" if intervals_apart(g, e) else ", not resolved: the two 95% intervals overlap"
+    return "" if advice.replay_resolved(replay) else ", not resolved: the two 95% intervals overlap"
 
 
 def _one_mark_section(trace: dict) -> Section | None:
