@@ -1,4 +1,4 @@
-"""nsys mode and the timeline command on real captures of this project's own plans.
+"""nsys mode on real captures of this project's own plans (the timeline command's tests: test_timeline_command.py).
 
 The fixtures under tests/fixtures/nsys/ were made on the lent H200 by make.sh
 (the command is in that file) and stripped of environment and paths. Every
@@ -16,44 +16,16 @@ from pathlib import Path
 import pytest
 
 from app.kernel.cli import main
-from app.kernel.plan import get_plan_class
 from app.runtime import device as devmod
 from app.analysis.timeline import account_ranges
 from app.runtime.profiling.cupti_trace import timeline_from_records
 from app.runtime.profiling.nsys import analyse_plan, nsys_trace
 from app.runtime.profiling.parsers.nsys_sqlite import read_sqlite
 from app.runtime.profiling.worker import CUPTI_WARM_RUNS, PROFILE_RANGE
+from tests.runtime.nsys_capture import FIX, fixture, load, raw_kernel_ns, raw_ranges
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nsys"
 FAKE = Path(__file__).parent / "fake_tools" / "nsys"
 KERNELS = ["join", "overlay"]
-
-
-def fixture(name: str) -> Path:
-    path = FIX / name
-    assert path.is_file(), f"fixture {path} is missing: re-create it with tests/fixtures/nsys/make.sh on a GPU"
-    return path
-
-
-def load(kernel):
-    worker = json.loads(fixture(f"{kernel}.worker.json").read_text())
-    plan = get_plan_class(kernel, worker["version"])(worker["params"])
-    return plan, worker
-
-
-def raw_ranges(db: Path, name: str) -> list[tuple[int, int, int]]:
-    """(start, end, thread) of every range called ``name``, straight from the export."""
-    con = sqlite3.connect(db)
-    return con.execute("SELECT n.start, n.end, n.globalTid FROM NVTX_EVENTS n JOIN StringIds s ON s.id = n.textId "
-                       "WHERE s.value = ? ORDER BY n.start", (name,)).fetchall()
-
-
-def raw_kernel_ns(db: Path, start: int, end: int, tid: int) -> int:
-    """Kernel time launched from [start, end) on the thread: runtime record -> correlation id -> kernel."""
-    con = sqlite3.connect(db)
-    return con.execute("SELECT COALESCE(SUM(k.end - k.start), 0) FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE k.correlationId "
-                       "IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start >= ? AND start < ? "
-                       "AND globalTid = ?)", (start, end, tid)).fetchone()[0]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -324,54 +296,6 @@ def test_a_second_process_in_the_capture_takes_nothing_from_the_first(tmp_path):
         mine = next(x for x in one["instances"] if x["name"] == r["name"] and x["instance"] == r["instance"] % 3)
         assert (r["ops"], r["kernels"], r["span_ns"], r["busy_own_ns"]) == \
             (mine["ops"], mine["kernels"], mine["span_ns"], mine["busy_own_ns"]), r["name"]
-
-
-def test_timeline_command_json(capsys):
-    db = fixture("join.sqlite")
-    assert main(["timeline", str(db), "--domain", "join", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    by = {r["name"]: r for r in doc["ranges"]}
-    assert by["profile"]["instances"] == 3
-    for r in doc["ranges"]:
-        assert set(r) >= {"name", "instances", "span_us", "busy_us", "kernel_us", "memcpy_us", "memset_us", "ops",
-                          "idle_us"}
-        assert set(r["idle_us"]) == {"before_first_op", "launch_gap", "sync_wait", "launch_latency", "after_last_op",
-                                     "no_gpu_work"}
-    (start, end, _), *_ = raw_ranges(db, "bounds")
-    assert by["bounds"]["span_us"] == pytest.approx(
-        statistics.median((e - s) / 1e3 for s, e, _ in raw_ranges(db, "bounds")))
-
-
-def test_timeline_command_tables_and_every_domain(capsys):
-    assert main(["timeline", str(fixture("overlay.sqlite"))]) == 0
-    out = capsys.readouterr().out
-    assert "## Wall-time accounting" in out and "segment_mbr_filter" in out and "## Audit" in out
-
-
-@pytest.mark.parametrize("setup,code,fragment", [
-    (lambda p: p.write_text("not a database"), 8, "is not an SQLite export"),
-    (lambda p: sqlite3.connect(p).execute("CREATE TABLE t (x)"), 8, "no StringIds table"),
-    (None, 2, "no such file"),
-])
-def test_timeline_command_bad_input(tmp_path, capsys, setup, code, fragment):
-    path = tmp_path / "capture.sqlite"
-    if setup:
-        setup(path)
-    assert main(["timeline", str(path)]) == code
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and fragment in err[0], err
-
-
-def test_timeline_command_nsys_rep_needs_nsys(tmp_path, capsys):
-    rep = tmp_path / "x.nsys-rep"
-    rep.write_bytes(b"\0")
-    assert main(["timeline", str(rep), "--nsys", str(tmp_path / "nowhere" / "nsys")]) == 6
-    assert "nsys not found" in capsys.readouterr().err
-
-
-def test_timeline_command_unknown_domain(capsys):
-    assert main(["timeline", str(fixture("join.sqlite")), "--domain", "nope"]) == 2
-    assert "domains present: 'CCCL', 'join'" in capsys.readouterr().err
 
 
 # --- the whole mode, with a fake nsys ----------------------------------------------------------
