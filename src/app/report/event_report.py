@@ -303,6 +303,16 @@ def _graph_resolved(replay: dict) -> str:
     return "" if advice.replay_resolved(replay) else ", not resolved: the two 95% intervals overlap"
 
 
+def _marks_add_status(lo: float, hi: float) -> str:
+    """What the other marks add to a stage is a cost: resolved only where its interval lies above zero. Wholly
+    below zero is outside what marks can do, and said so rather than called an interval that reaches zero."""
+    if lo > 0:
+        return ""
+    if hi < 0:
+        return ", below zero (marks only add work): not resolved"
+    return ", not resolved"
+
+
 def _one_mark_section(trace: dict) -> Section | None:
     """Each stage's time from runs with no other stage mark (app.runtime.one_mark), beside its time with every
     stage marked in the same rounds and what the other marks add to it."""
@@ -320,7 +330,7 @@ def _one_mark_section(trace: dict) -> Section | None:
                      us(o["seconds"]) if o["resolved"] else f"not resolved ({us(o['seconds'])})",
                      f"{us(lo)} – {us(hi)}",
                      # resolved as advice.py reads it: only an interval above zero says the marks cost this stage
-                     f"{us(o['marks_add_seconds'])} ({us(alo)} – {us(ahi)})" + ("" if alo > 0 else ", not resolved")])
+                     f"{us(o['marks_add_seconds'])} ({us(alo)} – {us(ahi)})" + _marks_add_status(alo, ahi)])
     ins = trace["timing"]["instrumentation"]          # the pairs the one-mark runs ran beside
     paired = ins["overhead_fraction"] * ins["bare_median_seconds"]
     rows.append(["whole plan", us(one["marked_median_seconds"]),
@@ -338,7 +348,9 @@ def _one_mark_section(trace: dict) -> Section | None:
                         "of the plan up to it, so its interval is wider than the timed runs' Duration. \"Every stage "
                         "marked\" is the median of the same rounds' marked runs, so the last column compares like "
                         "with like: the median of the rounds' differences. Not resolved: the figure's interval reaches "
-                        "zero (or there are too few rounds for one), and no conclusion is drawn from it. In the whole plan's row the first two figures "
+                        "zero (or there are too few rounds for one), or lies wholly below it, which marks cannot "
+                        "cause (they only add work: the stage's two runs differed by more than its time, most "
+                        "likely), and no conclusion is drawn from it. In the whole plan's row the first two figures "
                         "are each side's own median and the last is the median of the rounds' differences: on a "
                         "noisy machine the two medians can even fall the other way round, while the paired "
                         "difference, taken from runs side by side, is the steadier measure of what the marks cost.")
