@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="100k:10k,1M:100k", help="POINTS:POLYGONS,...")
     ap.add_argument("--batches", type=int, default=30)
-    ap.add_argument("--version", default="v4", choices=("v3", "v4"))
+    ap.add_argument("--version", default="v4", choices=("v3", "v4", "v5"))
     args = ap.parse_args(argv)
     rows = []
     for size in args.sizes.split(","):

@@ -20,7 +20,7 @@ def write(tmp_path, doc, name="trace.json"):
 
 @pytest.mark.parametrize("mutate,fragment", [
     (lambda t: {**t, "kernel": "overlay"}, "measured for kernel overlay (this run: join)"),
-    (lambda t: {**t, "version": "v2"}, "measured for version v2 (this run: v4)"),
+    (lambda t: {**t, "version": "v2"}, "measured for version v2 (this run: v5)"),
     (lambda t: {**t, "metadata": {**t["metadata"], "params": {**t["metadata"]["params"], "points": 999}}},
      "points=999 vs 300"),
     (lambda t: {**t, "device": {**t["device"], "name": "NVIDIA H100 80GB HBM3"}}, "device NVIDIA H100 80GB HBM3"),

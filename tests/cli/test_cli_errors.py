@@ -121,21 +121,21 @@ def test_subprocess_error_has_no_traceback(tmp_path):
 
 
 def test_a_run_without_a_version_gets_the_measured_default_and_list_says_why(tmp_path, capsys):
-    """join's default is v4 and overlay's v3, each measured the faster at the default sizes and said so."""
+    """join's default is v5 and overlay's v3, each measured the faster at the default sizes and said so."""
     from app.kernel.plan import DEFAULTS, default_version, get_plan_class
 
-    assert get_plan_class("join").version == "v4" and get_plan_class("overlay").version == "v3"
-    assert DEFAULTS["join"][0] == "v4" and "us" in DEFAULTS["join"][1]
+    assert get_plan_class("join").version == "v5" and get_plan_class("overlay").version == "v3"
+    assert DEFAULTS["join"][0] == "v5" and "us" in DEFAULTS["join"][1]
     # The measured choice wins over the latest version; an unknown choice falls back to the latest.
-    assert default_version("join", ["v1", "v4", "v5"]) == "v4"
+    assert default_version("overlay", ["v1", "v3", "v4"]) == "v3"
     assert default_version("join", ["v1", "v2"]) == "v2"
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "join  (default version v4: the fastest at the default sizes" in out
+    assert "join  (default version v5: the fastest at the default sizes" in out
     assert main(["list", "--nope"]) == 2                  # not ignored: one line naming it
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "list takes no arguments, got --nope" in err[0], err
     assert main(["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--bench_runs", "2",
                  "--out", str(tmp_path)]) == 0
     (d,) = list(tmp_path.glob("profiles/event/join/*/*"))
-    assert d.parent.name.startswith("v4_")
+    assert d.parent.name.startswith("v5_")

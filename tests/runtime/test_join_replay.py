@@ -33,7 +33,7 @@ def test_without_a_gpu_it_says_so_and_names_the_cpu_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v3", "v4"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
 def test_batches_of_the_same_counts_replay_one_graph_and_match_shapely(version):
     polys = make_polygons(2_000, 16, 0)
     replay = JoinReplay(version=version)

@@ -147,11 +147,16 @@ class CudaModule:
             key in _SCAN_WIDE else _SCAN_SHAPES[key]
         tile = threads * items
         tiles = (n + tile - 1) // tile
-        state = self.ws.self_zeroing(tag + ".state", SCAN_STATE_HEAD + tiles, np.uint64)
+        state = self.scan_state(tag, n, tile)
         nd = np.intp(0) if n_dev is None else n_dev
         blocks = min(tiles, per_sm * self.sm_count)
         self.fn[name]((blocks,), (threads,), (x, _i64(n), nd, out, state))
         return out
+
+    def scan_state(self, tag: str, n: int, tile: int):
+        """The state of a scan of ``n`` entries in tiles of ``tile`` run inside a kernel of the caller's (scan.cu's
+        scan_single_pass, which leaves it zeroed when done), under ``tag``."""
+        return self.ws.self_zeroing(tag + ".state", SCAN_STATE_HEAD + (n + tile - 1) // tile, np.uint64)
 
     def resources(self, fn) -> dict:
         out = {}
@@ -248,6 +253,7 @@ class GpuBackend:
                               shared_per_warp=self.SHARED_PER_WARP)
         self.sm_count = self.mod.sm_count      # fixed grids are sized in blocks an SM
         self._staging = None          # pinned host buffers for the inputs, made on the first run
+        self._resident: dict = {}     # (kernel, block) -> blocks an SM holds: a cooperative launch's limit
 
     def _blocks(self) -> dict:
         return {s: t.get("block", 256) for s, t in self.tiling.items()}
@@ -300,6 +306,20 @@ class GpuBackend:
     def _launch(self, name, n, block, args):
         if n > 0:
             self.mod.fn[name](((n + block - 1) // block,), (block,), args)
+
+    def _launch_cooperative(self, name, n, block, args):
+        """A kernel that waits for its whole grid at barriers (cooperative groups), launched so that every block
+        is resident at once: a block a ``block`` of the ``n`` items, at most as many as the SMs hold (the kernel
+        strides over the rest), and at least one."""
+        key = (name, block)
+        per_sm = self._resident.get(key)
+        if per_sm is None:
+            from cupy.cuda import driver
+
+            per_sm = self._resident[key] = driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                self.mod.fn[name].ptr, block, self.mod.shared_bytes(name, block))
+        blocks = max(1, min((n + block - 1) // block, per_sm * self.sm_count))
+        self.mod.fn[name]((blocks,), (block,), args, enable_cooperative_groups=True)
 
 
 def _i64(v):

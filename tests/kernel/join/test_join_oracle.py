@@ -9,7 +9,7 @@ from app.kernel.join.plan import JoinV1
 from tests.conftest import DEVICES
 
 
-VERSIONS = ["v1", "v2", "v3", "v4"]
+VERSIONS = ["v1", "v2", "v3", "v4", "v5"]
 
 
 def assert_same_as_shapely(points, polygons, predicate, device, version=None):

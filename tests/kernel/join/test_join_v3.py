@@ -80,7 +80,7 @@ def test_the_device_picks_the_hosts_grid(world, mean, bias):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v3", "v4"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
 def test_a_run_leaves_the_cell_table_zeroed_and_the_summary_ready_for_the_next(version):
     """v3 and v4 launch no init_run or memset on a warm run: the scatter of the run before zeroed the cell table
     and set the summary back to its identities. After every run both must be so."""
@@ -104,11 +104,13 @@ def test_a_run_leaves_the_cell_table_zeroed_and_the_summary_ready_for_the_next(v
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v3", "v4"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
 def test_a_run_stopped_after_counting_leaves_the_next_run_exact(version):
     """A run that stops between counting the points into the cell table and the scatter that zeroes it (here the
     scan's launch is interrupted, as by Ctrl-C) leaves the table dirty: the next run must zero it again, not
-    count on top of it. The next run's points differ, so a stale count would misplace them."""
+    count on top of it. The next run's points differ, so a stale count would misplace them. v5 counts, scans and
+    scatters in one launch: stopped before it, after the bounds changed the summary, the next run must set the
+    summary again."""
     from app.kernel.join.gpu import JoinGPU
     from app.kernel.join.oracle import shapely_join
 
@@ -117,15 +119,16 @@ def test_a_run_stopped_after_counting_leaves_the_next_run_exact(version):
     backend.compile()
     first = plans[0].make_inputs()
     _run(plans[0], first, backend)             # warm: the next run's bounds trusts what this one left
-    scan = backend.mod.inclusive_scan
+    owner, name = (backend, "_launch_cooperative") if version == "v5" else (backend.mod, "inclusive_scan")
+    launch = getattr(owner, name)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    backend.mod.inclusive_scan = interrupted
+    setattr(owner, name, interrupted)
     with pytest.raises(KeyboardInterrupt):
         _run(plans[0], first, backend)
-    backend.mod.inclusive_scan = scan
+    setattr(owner, name, launch)
     assert backend._ready is None
     inputs = plans[1].make_inputs()
     expected = shapely_join(inputs.points, inputs.polygons, "within")
@@ -135,7 +138,7 @@ def test_a_run_stopped_after_counting_leaves_the_next_run_exact(version):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v3", "v4"])
+@pytest.mark.parametrize("version", ["v3", "v4", "v5"])
 @pytest.mark.parametrize("predicate", ["within", "intersects"])
 def test_candidates_past_the_room_grow_it_and_run_again_exactly(predicate, version):
     from app.kernel.join.gpu import JoinGPU
@@ -285,3 +288,36 @@ def test_v4_bucketed_coordinates_are_the_same_scattered_or_gathered(gather_from,
     expected = shapely_join(inputs.points, inputs.polygons, "intersects")
     np.testing.assert_array_equal(pt, expected[0])
     np.testing.assert_array_equal(poly, expected[1])
+
+
+@pytest.mark.gpu
+def test_v5_lays_out_large_point_sets_as_v4_does():
+    """From GATHER_XY_FROM points v5's cooperative morton_sort scatters the indices, waits for the grid, then
+    gathers the coordinates (v4's two launches): the same bucketed order and coordinates as v4, and the join
+    exact, with more points than its grid has threads (each thread strides over several)."""
+    import cupy as cp
+
+    from app.kernel.join.gpu import GATHER_XY_FROM, JoinGPU
+    from app.kernel.join.oracle import shapely_join
+
+    layouts = {}
+    for version in ("v4", "v5"):
+        plan = get_plan_class("join", version)({"points": GATHER_XY_FROM + 75_000, "polygons": 5_000})
+        inputs = plan.make_inputs()
+        backend = JoinGPU(plan.tiling, version)
+        backend.compile()
+        (pt, poly), _ = _run(plan, inputs, backend)
+        ws = backend.mod.ws
+        n = len(inputs.points)
+        sorted_pt = cp.asnumpy(ws.empty("sorted_pt", n, cp.int32))
+        layouts[version] = (pt, poly, sorted_pt, cp.asnumpy(ws.empty("sorted_xy", (n, 2), cp.float64)),
+                            cp.asnumpy(ws.empty("pcell", n, cp.uint32))[sorted_pt])
+    expected = shapely_join(inputs.points, inputs.polygons, "within")
+    np.testing.assert_array_equal(layouts["v5"][0], expected[0])
+    np.testing.assert_array_equal(layouts["v5"][1], expected[1])
+    sorted_pt, sorted_xy, cells = layouts["v5"][2:]
+    np.testing.assert_array_equal(sorted_xy, inputs.points[sorted_pt])
+    assert np.array_equal(np.sort(sorted_pt), np.arange(len(inputs.points)))
+    # Each cell's points in one run, the runs in cell order, as v4's (the order within a run is the atomics').
+    assert (np.diff(cells.astype(np.int64)) >= 0).all()
+    np.testing.assert_array_equal(cells, layouts["v4"][4])

@@ -27,6 +27,10 @@ shared memory scans its cells again to write them).
 A warp takes 1 to 16 polygons (``polygons_per_warp``): with one each, 100k polygons
 contended for the room counter.
 
+v5 is v4 with morton_sort and output_sort each one cooperative launch (join_fused.cu): the steps of each,
+three launches in v4, wait for the whole grid at barriers instead, running the same per-item code. At the
+default sizes the plan is bound by its host's launches; this takes four of its nine away.
+
 CuPy's sorts (Thrust) are not used, so no library call can synchronise where the
 counters cannot see it; the two sorts here are counting sorts (points by grid cell,
 hits by point) built from our kernels and scan.cu.
@@ -41,23 +45,23 @@ from app.kernel import grid
 from app.kernel.gpu_build import GpuBackend
 from app.kernel.robust import CCW_ERRBOUND_A
 
-SOURCE = Path(__file__).with_name("join.cu")
+SOURCE = (Path(__file__).with_name("join.cu"), Path(__file__).with_name("join_fused.cu"))
 CANDIDATE_FILLS = tuple(f"candidate_fill_{k}" for k in (1, 2, 4, 8, 16))   # v4's filter: 1-16 polygons a warp
 STAGE_KERNELS = {
     "bounds": ("init_run", "join_extent"),
     "morton_sort": ("grid_params", "point_cells", "point_cells_grid", "point_scatter", "point_scatter_xy",
-                    "point_gather_xy"),
+                    "point_gather_xy", "morton_fused"),
     "candidate_filter": ("candidate_count", "candidate_emit", "poly_cell_count", "poly_cell_fill",
                          "point_candidates", *CANDIDATE_FILLS),
     "predicate_refine": ("refine",),
-    "output_sort": ("pair_scatter", "segment_sort"),
+    "output_sort": ("pair_scatter", "segment_sort", "output_fused"),
 }
 # CuPy library calls each stage also makes (kernels with no source of ours to show).
 LIBRARY_CALLS = {
     "owned_buffer_build": "cudaMemcpyAsync (H2D copies: pinned staging from 16 MiB, else cupy.asarray)",
-    "morton_sort": "cudaMemsetAsync (bucket counts; v3 and v4 leave them zeroed for the next run, in the scatter)",
-    "predicate_refine": "cudaMemsetAsync (per-point hit counts; v3 and v4 zero them in point_cells_grid, unless the "
-                        "room grew)",
+    "morton_sort": "cudaMemsetAsync (bucket counts; v3-v5 leave them zeroed for the next run, in the scatter)",
+    "predicate_refine": "cudaMemsetAsync (per-point hit counts; v3-v5 zero them as they count the points into cells, "
+                        "unless the room grew)",
 }
 # The run's ledger, one device array of 64-bit words: every kernel reads the grid from it, every counter
 # lands in it, and v3 reads it once, at the end.
@@ -83,6 +87,8 @@ MAX_POLYGONS_PER_WARP = 16
 STASH_PAIRS = 256
 # join_extent: up to this many threads a polygon, loading its vertices side by side (common.cuh's polygon_bounds).
 MAX_EXTENT_LANES = 8
+# join_fused.cu's FUSED_SCAN_ITEMS: v5's scans inside its cooperative launches take tiles of block x this.
+FUSED_SCAN_ITEMS = 4
 
 
 class JoinGPU(GpuBackend):
@@ -92,10 +98,12 @@ class JoinGPU(GpuBackend):
 
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
-        self.no_reads = version in ("v3", "v4")   # grid on the device, candidate room: one read, at the end
-        self._room: int | None = None     # v3, v4: candidate pairs the buffers hold, kept from run to run
+        self.no_reads = version in ("v3", "v4", "v5")   # grid on the device, candidate room: one read, at the end
+        self.bucketed_xy = version in ("v4", "v5")       # coordinates in bucketed order, the filter in one launch
+        self.fused = version == "v5"                     # morton_sort and output_sort one cooperative launch each
+        self._room: int | None = None     # v3-v5: candidate pairs the buffers hold, kept from run to run
         self._views: dict | None = None
-        # v3, v4: (summary, cell table) as the last run's scatter left them, the summary at its identities and the
+        # v3-v5: (summary, cell table) as the last run's scatter left them, the summary at its identities and the
         # table zeroed, ready for the next run; None until a run has done so (see bounds).
         self._ready: tuple | None = None
 
@@ -167,10 +175,11 @@ class JoinGPU(GpuBackend):
             # A table for the largest level, zero as bounds found it; the kernels read the real length. The grid is
             # chosen in the counting launch, and refine's per-point hit counts zeroed there (see _refine).
             counts, table = state["cell_counts"], led["table"]
-            point_counts = state["point_counts"] = ws.empty("point_counts", n + 1, cp.int32)
-            self.mod.fn["point_cells_grid"](((max(n, 1) + block - 1) // block,), (block,),
-                                            (pts, np.int64(n)) + grid_args + (pcell, slot, counts, point_counts))
             restore = (counts, state["summary"])      # the scatter leaves them ready for the next run
+            if not self.fused:                        # v5 counts in its one launch
+                point_counts = state["point_counts"] = ws.empty("point_counts", n + 1, cp.int32)
+                self.mod.fn["point_cells_grid"](((max(n, 1) + block - 1) // block,), (block,),
+                                                (pts, np.int64(n)) + grid_args + (pcell, slot, counts, point_counts))
         else:
             self.mod.fn["grid_params"]((1,), (32,), grid_args)
             level = int(st.read_size(led["grid"], "grid level -> cell table size")[4])
@@ -179,9 +188,21 @@ class JoinGPU(GpuBackend):
             st.meta.update(grid_level=level, grid_cells=1 << 2 * level)
             self._launch("point_cells", n, block, (pts, np.int64(n), ledger, pcell, slot, counts))
             restore = (np.intp(0), np.intp(0))
+        if self.fused:
+            cell_start, sorted_pt = self._morton_fused(state, grid_args, pcell, slot, counts, table, block, restore)
+        else:
+            cell_start, sorted_pt = self._morton_steps(state, pts, pcell, slot, counts, table, block, restore)
+        if self.no_reads and n:      # with no points no scatter ran: the next run's bounds restores them itself
+            self._ready = (state["summary"], counts)
+        state.update(cell_start=cell_start, sorted_pt=sorted_pt, morton_st=st)
+        st.rows_in = st.rows_out = n
+
+    def _morton_steps(self, state, pts, pcell, slot, counts, table, block, restore):
+        """v1-v4: the cell table's scan, then the scatter, a launch each (v4 also lays the coordinates out)."""
+        cp, ws, n = self.cp, self.mod.ws, len(pts)
         cell_start = self.mod.inclusive_scan(counts, cp.int32, "cell_start", n_dev=table)
         sorted_pt = ws.empty("sorted_pt", n, cp.int32)
-        if self.version == "v4":     # the coordinates too, in bucketed order: the filter reads them in runs
+        if self.bucketed_xy:     # the coordinates too, in bucketed order: the filter reads them in runs
             xy = state["sorted_xy"] = ws.empty("sorted_xy", (n, 2), cp.float64)
             if n >= GATHER_XY_FROM:
                 self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt, *restore))
@@ -191,10 +212,24 @@ class JoinGPU(GpuBackend):
                              (pts, pcell, slot, np.int64(n), cell_start, sorted_pt, xy, *restore))
         else:
             self._launch("point_scatter", n, block, (pcell, slot, np.int64(n), cell_start, sorted_pt, *restore))
-        if self.no_reads and n:      # with no points no scatter ran: the next run's bounds restores them itself
-            self._ready = (state["summary"], counts)
-        state.update(cell_start=cell_start, sorted_pt=sorted_pt, morton_st=st)
-        st.rows_in = st.rows_out = n
+        return cell_start, sorted_pt
+
+    def _morton_fused(self, state, grid_args, pcell, slot, counts, table, block, restore):
+        """v5: the count into cells, the table's scan and the scatter in one cooperative launch; v4's
+        scatter-then-gather from GATHER_XY_FROM points, its single scatter below."""
+        cp, ws, pts = self.cp, self.mod.ws, state["points"]
+        n = len(pts)
+        point_counts = state["point_counts"] = ws.empty("point_counts", n + 1, cp.int32)
+        cell_start = ws.empty("cell_start", len(counts), cp.int32)
+        sorted_pt = ws.empty("sorted_pt", n, cp.int32)
+        xy = state["sorted_xy"] = ws.empty("sorted_xy", (n, 2), cp.float64)
+        scan = self.mod.scan_state("cell_start.fused", len(counts), block * FUSED_SCAN_ITEMS)
+        self._launch_cooperative("morton_fused", n, block,
+                                 (pts, np.int64(n)) + grid_args + (pcell, slot, counts, point_counts,
+                                                                   np.int64(len(counts)), table, cell_start, scan,
+                                                                   sorted_pt, xy, np.int32(n >= GATHER_XY_FROM),
+                                                                   restore[1]))
+        return cell_start, sorted_pt
 
     def candidate_filter(self, state, st, tiling):
         if self.version == "v2":
@@ -203,7 +238,7 @@ class JoinGPU(GpuBackend):
         ledger = led["all"]
         g, block = len(bbox), tiling["block"]
         state.update(filter_block=block, filter_st=st)
-        if self.version == "v4":     # one launch: count, reserve room for the polygon's pairs, write them
+        if self.bucketed_xy:         # one launch: count, reserve room for the polygon's pairs, write them
             self._emit(state, self._kept_room(state))
             st.rows_in = g
             return
@@ -223,7 +258,7 @@ class JoinGPU(GpuBackend):
         st.rows_in = g
 
     def _kept_room(self, state) -> int:
-        """v3, v4: the candidate room of the previous run, or 2 pairs a point at first."""
+        """v3-v5: the candidate room of the previous run, or 2 pairs a point at first."""
         return self._room if self._room is not None else max(2 * len(state["points"]), MIN_ROOM)
 
     def _emit(self, state, room: int):
@@ -232,7 +267,7 @@ class JoinGPU(GpuBackend):
         cand_pt = ws.empty("cand_pt", room, cp.int32)
         cand_poly = ws.empty("cand_poly", room, cp.int32)
         g = len(state["bbox"])
-        if self.version == "v4":
+        if self.bucketed_xy:
             led = state["ledger"]
             per_warp, block = self.polygons_per_warp(g), state["filter_block"]
             warps = (g + per_warp - 1) // per_warp
@@ -308,7 +343,7 @@ class JoinGPU(GpuBackend):
         c = len(state["cand_pt"])                   # v3: the room; the kernel reads the real count
         hits = ws.empty("hits", c, cp.uint64)      # hits <= candidates: no size read needed up front
         slot = ws.empty("hit_slot", c, cp.int32)   # each hit's rank among its point's hits
-        counts = state.pop("point_counts", None)   # v3, v4: zeroed by point_cells_grid (once: a rerun zeroes its own)
+        counts = state.pop("point_counts", None)   # v3-v5: zeroed as the points were counted (a rerun zeroes its own)
         if counts is None:
             counts = ws.zeros("point_counts", len(state["points"]) + 1, cp.int32)
         within = np.int32(state["inputs"].predicate == "within")
@@ -334,7 +369,7 @@ class JoinGPU(GpuBackend):
                 st.meta["candidate_room_grown"] = f"{c} candidate pairs did not fit the room for {room}: grown " \
                                                   f"to {self._room}; filter, refine and sort ran again"
                 state["ledger"]["refine"].fill(0)      # refine counts again from zero
-                if self.version == "v4":
+                if self.bucketed_xy:
                     state["ledger"]["filter"].fill(0)  # v4's filter counts as it writes: from zero too
                 self._emit(state, self._room)
                 self._refine(state)
@@ -351,7 +386,7 @@ class JoinGPU(GpuBackend):
     def _count_rows(self, state, st, words, hit_words):
         """The counters read with the result's length into the stages' rows and metadata (after the clock)."""
         h, n_exact, n_edges, n_boundary, n_orient = (int(v) for v in hit_words)
-        if self.no_reads:       # v3, v4: the grid and the filter's counts came back in the same read
+        if self.no_reads:       # v3-v5: the grid and the filter's counts came back in the same read
             c, level = int(words[CANDIDATES][0]), int(words[4])
             state["morton_st"].meta.update(grid_level=level, grid_cells=1 << 2 * level)
             f = state["filter_st"]
@@ -369,14 +404,21 @@ class JoinGPU(GpuBackend):
         launched before the hit count is known on the host, the kernels read it from the ledger."""
         cp, hits, stats = self.cp, state["hits"], state["ledger"]["refine"]
         c, n, block = len(hits), len(state["points"]), state["sort_block"]
-        start = self.mod.inclusive_scan(state["hit_counts"], cp.int64, "point_start")
         # Handed to the caller: never workspace. int32, as every index here is (points and polygons stay under
         # 2^31): half the bytes of int64 to write and to copy back. At 1M x 100k the copy of the 320k pairs
         # to host arrays took 77 against 135 us on an H200 node.
         pt = cp.empty(c, dtype=cp.int32)
         poly = cp.empty(c, dtype=cp.int32)
-        self._launch("pair_scatter", c, block, (hits, stats, state["hit_slot"], start, pt, poly))
-        self._launch("segment_sort", n, block, (start, np.int64(n), poly))
+        if self.fused:       # v5: the scan, the scatter and the segments' sort in one cooperative launch
+            counts = state["hit_counts"]
+            start = self.mod.ws.empty("point_start", len(counts), cp.int64)
+            scan = self.mod.scan_state("point_start.fused", len(counts), block * FUSED_SCAN_ITEMS)
+            self._launch_cooperative("output_fused", max(len(counts), c), block,
+                                     (counts, np.int64(n), start, scan, hits, stats, state["hit_slot"], pt, poly))
+        else:
+            start = self.mod.inclusive_scan(state["hit_counts"], cp.int64, "point_start")
+            self._launch("pair_scatter", c, block, (hits, stats, state["hit_slot"], start, pt, poly))
+            self._launch("segment_sort", n, block, (start, np.int64(n), poly))
         state["sorted_pairs"] = (pt, poly)
 
 

@@ -1,7 +1,7 @@
 // Join kernels (points x polygons); common.cuh and scan.cu are compiled in front.
 // ---- bounds -------------------------------------------------------------------
 // The run's ledger zeroed and the summary's identities set (common.cuh's init_summary) in one launch, where a
-// memset and a launch cost the host two calls: at the default sizes the plan is launch-bound. v3 and v4 launch
+// memset and a launch cost the host two calls: at the default sizes the plan is launch-bound. v3-v5 launch
 // it only when the previous run did not leave the summary at its identities (see restore_for_next_run).
 extern "C" __global__ void init_run(unsigned long long* ledger, int words, double* summary) {
     for (int i = threadIdx.x; i < words; i += blockDim.x) ledger[i] = 0;
@@ -11,7 +11,7 @@ extern "C" __global__ void init_run(unsigned long long* ledger, int words, doubl
 // The polygons' bboxes (common.cuh's polygon_bounds) and the points' extent in one launch: the first
 // poly_blocks blocks take the polygons, ``lanes`` threads a polygon (gpu.py's extent_lanes), the rest stride over
 // the points, a fixed grid. Each block takes one branch whole (both end in block_extent's __syncthreads), so
-// poly_blocks plus a few hundred blocks do the summary's atomics. ``ledger`` (v3, v4; null for v1, v2, whose
+// poly_blocks plus a few hundred blocks do the summary's atomics. ``ledger`` (v3-v5; null for v1, v2, whose
 // init_run zeroes it): the run's ledger, zeroed here by the first block; nothing in this launch reads it.
 extern "C" __global__ void join_extent(const double* coords, const int* ring_off, const int* geom_ring_off,
                                        long long G, int lanes, double* bbox, const double* pts, long long N,
@@ -61,11 +61,20 @@ extern "C" __global__ void point_cells(const double* pts, long long N, const Gri
     slot[i] = atomicAdd(counts + cell + 1, 1);
 }
 
-// v3, v4: the grid chosen and the points counted into its cells in one launch (common.cuh's
-// block_grid_from_summary: the first thread of each block works it out, the first block stores it in the ledger
-// for the kernels after). Refine's per-point hit counts (N + 1) are zeroed here too. The cell table is not zeroed:
-// it is zero already, as the scatter of the run before left it (restore_for_next_run), or as gpu.py zeroed it when
-// no run had. Launched with at least one block, so the grid is stored with no points.
+// Point i into its cell (v3-v5): its cell, its slot in the cell, and its hit count zeroed for refine.
+__device__ __forceinline__ void count_point(long long i, const double* pts, const GridParams& gp, unsigned int* pcell,
+                                            int* slot, int* counts, int* point_counts) {
+    point_counts[i] = 0;
+    unsigned int cell = grid_cell(pts[2 * i], pts[2 * i + 1], gp);
+    pcell[i] = cell;
+    slot[i] = atomicAdd(counts + cell + 1, 1);
+}
+
+// v3, v4: the grid chosen and the points counted into its cells in one launch, v5's morton_fused's first step
+// (common.cuh's block_grid_from_summary: the first thread of each block works it out, the first block stores it in
+// the ledger for the kernels after). Refine's per-point hit counts (N + 1) are zeroed here too. The cell table is
+// not zeroed: it is zero already, as the scatter of the run before left it (restore_for_next_run), or as gpu.py
+// zeroed it when no run had. Launched with at least one block, so the grid is stored with no points.
 extern "C" __global__ void point_cells_grid(const double* pts, long long N, const double* summary, long long G,
                                             int bias, int max_level, GridParams* gp_out, unsigned int* pcell,
                                             int* slot, int* counts, int* point_counts) {
@@ -73,14 +82,10 @@ extern "C" __global__ void point_cells_grid(const double* pts, long long N, cons
     block_grid_from_summary(summary, G, bias, max_level, gp, gp_out);
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i == 0) point_counts[N] = 0;
-    if (i >= N) return;
-    point_counts[i] = 0;
-    unsigned int cell = grid_cell(pts[2 * i], pts[2 * i + 1], gp);
-    pcell[i] = cell;
-    slot[i] = atomicAdd(counts + cell + 1, 1);
+    if (i < N) count_point(i, pts, gp, pcell, slot, counts, point_counts);
 }
 
-// ``clear`` and ``summary`` (v3, v4; null for v1, v2): what the next run needs at its start, restored here, after
+// ``clear`` and ``summary`` (v3-v5; null for v1, v2): what the next run needs at its start, restored here, after
 // the last read of each. Every nonzero entry of the cell table counts some point, and exactly one of its points
 // has slot 0, so that point zeroing its cell's entry zeroes the table (the scan read it into cell_start before
 // this launch): one store a busy cell, where a store a point made the sort 15 us slower at 1M points on an H200.
@@ -215,20 +220,22 @@ refine(const double2* pts, const double2* coords, const int* ring_off, const int
 // count): the kernels read the count from device memory, so the host can queue
 // this stage while refine still runs, and one read at the end sizes the result.
 // refine counted each point's hits and ranked them; the scan of those counts gives each point's start.
-extern "C" __global__ void pair_scatter(const unsigned long long* hits, const unsigned long long* n_hits,
-                                        const int* slot, const long long* start, int* out_pt, int* out_poly) {
-    long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (h >= (long long)*n_hits) return;
+__device__ __forceinline__ void scatter_pair(long long h, const unsigned long long* hits, const int* slot,
+                                             const long long* start, int* out_pt, int* out_poly) {
     int p = (int)(hits[h] >> 32);
     long long pos = start[p] + slot[h];
     out_pt[pos] = p;
     out_poly[pos] = (int)(hits[h] & 0xffffffffull);
 }
 
+extern "C" __global__ void pair_scatter(const unsigned long long* hits, const unsigned long long* n_hits,
+                                        const int* slot, const long long* start, int* out_pt, int* out_poly) {
+    long long h = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (h < (long long)*n_hits) scatter_pair(h, hits, slot, start, out_pt, out_poly);
+}
+
 // A point lies in few polygons: insertion sort of its short segment is cheapest.
-extern "C" __global__ void segment_sort(const long long* start, long long N, int* out_poly) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= N) return;
+__device__ __forceinline__ void sort_segment(long long i, const long long* start, int* out_poly) {
     long long s = start[i], e = start[i + 1];
     for (long long a = s + 1; a < e; ++a) {
         int v = out_poly[a];
@@ -236,6 +243,11 @@ extern "C" __global__ void segment_sort(const long long* start, long long N, int
         while (b >= s && out_poly[b] > v) { out_poly[b + 1] = out_poly[b]; --b; }
         out_poly[b + 1] = v;
     }
+}
+
+extern "C" __global__ void segment_sort(const long long* start, long long N, int* out_poly) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < N) sort_segment(i, start, out_poly);
 }
 
 // ---- v2 candidate filter: polygons listed per grid cell, each point probes its cell ---
@@ -297,17 +309,23 @@ extern "C" __global__ void point_candidates(const double2* pts, const int* sorte
 // point_scatter, and the points' coordinates copied into their bucketed order: the filter
 // then reads each cell's points as one contiguous run (coalesced) instead of gathering
 // them through sorted_pt.
-extern "C" __global__ void point_scatter_xy(const double2* pts, const unsigned int* pcell, const int* slot,
-                                            long long N, const int* cell_start, int* sorted_pt, double2* sorted_xy,
-                                            int* clear, double* summary) {
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= N) return;
+// Point i to its place in bucketed order (its index, and its coordinates unless sorted_xy is null).
+__device__ __forceinline__ void scatter_point(long long i, const double2* pts, const unsigned int* pcell,
+                                              const int* slot, const int* cell_start, int* sorted_pt,
+                                              double2* sorted_xy, int* clear, double* summary) {
     unsigned int cell = pcell[i];
     int s = slot[i];
     int j = cell_start[cell] + s;
     sorted_pt[j] = (int)i;
-    sorted_xy[j] = pts[i];
+    if (sorted_xy != nullptr) sorted_xy[j] = pts[i];
     restore_for_next_run(i, cell, s, clear, summary);
+}
+
+extern "C" __global__ void point_scatter_xy(const double2* pts, const unsigned int* pcell, const int* slot,
+                                            long long N, const int* cell_start, int* sorted_pt, double2* sorted_xy,
+                                            int* clear, double* summary) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < N) scatter_point(i, pts, pcell, slot, cell_start, sorted_pt, sorted_xy, clear, summary);
 }
 
 // From GATHER_XY_FROM points (gpu.py) v4 scatters the indices alone (point_scatter) and then gathers the

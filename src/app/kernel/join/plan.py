@@ -179,8 +179,19 @@ class JoinV4(JoinV3):
         return replace(base, device_bytes=base.device_bytes + 16 * self.params["points"])
 
 
-set_default("join", "v4", "the fastest at the default sizes on an NVIDIA H200, the versions interleaved in one process "
-                          "with L2 flushed (python -m tests.benchmark.bench_ab join, 300 rounds): after the build 0.307 "
-                          "ms against v3's 0.325 ms (paired ratio 1.05x [1.03-1.09]), v1's 0.430 and v2's 0.528 ms; end "
-                          "to end 0.680 against 0.702, 0.794 and 0.890 ms; at 1M x 100k (60 rounds) 0.347 against "
-                          "0.415-0.474 ms after the build")
+@register
+class JoinV5(JoinV4):
+    version = "v5"
+    summary = ("v4 with morton_sort and output_sort each one cooperative launch: their steps (count, scan, scatter; "
+               "scan, scatter, sort each point's polygons) wait for the whole grid at barriers instead of ending a "
+               "kernel, so the run launches five kernels where v4 launches nine (on the CPU it runs v1's stages)")
+
+
+set_default("join", "v5", "the fastest at the default sizes on an NVIDIA H200, the versions interleaved in one process "
+                          "with L2 flushed and every stage marked (python -m tests.benchmark.bench_ab join): after the "
+                          "build 0.131 ms against v4's 0.145 ms (300 rounds, paired ratio 1.07x [1.03-1.11]), and 0.179 "
+                          "against 0.185, 0.201, 0.274 and 0.346 ms for v4, v3, v1 and v2 on another node (60 rounds); "
+                          "end to end 0.433 against 0.444 ms. It saves host launches: with no stage marks, on a host "
+                          "launching a kernel in 5 us, it ties with v4 (116.5 against 114.5 us), and replayed as a CUDA "
+                          "graph v4 is the faster (88.3 against 94.7 us: its grid barriers cost more than kernel "
+                          "boundaries in a graph); at 1M x 100k the two tie end to end (1.805 against 1.792 ms)")
