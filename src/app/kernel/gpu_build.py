@@ -197,7 +197,7 @@ class CudaModule:
                 prog = nvrtc.createProgram(self.source, self.source_path.name, [], [])
                 try:
                     try:
-                        nvrtc.compileProgram(prog, [*self.options, arch, *_include_options()])
+                        nvrtc.compileProgram(prog, [*self.options, arch])
                     except Exception as exc:        # the compiler's own words, not only its error code
                         log = nvrtc.getProgramLog(prog)
                         log = log.decode(errors="replace") if isinstance(log, bytes) else str(log)
@@ -232,25 +232,6 @@ class CudaModule:
             if stage not in out:
                 out[stage] = {"resources.json": json.dumps({"kernels": {}, "library_calls": calls}, indent=2)}
         return out
-
-
-def _include_options() -> list:
-    """The CUDA headers' folders, as CuPy hands them to NVRTC when it builds a module: a kernel that includes a
-    toolkit header (join v5's cooperative_groups.h) compiles for the PTX artifact too. The toolkit's include folder
-    (CUDA_PATH), then any NVIDIA wheel's that holds the header."""
-    import glob
-    import sys
-
-    import cupy
-
-    found = []
-    root = cupy.cuda.get_cuda_path()
-    if root:
-        found.append(os.path.join(root, "include"))
-    for base in sys.path:
-        found += sorted(glob.glob(os.path.join(base, "nvidia", "*", "include")))
-    return [f"-I{d}" for d in dict.fromkeys(found)
-            if os.path.isfile(os.path.join(d, "cooperative_groups.h"))]
 
 
 class GpuBackend:

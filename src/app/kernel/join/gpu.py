@@ -228,8 +228,13 @@ class JoinGPU(GpuBackend):
                                  (pts, np.int64(n)) + grid_args + (pcell, slot, counts, point_counts,
                                                                    np.int64(len(counts)), table, cell_start, scan,
                                                                    sorted_pt, xy, np.int32(n >= GATHER_XY_FROM),
-                                                                   restore[1]))
+                                                                   restore[1], self._barrier("morton_fused")))
         return cell_start, sorted_pt
+
+    def _barrier(self, kernel: str):
+        """The word a cooperative kernel's grid barrier counts arrivals in (join_fused.cu's grid_barrier): zeroed
+        once, and every barrier leaves it as it found it but for its top bit, so no run resets it."""
+        return self.mod.ws.self_zeroing(kernel + ".barrier", 1, np.uint32)
 
     def candidate_filter(self, state, st, tiling):
         if self.version == "v2":
@@ -414,7 +419,8 @@ class JoinGPU(GpuBackend):
             start = self.mod.ws.empty("point_start", len(counts), cp.int64)
             scan = self.mod.scan_state("point_start.fused", len(counts), block * FUSED_SCAN_ITEMS)
             self._launch_cooperative("output_fused", max(len(counts), c), block,
-                                     (counts, np.int64(n), start, scan, hits, stats, state["hit_slot"], pt, poly))
+                                     (counts, np.int64(n), start, scan, hits, stats, state["hit_slot"], pt, poly,
+                                      self._barrier("output_fused")))
         else:
             start = self.mod.inclusive_scan(state["hit_counts"], cp.int64, "point_start")
             self._launch("pair_scatter", c, block, (hits, stats, state["hit_slot"], start, pt, poly))

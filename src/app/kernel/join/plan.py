@@ -189,9 +189,10 @@ class JoinV5(JoinV4):
 
 set_default("join", "v5", "the fastest at the default sizes on an NVIDIA H200, the versions interleaved in one process "
                           "with L2 flushed and every stage marked (python -m tests.benchmark.bench_ab join): after the "
-                          "build 0.131 ms against v4's 0.145 ms (300 rounds, paired ratio 1.07x [1.03-1.11]), and 0.179 "
-                          "against 0.185, 0.201, 0.274 and 0.346 ms for v4, v3, v1 and v2 on another node (60 rounds); "
-                          "end to end 0.433 against 0.444 ms. It saves host launches: with no stage marks, on a host "
-                          "launching a kernel in 5 us, it ties with v4 (116.5 against 114.5 us), and replayed as a CUDA "
-                          "graph v4 is the faster (88.3 against 94.7 us: its grid barriers cost more than kernel "
-                          "boundaries in a graph); at 1M x 100k the two tie end to end (1.805 against 1.792 ms)")
+                          "build 0.140 ms against v4's 0.148 ms (300 rounds, paired ratio 1.06x [1.04-1.09]; 1.07x "
+                          "[1.03-1.11] on another node), and 0.179 against 0.185, 0.201, 0.274 and 0.346 ms for v4, v3, "
+                          "v1 and v2 on a third (60 rounds); end to end 0.428 against 0.441 ms. It saves host launches, "
+                          "so it gains where the host paces the plan: with no stage marks, the stages queued behind the "
+                          "build's copies, v4 is level or ahead (120.3 against 125.7 us, the interquartile ranges "
+                          "overlapping; 329.6 against 336.1 us at 1M x 100k), and replayed as a CUDA graph v4 is the "
+                          "faster (90.6 against 98.4 us: the grid barriers cost more than kernel boundaries in a graph)")

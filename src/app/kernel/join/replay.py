@@ -30,8 +30,8 @@ from app.kernel.join.plan import PREDICATES, JoinInputs
 
 REPLAYABLE = ("v3", "v4", "v5")     # the versions whose only read from the device is the result's length
 # v4 by default, though v5 is the eager plan's: v5 saves the host launches, which a graph has already saved, and its
-# grid barriers cost more than the kernel boundaries they replace. On an H200, replayed: 88.3 against 94.7 us at
-# 100k x 10k, 293.1 against 304.6 us at 1M x 100k (interleaved, L2 flushed).
+# grid barriers cost more than the kernel boundaries they replace. On an H200, replayed: 90.6 against 98.4 us at
+# 100k x 10k, 299.1 against 311.8 us at 1M x 100k (interleaved, L2 flushed).
 DEFAULT_VERSION = "v4"
 
 
