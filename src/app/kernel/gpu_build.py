@@ -313,7 +313,7 @@ class GpuBackend:
             self.mod.fn[name](((n + block - 1) // block,), (block,), args)
 
     def _launch_cooperative(self, name, n, block, args):
-        """A kernel that waits for its whole grid at barriers (cooperative groups), launched so that every block
+        """A kernel that waits for its whole grid at barriers, launched cooperatively so that every block
         is resident at once: a block a ``block`` of the ``n`` items, at most as many as the SMs hold (the kernel
         strides over the rest), and at least one."""
         key = (name, block)

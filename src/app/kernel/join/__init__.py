@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from app.kernel.geometry import points_from_any, polygons_from_shapely
-from app.kernel.join.plan import PREDICATES, JoinInputs, JoinV1, JoinV2, JoinV3, JoinV4  # noqa: F401  (registers versions)
+from app.kernel.join.plan import (PREDICATES, JoinInputs, JoinV1, JoinV2, JoinV3, JoinV4,  # noqa: F401  (registers)
+                                  JoinV5)
 from app.kernel.join.replay import JoinReplay  # noqa: F401  (batches of the same counts, replayed as a CUDA graph)
 
 
