@@ -115,8 +115,8 @@ class OverlayPlan(KernelPlan):
             proper = meta.get("proper", 0)
             return Cost(rows_in * (12 + 64) + rows_out * 12, rows_in * REFINE_PAIR_FLOPS + proper * CROSSING_FLOPS,
                         note=f"pair ids and both segments in, split events out; {REFINE_PAIR_FLOPS} flops a pair "
-                             f"(4 orientation filters), {CROSSING_FLOPS} a proper crossing (its parameter on both "
-                             "segments from double-double orientations)")
+                             f"(4 orientation filters, the axis choice), {CROSSING_FLOPS} a proper crossing (its "
+                             "parameter on both segments from double-double orientations)")
         if stage == "reconstruction_event_sort":
             return Cost(rows_in * 12 * 2, note="one read+write pass over the events")
         if stage == "area_reconstruction":
