@@ -172,15 +172,21 @@ class CudaModule:
         """Dynamic shared memory kernel ``name`` is launched with at ``block`` threads."""
         return self.shared_per_warp.get(name, 0) * (block // 32)
 
+    def resident_blocks(self, fn, block: int, name: str = "") -> int:
+        """Blocks of ``block`` threads an SM holds at once, with the kernel's dynamic shared memory: the driver's
+        occupancy calculator. ``fn`` is a RawKernel (RawModule.get_function), as compile keeps them."""
+        from cupy.cuda import driver
+
+        handle = getattr(getattr(fn, "kernel", fn), "ptr")      # a RawKernel's driver handle is its .kernel.ptr
+        return driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, block, self.shared_bytes(name, block))
+
     def occupancy(self, fn, block: int, name: str = "") -> float | None:
         """Theoretical occupancy (%) at ``block`` threads, with the kernel's dynamic shared memory: resident
         warps / max warps per SM."""
         try:
-            from cupy.cuda import driver, runtime
+            from cupy.cuda import runtime
 
-            # RawModule.get_function gives a RawKernel; the driver handle is its .kernel.ptr.
-            handle = getattr(getattr(fn, "kernel", fn), "ptr")
-            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, block, self.shared_bytes(name, block))
+            blocks = self.resident_blocks(fn, block, name)
             max_threads = runtime.getDeviceProperties(runtime.getDevice())["maxThreadsPerMultiProcessor"]
             return 100.0 * blocks * block / max_threads
         except Exception:
@@ -319,10 +325,7 @@ class GpuBackend:
         key = (name, block)
         per_sm = self._resident.get(key)
         if per_sm is None:
-            from cupy.cuda import driver
-
-            per_sm = self._resident[key] = driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                self.mod.fn[name].ptr, block, self.mod.shared_bytes(name, block))
+            per_sm = self._resident[key] = self.mod.resident_blocks(self.mod.kernels[name], block, name)
         blocks = max(1, min((n + block - 1) // block, per_sm * self.sm_count))
         self.mod.fn[name]((blocks,), (block,), args, enable_cooperative_groups=True)
 
