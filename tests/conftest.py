@@ -23,9 +23,17 @@ def fixture_text(rel: str) -> str:
     return path.read_text()
 
 
+# Tests that use the GPU, ncu or nsys, one after another on one worker when the tests run side by side
+# (pytest -n auto --dist loadgroup, the README's command): two at once would time each other's kernels.
+DEVICE_MARKS = ("gpu", "ncu", "nsys")
+
+
 def pytest_collection_modifyitems(config, items):
     from app.runtime.device import probe_gpu
 
+    for item in items:
+        if any(m in item.keywords for m in DEVICE_MARKS):
+            item.add_marker(pytest.mark.xdist_group("device"))
     usable, why, _ = probe_gpu()
     if usable:
         return
