@@ -60,6 +60,21 @@ def _isolated_lock_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("APP_LOCK_DIR", str(tmp_path))
 
 
+@pytest.fixture
+def own_tempdir(monkeypatch):
+    """A temporary folder of the test's own as this process's temp folder, where the tool makes its folders for
+    ncu and nsys: a test that counts them before and after must not count another test's, made meanwhile by a
+    test running beside it (pytest -n). Short, under the real temp folder: sockets made there keep within their
+    path length."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="app-test-")
+    monkeypatch.setattr(tempfile, "tempdir", path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 

@@ -116,7 +116,7 @@ def test_failures_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, 
     assert not out.exists()
 
 
-def test_timeout_stops_ncu(tmp_path, capsys, monkeypatch):
+def test_timeout_stops_ncu(tmp_path, capsys, monkeypatch, own_tempdir):
     import os
     import tempfile
 

@@ -308,10 +308,11 @@ def fake_gpu(monkeypatch):
 
 
 def _leftovers():
+    """The tool's nsys folders in the temp folder: the test's own (the own_tempdir fixture)."""
     return set(Path(tempfile.gettempdir()).glob("app-kernel-tool-nsys-*"))
 
 
-def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys):
+def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys, own_tempdir):
     plan, worker = load("join")
     before = _leftovers()
     out = tmp_path / "out"
@@ -351,7 +352,8 @@ def test_nsys_mode_end_to_end_with_a_replayed_capture(tmp_path, fake_gpu, capsys
     ("hang", ["--nsys-timeout", "2"], 2, "did not finish within 2 s"),
     ("worker-fails", [], 2, "nsys profile failed (exit"),
 ])
-def test_nsys_mode_failures_are_one_line(tmp_path, fake_gpu, capsys, monkeypatch, mode, extra, code, fragment):
+def test_nsys_mode_failures_are_one_line(tmp_path, fake_gpu, capsys, monkeypatch, mode, extra, code, fragment,
+                                         own_tempdir):
     monkeypatch.setenv("FAKE_NSYS_MODE", mode)
     monkeypatch.setenv("FAKE_NSYS_PIDFILE", str(tmp_path / "nsys.pid"))
     before = _leftovers()
@@ -377,7 +379,7 @@ def test_nsys_not_found_is_one_line(tmp_path, fake_gpu, capsys, monkeypatch):
     assert os.environ["PATH"] == str(tmp_path)
 
 
-def test_sigterm_stops_nsys_and_leaves_nothing(tmp_path, fake_gpu, capsys, monkeypatch):
+def test_sigterm_stops_nsys_and_leaves_nothing(tmp_path, fake_gpu, capsys, monkeypatch, own_tempdir):
     """A real second process: the fake nsys hangs; SIGTERM to this process must stop it and clean up."""
     import signal
     import threading
