@@ -226,3 +226,25 @@ def test_equal_blocks_are_two_launches_where_the_raw_page_has_as_many_kernels():
     first = blocks[0].split(",", 2)[1].strip().strip('"')
     assert len(both) == n and f"{first} #2" in both
     assert len(parse_source(doubled_first, kernels=n - 1)) == n - 1       # more blocks than kernels: a repeat
+
+
+@pytest.mark.parametrize("capture", ["join", "overlay", "overlay_v3"])
+def test_the_sass_listing_counts_each_kernels_fp64_work_as_its_metrics_do(capture):
+    """Each kernel's SASS listing (sass/<kernel>.csv in a profile) and its metrics, both from one capture, agree on
+    its FP64 work: its DADD, DMUL and DFMA (two FLOPs) rows summed over the predicated-on thread column give the
+    kernel's sm__sass_thread_inst_executed_op_d*_pred_on counts, launch by launch. The plain thread column counts
+    the threads an instruction's predicate switched off too: in overlay v3's area_cut_rings 1,073,678 FLOPs
+    against 936,482, which is not the kernel's work."""
+    raw, _ = parse_raw(fixture_text(f"ncu/{capture}.full.raw.csv"))
+    sass = parse_source(fixture_text(f"ncu/{capture}.full.source.csv"), kernels=len(raw))
+    assert len(sass) == len(raw)
+    plain = {}
+    for (key, df), (_, row) in zip(sass.items(), raw.iterrows()):
+        assert key.split(" #")[0] == row["kernel"].split("(")[0]          # the listings in the raw page's order
+        op = df["Source"].str.split().map(lambda w: w[1] if w[0].startswith("@") else w[0]).str.split(".").str[0]
+        weight = op.map({"DADD": 1, "DMUL": 1, "DFMA": 2}).fillna(0)
+        pred_on = (weight * df["Predicated-On Thread Instructions Executed"]).sum()
+        assert pred_on == 2 * row["dfma"] + row["dadd"] + row["dmul"], key
+        plain[key] = (weight * df["Thread Instructions Executed"]).sum()
+    if capture == "overlay_v3":
+        assert plain["area_cut_rings"] == 1_073_678
