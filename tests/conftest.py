@@ -12,6 +12,14 @@ sys.path.insert(0, str(ROOT / "src"))
 OWN_FIXTURES = ROOT / "tests" / "fixtures"
 
 
+def child_env(src: Path = ROOT / "src", **extra) -> dict:
+    """The environment of a real second process running the package in ``src`` (this checkout's): src first on
+    its path, what the path held before kept after it (where the dependencies come from a path rather than the
+    interpreter's own site-packages, as on the lent GPU machines, they must reach the child too)."""
+    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def fixture_text(rel: str) -> str:
     """A committed fixture's text, gzipped or not. A missing fixture fails the test; it never skips it."""
     path = OWN_FIXTURES / rel
@@ -91,7 +99,7 @@ def holder():
     procs = []
 
     def start(key: str, env: dict | None = None, prefix: tuple = ()) -> subprocess.Popen:
-        env = env if env is not None else dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        env = env if env is not None else child_env()
         p = subprocess.Popen([*prefix, sys.executable, "-c", LOCK_HOLDER, key], stdout=subprocess.PIPE, text=True,
                              env=env)
         procs.append(p)

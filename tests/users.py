@@ -4,9 +4,8 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+from tests.conftest import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
@@ -15,4 +14,4 @@ def can_be_nobody() -> bool:
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         return False
     return subprocess.run([*NOBODY, sys.executable, "-c", "import app.runtime.lock"], capture_output=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=30).returncode == 0
+                          env=child_env(), timeout=30).returncode == 0

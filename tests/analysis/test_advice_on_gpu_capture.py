@@ -568,3 +568,29 @@ def test_the_roofline_table_gives_no_flop_rate_where_the_model_counts_none():
     area = dict(roof["stages"]["area_reconstruction"], pct_of_roofline=0.047)
     (row,) = _roofline(dict(roof, stages={"area_reconstruction": area}, end_to_end=None)).rows
     assert row[-1] == "0.047"
+
+
+@pytest.mark.parametrize("planner,reason,name", [
+    ("cpu", "no GPU: CuPy is not installed", "Profile on a GPU: this run used the numpy path"),
+    ("gpu", "--device cpu", "Profile on this machine's GPU: this run used the numpy path"),
+    ("gpu", "GPU backend failed to build: CompileException", "Profile on this machine's GPU: this run used the numpy path"),
+])
+def test_a_cpu_run_is_told_to_profile_on_a_gpu_whether_or_not_the_machine_has_one(tmp_path, planner, reason, name):
+    """A run on the numpy path gets the opportunity to profile on a GPU, with what kept it off one: none on the
+    machine, --device cpu where there is one (a CPU run on a GPU machine had no opportunity at all), or a failed
+    GPU build."""
+    from app.kernel.cli import main
+
+    out = tmp_path / "out"
+    assert main(["join", "--points", "2000", "--polygons", "200", "--device", "cpu", "--bench_runs", "2",
+                 "--out", str(out)]) == 0
+    (trace_path,) = out.glob("profiles/event/join/*/*/trace.json")
+    trace = json.loads(trace_path.read_text())
+    trace["metadata"].update(planner_selected_runtime=planner, selection_reason=reason)
+    roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
+    ops = advice.opportunities(trace, roof, advice.stage_findings(trace, roof))
+    (op,) = [o for o in ops if o["name"].startswith("Profile on")]
+    assert op["name"] == name and op["gain_pct"] is None
+    assert op["trigger"] == f"selected_runtime=cpu, planner_selected_runtime={planner}, reason={reason!r}"
+    trace["selected_runtime"] = "gpu"               # a run on the GPU is never told to profile on one
+    assert not [o for o in advice.opportunities(trace, roof, []) if o["name"].startswith("Profile on")]

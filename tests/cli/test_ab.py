@@ -3,7 +3,6 @@ repository of this tool's code in a temporary folder: revision A as it is, revis
 50 ms sleep in the CPU join's candidate_filter), so B is slower in that stage and nowhere else it could hide; and,
 on a branch of its own, revision W whose join drops a row of its answer (a wrong output, the CLI's exit 9)."""
 import json
-import os
 import re
 import shutil
 import signal
@@ -18,6 +17,7 @@ from app.analysis.compare import MIN_PROCESSES, MIN_RUNS
 from app.kernel.cli import main
 from app.report import ab_command
 from tests.signals import sigint_default
+from tests.conftest import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # MIN_PROCESSES processes a side (ab's default) of MIN_RUNS runs each: the fewest compare draws a verdict from
@@ -169,7 +169,7 @@ def test_a_stopped_ab_says_which_profiles_it_kept(repo, tmp_path, sig, word, cod
     """A real ab process stopped after its first profile: it says how many complete profiles it kept under --out
     (it had said 'no profile was written'), as many as are on disk, and leaves no worktree."""
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(repo / "src"))
+    env = child_env(repo / "src")
     with open(tmp_path / "stdout", "w") as stdout:
         proc = subprocess.Popen([sys.executable, "-m", "app.kernel", "ab", "HEAD~1", "HEAD", "--out", str(out),
                                  *COMMAND], cwd=repo, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True,

@@ -1,6 +1,5 @@
 """Counts and sizes past what any run needs are refused at once: one line naming the option, its limit and why,
 exit 2, nothing written -- never a run that grows until the host runs out of memory."""
-import os
 import subprocess
 import sys
 import time
@@ -13,8 +12,8 @@ from app.kernel.cli import MAX_BENCH_RUNS, MAX_WARMUP, bench_runs_arg, main, war
 from app.kernel.plan import get_plan_class
 from app.runtime.memory import check_fits
 from app.runtime.timing import AUTO_MAX_RUNS, WARMUP_MAX_RUNS
+from tests.conftest import child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--points", "300", "--polygons", "30", "--device", "cpu"]
 
 
@@ -68,7 +67,7 @@ def test_the_limits_leave_room_for_what_auto_runs_and_are_accepted():
 
 def test_a_real_process_with_a_runaway_count_ends_at_once(tmp_path):
     """The audit's case: the process ran for an hour, growing ~7 MB/s, until the host killed it."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = child_env()
     r = subprocess.run([sys.executable, "-m", "app.kernel", "join", *SMALL, "--bench_runs", "99999999999999999999",
                         "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=30)

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from app.kernel.cli import main
+from tests.conftest import child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--points", "2000", "--polygons", "200", "--bench_runs", "2", "--warmup", "0"]
 
 
 def run_cli(args, tmp_path, env=None):
-    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
+    e = child_env(**(env or {}))
     return subprocess.run([sys.executable, "-m", "app.kernel", *args], capture_output=True, text=True,
                           cwd=tmp_path, env=e, timeout=300)
 

@@ -1,6 +1,5 @@
 """compare: identical code reads as noise, a genuinely slowed run as slower, and the gate exits 1."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 
 from app.analysis.compare import pace_samples, samples_change, verdict_of
 from app.kernel.cli import main
+from tests.conftest import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # Two processes of identical code on a shared CPU differ by more than any within-run statistic can see: on
@@ -27,7 +27,7 @@ IDENTICAL_FLOOR = "50"
 
 def profile(out: Path, env=None) -> Path:
     """One real event-mode profile in its own process (so a test hook in the environment applies)."""
-    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
+    e = child_env(**(env or {}))
     r = subprocess.run([sys.executable, "-m", "app.kernel", *ARGS, "--out", str(out)], capture_output=True,
                        text=True, env=e, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -2,7 +2,6 @@
 noise and never fail the gate; the whole plan's row is named for what it is; a stage of one side is listed, never
 dropped; a damaged trace is one line, never a traceback."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +11,8 @@ import pytest
 from app.analysis.compare import (MIN_PROCESSES, MIN_RUNS, ONE_PROCESS_WHY, compare_processes, process_verdict,
                                   verdict_of)
 from app.kernel.cli import main
+from tests.conftest import child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 # Tiny plans: a profile takes about a second. The slowed profiles sleep 20 ms in candidate_filter, a stage of well
 # under a millisecond here, so their change is far beyond any noise: only the number of runs can make it "noise".
 JOIN = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--warmup", "0", "--no-verify"]
@@ -22,7 +21,7 @@ SLOW = {"APP_INJECT_STAGE_DELAY": "candidate_filter=0.02"}
 
 def profile(out: Path, runs: int, env=None, args=JOIN) -> Path:
     """One real event-mode profile in its own process (the stage-delay hook is read when the process starts)."""
-    e = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
+    e = child_env(**(env or {}))
     r = subprocess.run([sys.executable, "-m", "app.kernel", *args, "--bench_runs", str(runs), "--out", str(out)],
                        capture_output=True, text=True, env=e, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -212,7 +211,7 @@ def test_a_damaged_trace_exits_2_with_no_traceback(runs, tmp_path):
     trace = json.loads((runs["base6"] / "trace.json").read_text()) | {"timing": None}
     (tmp_path / "trace.json").write_text(json.dumps(trace))
     r = subprocess.run([sys.executable, "-m", "app.kernel", "compare", str(tmp_path), str(runs["slow6"])],
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60)
+                       capture_output=True, text=True, env=child_env(), timeout=60)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.strip() == (f"error: BASE {tmp_path}: field 'timing' is null, not an object; the trace is damaged: "
                                 "profile again, or pass another profile folder or its trace.json")

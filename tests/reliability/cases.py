@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.signals import sigint_default
+from tests.conftest import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--points", "300", "--polygons", "30", "--device", "cpu"]
@@ -240,7 +241,7 @@ def run_case(case: Case) -> tuple[bool, str]:
         tmp = Path(d)
         locks = tmp / "locks"
         locks.mkdir()
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), APP_LOCK_DIR=str(locks), PYTHONUNBUFFERED="1")
+        env = child_env(APP_LOCK_DIR=str(locks), PYTHONUNBUFFERED="1")
         # Each case has a lock folder of its own, so nothing else holds its lock; a wait asked for by the calling
         # shell would turn the "held by another process" case into a wait instead of the refusal it checks.
         env.pop("APP_LOCK_WAIT", None)

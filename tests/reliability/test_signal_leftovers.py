@@ -15,8 +15,8 @@ from app.kernel.plan import get_plan_class
 from app.report import writer
 from app.report.writer import make_folders, write_profile
 from tests.signals import sigint_default
+from tests.conftest import child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["join", "--points", "300", "--polygons", "30", "--device", "cpu", "--warmup", "0", "--no-verify"]
 # Many timed runs of a tiny plan: about 2 s on a CPU, and a trace.json of about 1 MB whose writing keeps the
 # .partial folder there for some tens of milliseconds (5 ms at 200 runs), long enough to catch by polling.
@@ -26,7 +26,7 @@ NAMES = {signal.SIGTERM: ("terminated", 143), signal.SIGINT: ("interrupted", 130
 
 
 def start(out: Path, runs: str, cwd: Path, preexec_fn=sigint_default) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONUNBUFFERED="1")
+    env = child_env(PYTHONUNBUFFERED="1")
     # SIGINT at its default, as a terminal's foreground job has it (tests/signals.py says why)
     return subprocess.Popen([sys.executable, "-m", "app.kernel", *ARGS, "--bench_runs", runs, "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,

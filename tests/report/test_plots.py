@@ -187,7 +187,8 @@ def test_stage_chart_without_roofline_and_with_idle_stages():
 
 
 def test_event_profile_on_cpu_writes_and_embeds_the_stage_chart(tmp_path):
-    assert main(["join", "--points", "2000", "--polygons", "200", "--prof_type", "event", "--out", str(tmp_path)]) == 0
+    assert main(["join", "--points", "2000", "--polygons", "200", "--prof_type", "event", "--device", "cpu",
+                 "--out", str(tmp_path)]) == 0
     (d,) = [p for p in tmp_path.glob("profiles/event/join/*/*") if p.is_dir()]
     assert (d / "stage_chart.png").read_bytes()[:8] == PNG
     report = (d / "report.md").read_text()

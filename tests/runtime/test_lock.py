@@ -13,8 +13,8 @@ from app.kernel.cli import main
 from app.runtime.device import Selection
 from app.runtime.lock import device_key, device_lock, lock_dir
 from tests.users import NOBODY, can_be_nobody
+from tests.conftest import child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -273,7 +273,7 @@ def test_a_hard_link_a_fifo_or_a_large_file_is_refused_and_left_alone(tmp_path):
 
 
 def test_python_m_lock_path_prints_the_lock_file(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), APP_LOCK_DIR=str(tmp_path))
+    env = child_env(APP_LOCK_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "app.runtime.lock", "path", "gpu-GPU-abc"], capture_output=True,
                        text=True, env=env, timeout=30)
     assert r.returncode == 0 and r.stdout == f"{tmp_path}/app-kernel-profile-gpu-GPU-abc.lock\n", r.stderr
@@ -301,7 +301,7 @@ def shared_dir(monkeypatch):
 
 
 def _as_nobody(code: str, shared: Path, *args: str, **kw) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), APP_LOCK_DIR=str(shared), HOME=str(shared))
+    env = child_env(APP_LOCK_DIR=str(shared), HOME=str(shared))
     env.pop("APP_LOCK_WAIT", None)
     return subprocess.Popen([*NOBODY, sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=str(shared), **kw)

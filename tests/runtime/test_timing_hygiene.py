@@ -14,6 +14,7 @@ from app.kernel.cli import main
 from app.runtime import stats, timing
 from app.runtime.recorder import RunRecord
 from app.runtime.stats import median_interval, outlier_runs, spread
+from tests.conftest import child_env
 
 
 def test_one_outlier_neither_moves_the_figure_nor_makes_it_unstable():
@@ -450,13 +451,10 @@ def test_an_event_profile_waits_for_the_hosts_measurement_window_and_records_it(
     import subprocess
     import sys
     import threading
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
     hold = ("import time; from app.runtime.lock import measurement_window\n"
             "with measurement_window():\n    print('held', flush=True); time.sleep(30)\n")
     p = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(root / "src")))
+                         env=child_env())
     try:
         assert p.stdout.readline().strip() == "held"
         threading.Timer(0.8, p.kill).start()          # longer than a 300-point profile takes to reach its runs

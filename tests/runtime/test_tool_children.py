@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.runtime.profiling.tools import remove_stale_tmpdirs, tool_tmpdir
+from tests.conftest import child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
 # The profile: runs a "tool" (a sleeper that writes its pid) through run_tool, in a tool_tmpdir.
@@ -38,7 +38,7 @@ def alive(pid: int) -> bool:
 
 def test_a_tool_dies_with_a_profile_killed_outright(tmp_path):
     pidfile = tmp_path / "tool.pid"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = child_env()
     p = subprocess.Popen([sys.executable, "-c", PROFILE, str(pidfile), str(tmp_path)], stdout=subprocess.PIPE,
                          text=True, env=env)
     tmp = Path(p.stdout.readline().strip())
@@ -89,7 +89,7 @@ def test_only_folders_of_dead_makers_are_removed(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom app.runtime.profiling.tools import tool_tmpdir\n"
          "with tool_tmpdir('nsys', parent=sys.argv[1]) as t:\n    print(t, flush=True); time.sleep(60)\n",
-         str(tmp_path)], stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+         str(tmp_path)], stdout=subprocess.PIPE, text=True, env=child_env())
     try:
         live = Path(holder.stdout.readline().strip())
         assert remove_stale_tmpdirs(str(tmp_path)) == []               # its maker lives

@@ -1,14 +1,13 @@
 """On a GPU machine: a local-cuda sweep puts one worker on each GPU, every point records the physical
 GPU it ran on, and no point ever waits for another's GPU (run on the lent multi-GPU node)."""
 import csv
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import child_env
+
 
 
 @pytest.mark.gpu
@@ -18,8 +17,7 @@ def test_local_cuda_gives_each_worker_its_own_gpu_and_no_lock_waits(tmp_path):
 
     n = cupy.cuda.runtime.getDeviceCount()
     points = [str(10_000 * (i + 1)) for i in range(max(4, 2 * n))]
-    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path)
+    env = child_env()
     proc = subprocess.run([sys.executable, "-m", "app.kernel", "sweep", "join", "v1", "--grid",
                            "points=" + ",".join(points), "--polygons", "2000", "--device", "gpu", "--bench_runs", "3",
                            "--cluster", "local-cuda", "--out", str(tmp_path)], capture_output=True, text=True,

@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import child_env
 from tests.signals import sigint_default
 
-ROOT = Path(__file__).resolve().parents[2]
 GRID = ["--grid", "points=1500,3k", "--polygons", "150", "--device", "cpu", "--bench_runs", "2", "--warmup", "0"]
 
 
 def env(**extra):
-    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **extra)
+    return child_env(PYTHONUNBUFFERED="1", **extra)
 
 
 def sweep(tmp_path, *args, check=True, **kw):

@@ -164,9 +164,14 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
     if unc >= UNCOVERED_PCT:
         ops.append({"name": "Find the work between stages (untimed host code or idle GPU)",
                     "gain_pct": unc, "trigger": f"uncovered={unc:.1f}%"})
-    if trace["selected_runtime"] == "cpu" and trace["metadata"]["planner_selected_runtime"] == "cpu":
-        ops.append({"name": "Profile on a GPU: this run used the numpy path", "gain_pct": None,
-                    "trigger": f"selected_runtime=cpu, reason={trace['metadata']['selection_reason']!r}"})
+    if trace["selected_runtime"] == "cpu":
+        # Also where this machine has a usable GPU and the run was kept off it (--device cpu, or a GPU build that
+        # failed under --device auto): the reason says which, and what to change.
+        planner, reason = trace["metadata"]["planner_selected_runtime"], trace["metadata"]["selection_reason"]
+        name = ("Profile on a GPU: this run used the numpy path" if planner == "cpu" else
+                "Profile on this machine's GPU: this run used the numpy path")
+        ops.append({"name": name, "gain_pct": None,
+                    "trigger": f"selected_runtime=cpu, planner_selected_runtime={planner}, reason={reason!r}"})
     return sorted(ops, key=lambda o: -(o["gain_pct"] or 0.0))
 
 
