@@ -570,10 +570,13 @@ def test_the_roofline_table_gives_no_flop_rate_where_the_model_counts_none():
     assert row[-1] == "0.047"
 
 
+NO_GPU, THIS_GPU = "Profile on a GPU: ", "Profile on this machine's GPU: "
+
+
 @pytest.mark.parametrize("planner,reason,name", [
-    ("cpu", "no GPU: CuPy is not installed", "Profile on a GPU: this run used the numpy path"),
-    ("gpu", "--device cpu", "Profile on this machine's GPU: this run used the numpy path"),
-    ("gpu", "GPU backend failed to build: CompileException", "Profile on this machine's GPU: this run used the numpy path"),
+    ("cpu", "no GPU: CuPy is not installed", NO_GPU + "this run used the numpy path"),
+    ("gpu", "--device cpu", THIS_GPU + "this run used the numpy path"),
+    ("gpu", "GPU backend failed to build: CompileException", THIS_GPU + "this run used the numpy path"),
 ])
 def test_a_cpu_run_is_told_to_profile_on_a_gpu_whether_or_not_the_machine_has_one(tmp_path, planner, reason, name):
     """A run on the numpy path gets the opportunity to profile on a GPU, with what kept it off one: none on the
