@@ -12,12 +12,16 @@ sys.path.insert(0, str(ROOT / "src"))
 OWN_FIXTURES = ROOT / "tests" / "fixtures"
 
 
+def child_path(src: Path = ROOT / "src") -> str:
+    """PYTHONPATH for a real second process running the package in ``src`` (this checkout's): src first, what the
+    path held before kept after it (where the dependencies come from a path rather than the interpreter's own
+    site-packages, as on the lent GPU machines, they must reach the child too)."""
+    return os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH")) if p)
+
+
 def child_env(src: Path = ROOT / "src", **extra) -> dict:
-    """The environment of a real second process running the package in ``src`` (this checkout's): src first on
-    its path, what the path held before kept after it (where the dependencies come from a path rather than the
-    interpreter's own site-packages, as on the lent GPU machines, they must reach the child too)."""
-    path = os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, **extra)
+    """This process's environment with ``child_path(src)`` as PYTHONPATH, and ``extra``."""
+    return dict(os.environ, PYTHONPATH=child_path(src), **extra)
 
 
 def fixture_text(rel: str) -> str:

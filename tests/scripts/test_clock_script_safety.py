@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import child_env
+from tests.conftest import child_path
 from tests.fake_smi import UUID, install
 from tests.users import NOBODY, can_be_nobody
 
@@ -63,7 +63,7 @@ def smi(tmp_path: Path) -> dict:
            if k not in ("GPU", "SUDO_UID", "SUDO_USER", "XDG_RUNTIME_DIR") and not k.startswith(("FAKE_SMI_", "WRAP_"))}
     env.update(NVIDIA_SMI=str(wrapper), FAKE_SMI_LOG=str(tmp_path / "smi.log"), WRAP_LOG=str(tmp_path / "wrap.log"),
                APP_CLOCK_STATE=str(tmp_path / "state" / "clock.json"), APP_LOCK_DIR=str(locks),
-               HOME=str(tmp_path / "home"), PYTHONPATH=child_env()["PYTHONPATH"])
+               HOME=str(tmp_path / "home"), PYTHONPATH=child_path())
     return {"env": env, "tmp": tmp_path, "log": tmp_path / "smi.log", "wrap_log": tmp_path / "wrap.log",
             "locks": locks, "state": tmp_path / "state" / f"clock.{UUID.lower()}.json"}
 
