@@ -20,9 +20,9 @@ H2D_SHARE_PCT = 30.0
 
 
 def pct(value: float) -> str:
-    """A percentage of peak to one decimal; under 0.05 to two significant digits, so a reading is never printed as
-    zero (area_reconstruction's DRAM 0.047%)."""
-    return f"{value:.1f}" if value == 0 or abs(value) >= 0.05 else f"{value:.2g}"
+    """A percentage of peak to one decimal; under 1 to two significant digits, so a small reading is neither printed
+    as zero (area_reconstruction's DRAM 0.047%) nor rounded to nearly twice itself (0.054% as 0.1%)."""
+    return f"{value:.1f}" if value == 0 or abs(value) >= 1 else f"{value:.2g}"
 
 
 def classify(dram_pct: float | None, compute_pct: float | None) -> str:
@@ -85,8 +85,10 @@ def _marks_add(trace: dict) -> dict[str, str]:
     for o in (trace.get("timing", {}).get("one_mark") or {}).get("stages", []):
         add, marked = o["marks_add_seconds"], o["marked_seconds"]
         if o["name"] in resolved and marked > 0 and add >= MARKS_ADD_SHARE * marked:
-            out[o["name"]] = (f"the other stages' marks add {add * 1e6:.1f} us ({100 * add / marked:.0f}%) to its "
-                              "time")
+            # Its share of the same runs' time (the paired runs with every stage marked), not of the Duration
+            # column, which comes from the timed runs.
+            out[o["name"]] = (f"the other stages' marks add {add * 1e6:.1f} us to its time ({100 * add / marked:.0f}% "
+                              f"of its {marked * 1e6:,.1f} us in the runs that measured them)")
     return out
 
 
@@ -260,7 +262,8 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
         return ("Transfer-bound (host->device copy)",
                 f"{t['stage']} copies {copied:.1f} MB at {_gbps(stage):.1f} GB/s and takes "
                 f"{t['share_pct']:.0f}% of the plan{bound}. The device stages after it take {rest * 1e6:,.0f} us "
-                f"together and are {top['bottleneck']}, led by {top['stage']}{_launch_paced(trace)}.")
+                f"together and are {top['bottleneck']}, led by {_leaders(trace, device_stages, top)}"
+                f"{_launch_paced(trace)}.")
     if top["bottleneck"] == "n/a (flagged)":
         return ("unclassified (flagged values)",
                 f"{top['stage']} takes {top['share_pct']:.0f}% of the plan, but its roofline figures are impossible "
@@ -271,18 +274,39 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
                 f"{top['stage']} takes {top['share_pct']:.0f}% of the plan; without device peaks ({why}) "
                 "its bottleneck cannot be classified.")
     kind = top["bottleneck"].split("-")[0].capitalize()
+    tied = _tied_with(trace, device_stages, top)
+    # Which stage leads is not resolved where another's time is level with it: the bottleneck named is the largest
+    # one's, and the cause says the other is level.
+    level = f" ({', '.join(tied)} level with it within their 95% intervals)" if tied else ""
     if top["bottleneck"] == "compute-bound":
-        cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and runs its cost model's FLOPs at "
+        cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan{level} and runs its cost model's FLOPs at "
                  f"{pct(top['flop_pct'])}% of peak {roof.get('precision', 'fp64')} throughput (its bytes at "
                  f"{pct(top['dram_pct'])}% of peak DRAM bandwidth).")
         return f"{kind}-bound", cause
-    cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan and moves its cost model's bytes at "
+    cause = (f"{top['stage']} takes {top['share_pct']:.0f}% of the plan{level} and moves its cost model's bytes at "
              f"{pct(top['dram_pct'])}% of peak DRAM bandwidth.")
     if top["bottleneck"] == "latency-bound":
         cause += (" The GPU waits on launches, host round-trips and dependent steps rather than on "
                   "memory or arithmetic" + (f" ({top['key_issue']})" if top["key_issue"] != "-" else "")
                   + _launch_paced(trace) + ".")
     return f"{kind}-bound", cause
+
+
+def _tied_with(trace: dict, device_stages: list[dict], top: dict) -> list[str]:
+    """The device stages whose 95% interval of the median overlaps the largest one's: which of them leads is not
+    resolved from the runs (overlay v3 on an H200: area_reconstruction 184.3 us [180.1, 204.4] against the
+    filter's 182.3 [172.7, 204.2]; the one-mark runs put the filter first). None where a stage has no interval."""
+    ci = {s["name"]: (s.get("spread") or {}).get("median_ci95") or [None, None] for s in trace["stages"]}
+    lo, hi = ci.get(top["stage"], [None, None])
+    if lo is None or hi is None:
+        return []
+    return [f["stage"] for f in device_stages if f is not top and None not in ci.get(f["stage"], [None])
+            and ci[f["stage"]][0] <= hi and lo <= ci[f["stage"]][1]]
+
+
+def _leaders(trace: dict, device_stages: list[dict], top: dict) -> str:
+    tied = _tied_with(trace, device_stages, top)
+    return top["stage"] + (f" and {', '.join(tied)} (level within their 95% intervals)" if tied else "")
 
 
 def _launch_paced(trace: dict) -> str:
