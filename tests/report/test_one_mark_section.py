@@ -65,3 +65,14 @@ def test_graph_replay_row_gives_both_intervals_and_says_when_they_overlap():
     assert ", not resolved: the two 95% intervals overlap" in row()
     replay["graph_ci95"] = replay["eager_ci95"] = [float("nan")] * 2
     assert "not resolved: " in row() and "[95% interval" not in row()
+
+
+def test_a_time_interval_reaching_below_zero_is_said_to_be_noise():
+    """The default overlay on an H200: refine's time with one mark a run, 6.3 us, has the interval -6.3 to 25.9 us;
+    no stage takes less than no time, so the row says its low end is the runs' noise. The other rows' lie above."""
+    trace = json.loads((TRACE.parent / "overlay_v3_10k_10k_h200_level_leaders.trace.json").read_text())
+    rows = {r[0]: r for r in _one_mark_section(trace).rows}
+    assert rows["exact_intersection_refine"][3] == "-6.3 – 25.9 (below zero at its low end: the runs' noise)"
+    assert rows["exact_intersection_refine"][2] == "not resolved (6.3)"
+    for s in trace["timing"]["one_mark"]["stages"]:
+        assert rows[s["name"]][3].endswith("noise)") == (s["ci95"][0] < 0)

@@ -195,3 +195,22 @@ def test_event_profile_on_cpu_writes_and_embeds_the_stage_chart(tmp_path):
     assert "## Stage chart" in report
     assert "![Time per stage: device vs host issue, with the memory-roof floor](stage_chart.png)" in report
     assert "no memory-roof floor is drawn: ran on the CPU" in report
+
+
+def test_the_stage_chart_legend_covers_no_bar_and_no_figure():
+    """The default overlay on an H200: the legend sat on area_reconstruction's bar and its figures ("184.3 us, host
+    178.5 us, ..."). It has a band of its own below the last stage."""
+    import matplotlib.pyplot as plt
+
+    trace = json.loads((EVENT_TRACE.parent / "overlay_v3_10k_10k_h200_level_leaders.trace.json").read_text())
+    roof = plan_roofline(trace["device"]["name"], trace["selected_runtime"], trace["stages"])
+    fig = plots.stage_chart_figure(trace, roof, "overlay v3 on gpu")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(renderer)
+    labels = [t for t in ax.texts if "us, host" in t.get_text()]
+    assert len(labels) == len(trace["stages"]) == len(ax.patches) // 2       # a stage bar and a host bar each
+    for artist in [*labels, *ax.patches]:
+        assert not legend.overlaps(artist.get_window_extent(renderer)), artist
+    plt.close(fig)

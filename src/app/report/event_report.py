@@ -328,7 +328,8 @@ def _one_mark_section(trace: dict) -> Section | None:
         alo, ahi = o["marks_add_ci95"]
         rows.append([o["name"], us(o["marked_seconds"]),
                      us(o["seconds"]) if o["resolved"] else f"not resolved ({us(o['seconds'])})",
-                     f"{us(lo)} – {us(hi)}",
+                     # a time is never below zero: an interval reaching there shows the runs' noise, not a time
+                     f"{us(lo)} – {us(hi)}" + (" (below zero at its low end: the runs' noise)" if lo < 0 else ""),
                      # resolved as advice.py reads it: only an interval above zero says the marks cost this stage
                      f"{us(o['marks_add_seconds'])} ({us(alo)} – {us(ahi)})" + _marks_add_status(alo, ahi)])
     ins = trace["timing"]["instrumentation"]          # the pairs the one-mark runs ran beside

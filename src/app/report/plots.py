@@ -308,11 +308,20 @@ def stage_chart_subtitle(roof: dict) -> str:
     return "no memory-roof floor: " + ((roof or {}).get("why") or "no roofline for this run")
 
 
+LEGEND_ROWS = 1.4     # the stage chart's empty band for its legend, in stage rows
+
+
 def stage_chart_png(trace: dict, roof: dict, title: str) -> bytes | None:
     """Event mode: per stage a thick bar of measured time and, inside it, a thin bar of host issue
     time. GPU work is asynchronous, so the two overlap in time and are never stacked; host close to the
     stage time means the stage is launch-bound. A black diamond marks the memory-roof floor. None only
     when the trace has no stages."""
+    fig = stage_chart_figure(trace, roof, title)
+    return None if fig is None else png_bytes(fig)
+
+
+def stage_chart_figure(trace: dict, roof: dict, title: str):
+    """The stage chart's figure (stage_chart_png), laid out, or None when the trace has no stages."""
     rows = stage_rows(trace, roof)
     if rows.empty:
         return None
@@ -320,7 +329,7 @@ def stage_chart_png(trace: dict, roof: dict, title: str) -> bytes | None:
     positive = positive[positive > 0]
     # Floors are often 10-1000x below the stage time: on a linear axis they would sit on zero unseen.
     log = len(positive) > 0 and positive.max() / positive.min() > 50
-    fig, ax = plt.subplots(figsize=(9, 1.8 + 0.45 * len(rows)), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 2.4 + 0.45 * len(rows)), dpi=110)
     y = np.arange(len(rows))
     clock = trace.get("timing", {}).get("clock", "stage clock")
     dev_color = ["#e39b3b" if d == "cpu" else "#1f77b4" for d in rows["device"]]
@@ -341,7 +350,8 @@ def stage_chart_png(trace: dict, roof: dict, title: str) -> bytes | None:
         ax.text(x, yi, text, va="center", fontsize=6.5)
     ax.set_yticks(y)
     ax.set_yticklabels(rows["stage"], fontsize=7.5)
-    ax.invert_yaxis()
+    # An empty band below the last stage holds the legend, which sat on the last stage's bar and its figures.
+    ax.set_ylim(len(rows) + LEGEND_ROWS - 0.5, -0.5)
     if log:
         ax.set_xscale("log")
         ax.set_xlim(positive.min() / 3, top * 40)
@@ -359,7 +369,8 @@ def stage_chart_png(trace: dict, roof: dict, title: str) -> bytes | None:
     ax.legend(handles=handles, fontsize=6.5, loc="lower right", framealpha=0.85)
     ax.grid(True, axis="x", which="both", alpha=0.2)
     ax.set_title(f"{title}\n{stage_chart_subtitle(roof)}", fontsize=8.5)
-    return png_bytes(fig)
+    fig.tight_layout()
+    return fig
 
 
 OP_COLORS = {"kernel": "#1f77b4", "HtoD": "#2ca02c", "DtoH": "#d62728", "DtoD": "#9467bd", "memset": "#7f7f7f"}
