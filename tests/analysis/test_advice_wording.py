@@ -1,5 +1,5 @@
-"""The advice's wording on real event-mode traces captured on the lent H200 (tests/data/event/): which stages it
-names as leading, and how it prints a small share of peak."""
+"""Wording in the advice and the report, on real event-mode traces captured on the lent H200 (tests/data/event/):
+which stages lead, how a small share of peak and an occupancy are printed."""
 import json
 from pathlib import Path
 
@@ -46,3 +46,15 @@ def test_a_reading_under_a_tenth_of_a_percent_is_never_printed_as_zero():
 
 
     assert advice.pct(0.054) == "0.054" and advice.pct(0.96) == "0.96"     # not 0.1 and 1.0: nearly twice, or more
+
+
+def test_occupancy_is_printed_to_its_half_percent():
+    """Theoretical occupancy comes in steps of 1/64 of an SM's warps: 37.5% printed whole read 38 and 62.5% read 62
+    (rounding half to even), the same kind of value rounded two ways. One decimal prints them as they are."""
+    from app.report.event_report import build_report
+
+    t = json.loads((DATA / "overlay_v3_10k_10k_h200_level_leaders.trace.json").read_text())
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    md = build_report(t, {"kernel": "overlay", "version": "v3", "command_line": "overlay"}, roof, None)
+    row = next(line for line in md.splitlines() if line.startswith("| exact_intersection_refine |"))
+    assert row.split(" | ")[6] == "37.5"

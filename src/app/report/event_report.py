@@ -40,7 +40,7 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                                    "Bottleneck", "Key Issue"],
                 rows=[[f["stage"], us(s["elapsed_seconds"]), _spread_cell(s["spread"]),
                        _host_cell(s),
-                       "n/a", fmt_pct(f["dram_pct"]), fmt(occ[f["stage"]], 0), f["bottleneck"], f["key_issue"]]
+                       "n/a", fmt_pct(f["dram_pct"]), fmt(occ[f["stage"]], 1), f["bottleneck"], f["key_issue"]]
                       for f, s in zip(findings, trace["stages"])],
                 note="Duration = median of the timed runs; ± spread = 1.4826 x median absolute deviation / median "
                      "(robust: outlier runs, counted in brackets, cannot move it). "
