@@ -32,7 +32,7 @@ def test_samples_range_and_throttling():
                "reasons_seen": ["sw_power_cap"], "throttled_samples": 12}
     clocks = {"locked": False, "reason": "no-lock", "start": snap(1980), "end": snap(1980), "samples": samples}
     cell = clock_cell(clocks)
-    assert "SM 1,980 MHz (timed runs 1,410–1,980, median 1,980)" in cell
+    assert "SM 1,980 MHz (timed runs 1,410–1,980, median 1,980; 250 readings)" in cell
     assert cell.endswith("THROTTLED (sw_power_cap)")
     note = throttle_note(clocks)
     assert "sw_power_cap in 12 of 250 samples taken between the timed runs" in note

@@ -89,8 +89,10 @@ def _clock_range(snaps: list[tuple[str, dict]], field: str, label: str, samples:
     values = [_mhz(s, field) for _, s in snaps]
     text = f"{label} {'→'.join(values) if len(set(values)) > 1 else values[0]} MHz"
     st = (samples or {}).get(key)
-    if st:
-        text += f" (timed runs {st['min']:,.0f}–{st['max']:,.0f}, median {st['median']:,.0f})"
+    if st:      # how many readings the range is of: NVML is read between timed runs, at most once an interval
+        n = (samples or {}).get("n")
+        of = f"; {n} reading{'s' if n != 1 else ''}" if n else ""
+        text += f" (timed runs {st['min']:,.0f}–{st['max']:,.0f}, median {st['median']:,.0f}{of})"
     return text
 
 
