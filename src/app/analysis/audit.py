@@ -88,13 +88,12 @@ def audit(instances: list[dict], stage_info: dict | None = None, terminal: set |
         if span >= MIN_SPAN_NS and idle > HOST_DOMINATED * span:
             causes = rep["idle_ns"]
             top = max(causes, key=causes.get)
-            copies = rep["memcpy_ns"] > rep["kernel_ns"]
             add("HIGH", "span dominated by host time", name,
                 f"GPU idle {idle / 1e3:,.1f} of {span / 1e3:,.1f} us ({100 * idle / span:.0f}%); "
                 f"largest cause {top} {causes[top] / 1e3:,.1f} us",
-                "the host stages data between the copies: keep the host arrays in pinned memory so each copy is one "
-                "DMA, and overlap the copies with compute on a second stream" if copies else
-                "issue the stage's work without host round trips; fuse or graph-capture its launches")
+                host_time_advice({c: v / 1e3 for c, v in causes.items()}, rep["ops"], len(rep["syncs"]),
+                                 rep["copies"], rep["memcpy_ns"] > rep["kernel_ns"], info.get("staging", ""),
+                                 output=name in terminal))
         tiny = rep["short_kernels"]
         if tiny >= TINY_KERNELS:
             kernels = rep["kernels"]
@@ -113,15 +112,94 @@ def audit(instances: list[dict], stage_info: dict | None = None, terminal: set |
     return sorted(findings, key=lambda f: SEVERITIES.index(f["severity"]))
 
 
+def host_time_advice(idle_us: dict, ops: int, syncs: int, copies: dict, copies_lead: bool, staging: str = "",
+                     most: int = 4, output: bool = False) -> str:
+    """What to do about a stage whose span is mostly GPU idle, naming only what its capture shows: round trips where
+    it synchronised, fusing where it launched more than once, pinned memory where a copy was pageable. Its causes
+    in order of their time. ``copies_lead``: its copies take longer than its kernels; ``staging``: the stage's own
+    account of how it moved its inputs (this project's stages), which the capture cannot see; ``output``: the stage
+    hands back the plan's result, so its reads are the result's, which the plan cannot do without."""
+    families = [
+        (idle_us.get("sync_wait", 0.0), "sync"),
+        (idle_us.get("launch_gap", 0.0) + idle_us.get("launch_latency", 0.0), "launch"),
+        (idle_us.get("before_first_op", 0.0), "before"),
+        (idle_us.get("after_last_op", 0.0), "after"),
+    ]
+    said = []
+    for v, family in sorted(families, key=lambda x: -x[0]):
+        if v < 0.05:
+            continue
+        if family == "sync" and syncs and output:
+            said.append(f"{v:,.1f} us of GPU idle from its read of the result until the host closed the stage: the "
+                        "plan needs that read to hand back its result; the time after it returns is host work")
+        elif family == "sync" and syncs:
+            said.append(f"{v:,.1f} us of GPU idle around its {syncs:g} host round trip(s): issue its work without "
+                        "them (outputs sized from upper bounds, counts kept on the device)")
+        elif family == "launch":
+            said.append(_launch_advice(idle_us, ops, copies_lead))
+        elif family == "before":
+            said.append(_preparation_advice(v, copies, copies_lead, staging))
+        elif family == "after":
+            said.append(f"{v:,.1f} us of host work after its last GPU op: move it off the stage's path")
+    return "; ".join(said[:most]) or "-"
+
+
+def _launch_advice(idle_us: dict, ops: int, copies_lead: bool) -> str:
+    gap, latency = idle_us.get("launch_gap", 0.0), idle_us.get("launch_latency", 0.0)
+    if ops <= 1:        # one launch: nothing to fuse within the stage
+        return (f"its one GPU op waited {latency:,.1f} us from its launch call to its start on an idle GPU (launch "
+                "latency): capture it with the neighbouring stages' launches in one CUDA graph")
+    what = " and ".join(x for x in (f"{gap:,.1f} us of host gaps between them" if gap >= 0.05 else "",
+                                    f"{latency:,.1f} us of launch latency" if latency >= 0.05 else "") if x)
+    if copies_lead:     # copies are not fused; what helps is fewer of them, back to back
+        return (f"across its {ops:g} GPU ops, mostly copies, {what}: fewer, larger copies issued back to back pay "
+                "it fewer times")
+    return f"across its {ops:g} GPU ops, {what}: fuse them or capture them as one CUDA graph"
+
+
+def _preparation_advice(wait: float, copies: dict, copies_lead: bool, staging: str) -> str:
+    """The GPU idle before the stage's first op. For a stage that moves its data: how its inputs reached the
+    copies, from the capture (each copy's host memory) and the stage's own account of its staging."""
+    if not copies_lead:
+        return (f"{wait:,.1f} us of host work before its first GPU op: do it once, outside the timed path, or "
+                "while earlier GPU work runs")
+    htod = copies.get("HtoD", {})
+    n, pageable = htod.get("count", 0), htod.get("pageable", 0)
+    text = f"the GPU waits {wait:,.1f} us for the first copy while the host prepares the inputs"
+    if staging.startswith("pinned"):
+        text += f" (by the stage's own account the host first copies them into pinned staging buffers: {staging})"
+    elif staging:
+        text += f" (the stage's staging: {staging})"
+    if pageable:
+        return (f"{text}; {pageable:g} of its {n:g} host->device copies read pageable memory: keep those host "
+                "arrays in pinned memory")
+    if n:
+        per_call = ", one DMA per call" if htod.get("calls") == n else ""
+        text += (f"; its {n:g} host->device copies already read pinned memory{per_call}, so only inputs "
+                 "that arrive pinned (a loader reading into pinned buffers) or stay on the device between runs "
+                 "take this wait away")
+    return text
+
+
 def copy_bound(s: dict) -> bool:
     """A stage (summary entry) whose own copies take longer than its kernels."""
     return s["memcpy_us"] > s["kernel_us"]
 
 
-def answers(iteration: dict, stages: list[dict], findings: list[dict]) -> tuple[str, str]:
+def mid_plan_sync_us(stages: list[dict], terminal: set) -> float:
+    """GPU idle around the host reads of the stages that do not hand back the result (summarise() entries): what
+    removing round trips can save. The output stage's read of the result stays, and the iteration's own figure
+    also holds the time after the last stage closes, which is the profiler's (its end-of-run record and wait)."""
+    return sum(s["idle_us"]["sync_wait"] for s in stages if s["name"] not in terminal and s["syncs"])
+
+
+def answers(iteration: dict, stages: list[dict], findings: list[dict], stage_info: dict | None = None,
+            terminal: set | None = None) -> tuple[str, str]:
     """The audit's two questions, answered from the accounting of the whole iteration.
 
-    ``iteration`` and ``stages`` are analysis.timeline.summarise() entries (microseconds)."""
+    ``iteration`` and ``stages`` are analysis.timeline.summarise() entries (microseconds); ``stage_info`` and
+    ``terminal`` as audit() takes them (no stage hands back the result when ``terminal`` is None)."""
+    terminal = terminal or set()
     span, busy = iteration["span_us"], iteration["busy_us"]
     idle = iteration["idle_us"]
     ranked = sorted(((v, c) for c, v in idle.items() if v > 0), reverse=True)
@@ -139,7 +217,10 @@ def answers(iteration: dict, stages: list[dict], findings: list[dict]) -> tuple[
               f"the rest is {', '.join(parts)}" + ("; findings: " + "; ".join(f"{r} ({', '.join(st)})"
                                                                              for r, st in rules.items())
                                                   if rules else "") + ".")
-    top = ranked[0][1] if ranked else None
+    # The result's read is no round trip to remove: where it is the only one, the next cause is the change to make.
+    mid = mid_plan_sync_us(stages, terminal)
+    actionable = [c for v, c in ranked if c != "sync_wait" or mid >= 0.05]
+    top = actionable[0] if actionable else None
     by = lambda key: max(stages, key=lambda s: s[key]) if stages else None  # noqa: E731
     if share >= 70 or top is None:
         s = by("kernel_us")
@@ -147,16 +228,17 @@ def answers(iteration: dict, stages: list[dict], findings: list[dict]) -> tuple[
               f"{s['name']} ({s['kernel_us']:,.1f} us of kernels; run --prof_type ncu)." if s else
               "None needed for the plan's shape.")
     elif top == "sync_wait":
-        s = max(stages, key=lambda s: s["idle_us"]["sync_wait"])
+        s = max((s for s in stages if s["name"] not in terminal), key=lambda s: s["idle_us"]["sync_wait"])
         q2 = ("Remove the mid-plan host reads: size outputs from upper bounds or keep counts on the device, so "
               f"the plan is issued without a round trip (largest in {s['name']}, "
               f"{s['idle_us']['sync_wait']:,.1f} us). With no host read left the plan can be captured as one CUDA graph.")
     elif top in ("launch_gap", "launch_latency", "before_first_op") and copy_bound(
             s := max(stages, key=lambda s: sum(s["idle_us"].values()))):
-        q2 = (f"Stage the inputs once: {s['name']} moves its data with copies and spends "
-              f"{sum(s['idle_us'].values()):,.1f} us per iteration with the GPU idle around them (host-side "
-              "staging between copies). Keep the host arrays in pinned memory and issue the copies asynchronously "
-              "on a second stream so they overlap the first stages' compute.")
+        # Its largest cause only, in the audit's words for it: what the capture and the stage's staging show.
+        advice = host_time_advice(s["idle_us"], s["ops"], s["syncs"], s.get("copies", {}), True,
+                                  ((stage_info or {}).get(s["name"]) or {}).get("staging", ""), most=1)
+        q2 = (f"Get the inputs to the GPU without it waiting: {s['name']} moves its data with copies and spends "
+              f"{sum(s['idle_us'].values()):,.1f} us per iteration with the GPU idle around them; {advice}.")
     elif top in ("launch_gap", "launch_latency"):
         s = max(stages, key=lambda s: s["idle_us"]["launch_gap"] + s["idle_us"]["launch_latency"])
         q2 = (f"Issue fewer, larger launches: {iteration['ops']:g} GPU ops are issued one by one per iteration; "

@@ -135,7 +135,17 @@ class Accountant:
         after = [i for i in range(lo, hi) if self.is_mark[i] and self.api_tid[i] == tid and self.api_start[i] >= e]
         return (int(self.api_end[before[-1]]) if before else s), (int(self.api_end[after[0]]) if after else e)
 
-    def account(self, name: str, domain: str, s: int, e: int, tid: int, event_marks: bool = False) -> dict:
+    def _inner_marks(self, tid: int, s: int, e: int) -> tuple[int, int]:
+        """Where the first and last CUDA event records inside [s, e) on the thread were issued: a range that holds
+        other marked ranges (the iteration) is timed from its first record to its last, so its time before the
+        first and after the last is no part of its event time. The range's own edges where it holds none."""
+        idx = self._api_in(tid, s, e)
+        marks = idx[self.is_mark[idx]]
+        return (int(self.api_end[marks[0]]), int(self.api_end[marks[-1]])) if len(marks) else (s, e)
+
+    def account(self, name: str, domain: str, s: int, e: int, tid: int, event_marks: str | bool = False) -> dict:
+        """``event_marks``: where the CUDA event records that time the range sit: "outside" (True) just outside its
+        edges, "inside" its first and last within it; False: none, the estimate runs from edge to edge."""
         s, e, tid = int(s), int(e), int(tid)
         api_idx = self._api_in(tid, s, e)
         own = sorted((i for c in self.api_corr[api_idx].tolist() for i in self.ops_by_corr.get(int(c), ())),
@@ -156,9 +166,14 @@ class Accountant:
         kinds = ops["kind"].to_numpy()[own] if own else np.array([])
         dur = (self.op_end[own] - self.op_start[own]) if own else np.array([], dtype=np.int64)
         last_end = int(self.op_end[own].max()) if own else e
-        ms, me = self._event_marks(tid, s, e) if event_marks else (s, e)
+        ms, me = (self._inner_marks(tid, s, e) if event_marks == "inside" else
+                  self._event_marks(tid, s, e) if event_marks else (s, e))
         earlier = np.nonzero((self.op_launch < ms) & (self.op_end > ms) & self.op_attributed)[0]
         gpu_free_at = max(ms, int(self.op_end[earlier].max())) if len(earlier) else ms
+        # The closing record fires once the range's ops issued before it have run: the later of the two ends,
+        # never their sum (the record's issue lies inside the GPU's overrun when the GPU ends later).
+        closing = [i for i in own if self.op_launch[i] < me]
+        event_end = max(me, int(self.op_end[closing].max())) if closing else me
         rec = {
             "name": name, "domain": domain, "start_ns": s, "end_ns": e, "tid": tid, "span_ns": e - s,
             "busy_ns": busy, "busy_own_ns": busy_own, "busy_earlier_ns": busy - busy_own,
@@ -172,10 +187,14 @@ class Accountant:
             "short_kernels": int(((kinds == "kernel") & (dur < SHORT_KERNEL_NS)).sum()) if own else 0,
             "launch_latency_med_ns": float(np.median(self.op_start[own] - self.op_launch[own])) if own else None,
             # What CUDA events recorded at the range's edges would measure: from the moment the GPU is
-            # free of earlier work to the end of the later of the host leaving and the own ops finishing.
-            "event_estimate_ns": max(me, last_end) - gpu_free_at,
+            # free of earlier work to the later of the closing record's issue and the own ops finishing. It is
+            # span + event_open - queued_behind_earlier + event_close, exactly: the report's parts of the gap.
+            "event_estimate_ns": event_end - gpu_free_at,
             "queued_behind_earlier_ns": gpu_free_at - ms,
-            "event_marks_outside_ns": (s - ms) + (me - e),
+            "event_marks_outside_ns": max(0, s - ms) + max(0, me - e),
+            "event_open_ns": s - ms,                # < 0: the opening record lies inside the range
+            "event_close_ns": event_end - e,        # < 0: the timing ends before the range closes
+            "event_close_by_gpu": event_end > me,   # the own ops, not the record's issue, end the timing
             "syncs": [self._sync_doc(i) for i in syncs.tolist()],
             "copies": self._copies(own),
             "d2h_launches_ns": [int(self.op_launch[i]) for i in own if ops["copy"].iat[i] == "DtoH"],
@@ -218,10 +237,14 @@ class Accountant:
         if not own:
             return out
         ops = self.tl.ops.iloc[own]
+        calls: dict[str, set] = {}
         for r in ops[ops["kind"] == "memcpy"].itertuples():
-            d = out.setdefault(r.copy or "other", {"count": 0, "bytes": 0, "ns": 0, "pageable": 0,
+            d = out.setdefault(r.copy or "other", {"count": 0, "calls": 0, "bytes": 0, "ns": 0, "pageable": 0,
                                                    "pageable_bytes": 0})
             d["count"] += 1
+            # API calls behind the copies: a copy the driver splits shows as more copies than calls.
+            calls.setdefault(r.copy or "other", set()).add(int(r.corr))
+            d["calls"] = len(calls[r.copy or "other"])
             d["bytes"] += int(r.bytes)
             d["ns"] += int(r.end - r.start)
             if r.host_mem == "pageable":
@@ -234,7 +257,8 @@ def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_ma
     """Every range instance (optionally of one domain / some names), in start order, numbered per name.
 
     ``event_marks``: the leaf ranges are bracketed by CUDA event records (as this project's recorder
-    does), so their event-time estimate starts and ends at those records rather than at the range's edges."""
+    does), so their event-time estimate starts and ends at those records rather than at the range's edges; a
+    range holding leaves (the iteration) is timed from its first record inside it to its last."""
     acc = Accountant(tl)
     rows = tl.ranges
     if domain is not None:
@@ -254,7 +278,8 @@ def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_ma
         inner = (tids == r.tid) & (starts >= r.start) & (ends <= r.end) & (doms == r.domain)
         inner[j] = False
         leaf = not inner.any()
-        rec = acc.account(r.name, r.domain, r.start, r.end, r.tid, event_marks and leaf)
+        rec = acc.account(r.name, r.domain, r.start, r.end, r.tid, ("outside" if leaf else "inside") if event_marks
+                          else False)
         rec["leaf"] = leaf
         rec["instance"] = seen.get(key, 0)
         seen[key] = rec["instance"] + 1
@@ -288,6 +313,7 @@ def summarise(instances: list[dict]) -> list[dict]:
         spans = [r["span_ns"] / 1e3 for r in recs]
         r = median_instance(recs)
         med = r["span_ns"] / 1e3
+        mid = statistics.median(spans)     # the spread is over every span: relative to their median, not one's
         errs = [abs(x["accounted_ns"] - x["span_ns"]) / x["span_ns"] for x in recs if x["span_ns"]]
         out.append({
             "name": name, "domain": domain, "instances": len(recs), "median_instance": r["instance"],
@@ -302,10 +328,12 @@ def summarise(instances: list[dict]) -> list[dict]:
             "event_estimate_us": r["event_estimate_ns"] / 1e3,
             "queued_behind_earlier_us": r["queued_behind_earlier_ns"] / 1e3,
             "event_marks_outside_us": r["event_marks_outside_ns"] / 1e3,
-            "syncs": len(r["syncs"]),
-            "span_spread": {"median_us": statistics.median(spans), "min_us": min(spans), "max_us": max(spans),
+            "event_open_us": r["event_open_ns"] / 1e3, "event_close_us": r["event_close_ns"] / 1e3,
+            "event_close_by_gpu": r["event_close_by_gpu"],
+            "syncs": len(r["syncs"]), "copies": r["copies"],
+            "span_spread": {"median_us": mid, "min_us": min(spans), "max_us": max(spans),
                             "stdev_us": statistics.stdev(spans) if len(spans) > 1 else 0.0,
-                            "rel_stdev": (statistics.stdev(spans) / med) if len(spans) > 1 and med else 0.0,
+                            "rel_stdev": (statistics.stdev(spans) / mid) if len(spans) > 1 and mid else 0.0,
                             "robust_rel_spread": robust_rel_spread(spans) if spans else 0.0},
             "accounting_max_error_pct": 100 * max(errs) if errs else 0.0,
         })

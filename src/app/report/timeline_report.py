@@ -2,7 +2,7 @@
 with CUDA-event timing, launches, the audit and its two questions."""
 from __future__ import annotations
 
-from app.analysis.audit import copy_bound
+from app.analysis.audit import copy_bound, mid_plan_sync_us
 from app.analysis.baseline import other_backend
 from app.analysis.timeline import CAUSE_TEXT, CAUSES, time_outside_stages
 from app.report.baseline import baseline_section, mismatch_warning
@@ -20,11 +20,10 @@ OPPORTUNITY = {
     "sync_wait": "Remove the synchronization round trips (upper-bound allocations or device-side sizes)",
     "launch_gap": "Cut host launch overhead (fuse launch-bound kernels or replay a CUDA graph)",
     "launch_latency": "Cut launch latency (fewer, larger launches or a CUDA graph)",
-    "before_first_op": "Take host preparation off the critical path (pinned staging, overlapped copies)",
+    "before_first_op": "Take host preparation off the critical path (do it once, or while earlier GPU work runs)",
     "after_last_op": "Shrink host work after the last GPU op of each stage",
     "no_gpu_work": "Move host-only work to the GPU or out of the timed path",
-    "staging": "Stage inputs in pinned memory once and overlap the copies with compute (the host stages data "
-               "between copies)",
+    "staging": "Take the host's work before and between the copies off the critical path",
 }
 STAGING_CAUSES = ("launch_gap", "before_first_op")
 
@@ -48,8 +47,31 @@ def stage_bottleneck(s: dict) -> str:
         return f"{kind} (busy {100 * share:.0f}%)"
     top = max(CAUSES, key=lambda c: s["idle_us"][c])
     if copy_bound(s) and top in STAGING_CAUSES:
-        return f"Host-staging-bound (copies wait for the host), busy {100 * share:.0f}%"
+        # Which of the two the capture shows: the wait before the first copy, or gaps between the copies.
+        v = s["idle_us"][top]
+        where = (f"the GPU waits {v:,.1f} us for the host before the first copy" if top == "before_first_op" else
+                 f"{v:,.1f} us of host gaps between the copies")
+        return f"Host-bound around its copies ({where}), busy {100 * share:.0f}%"
     return f"{BOTTLENECK[top]}, busy {100 * share:.0f}%"
+
+
+def staging_opportunity(s: dict, staging: str = "") -> str:
+    """The advice for a stage that moves its data with copies and waits on the host around them, from what its
+    capture shows (each copy's host memory, the gaps between copies) and the stage's own account of its staging:
+    pinned memory is advised only where a copy read pageable memory."""
+    htod = (s.get("copies") or {}).get("HtoD", {})
+    n, pageable = htod.get("count", 0), htod.get("pageable", 0)
+    gap = s["idle_us"]["launch_gap"]
+    back = f" and issue the copies back to back ({gap:,.1f} us of host gaps between them)" if gap >= 0.05 else ""
+    if pageable:
+        return (f"Keep the host arrays in pinned memory ({pageable:g} of {n:g} host->device copies read pageable "
+                "memory)" + back)
+    if not n:
+        return OPPORTUNITY["staging"]
+    how = (", by the stage's own account copying them into pinned staging buffers" if staging.startswith("pinned")
+           else "")
+    return (f"Hand the stage its inputs already pinned or on the device (the GPU waits for the host to prepare them "
+            f"before the first copy{how}, and its {n:g} copies already read pinned memory)" + back)
 
 
 def _key_issue(s: dict) -> str:
@@ -101,30 +123,42 @@ def audit_section(findings: list[dict]) -> Section:
                    rows=[[f["severity"], f["rule"], f["stage"], f["evidence"], f["advice"]] for f in findings])
 
 
-def _reconcile_cause(s: dict, event: float, outside: float = 0.0) -> str:
-    """Why a range's event time and its span differ; ``outside``: for the iteration, its time outside every stage
-    range, which its events (the first stage's start to the last stage's end) do not cover."""
+def event_gap_parts(s: dict, event: float) -> list[tuple[float, str]]:
+    """Why a range's event time and its span differ, as (us, reason) parts that add up to event - span at the
+    report's precision (0.1 us): the capture's estimate splits into where the timing starts and ends against the
+    range and the earlier work it waits for (they add up to the estimate's own gap, exactly), and what the
+    estimate misses is the last part. Each part is rounded as shown, and the last takes the rounding, so the
+    parts shown sum to the difference shown."""
+    open_, close = s.get("event_open_us", 0.0), s.get("event_close_us", 0.0)
+    parts = []
+    if open_ >= 0:
+        parts.append((open_, "from the CUDA event record that starts the timing to the range's start"))
+    else:
+        parts.append((open_, "host time in the range before its first CUDA event record, where the timing starts"))
+    parts.append((-s["queued_behind_earlier_us"], "the GPU was still running earlier work when that record was "
+                                                  "issued"))
+    if close < 0:
+        parts.append((close, "time in the range after its last CUDA event record fired and its GPU work was done "
+                             "(the host finishing the run)"))
+    elif s.get("event_close_by_gpu"):
+        parts.append((close, "the range's GPU work finished after the host left the range (the closing event "
+                             "record, issued sooner, waits for it)"))
+    else:
+        parts.append((close, "from the range's end to the CUDA event record that ends the timing"))
+    shown = [(round(v, 1), why) for v, why in parts if abs(round(v, 1)) >= 0.1]
+    residual = round(round(event - s["span_us"], 1) - sum(v for v, _ in shown), 1)
+    if abs(residual) >= 0.1:
+        shown.append((residual, "not explained by the trace (the event time is every iteration's median, the "
+                                "estimate this instance's)"))
+    return shown
+
+
+def _reconcile_cause(s: dict, event: float) -> str:
     span = s["span_us"]
-    diff = event - span
     if span <= 0:
         return "-"
-    if abs(diff) <= 0.05 * span:
-        return "agree within 5%"
-    parts = []
-    if s.get("event_marks_outside_us", 0) > 0.01 * span:
-        parts.append(f"+{s['event_marks_outside_us']:,.1f} us: issuing the CUDA event records that bracket the range")
-    if s["gpu_after_end_us"] > 0.01 * span:
-        parts.append(f"+{s['gpu_after_end_us']:,.1f} us: the stage's GPU work finished after the host left the range")
-    if s["queued_behind_earlier_us"] > 0.01 * span:
-        parts.append(f"-{s['queued_behind_earlier_us']:,.1f} us: the GPU was still running earlier work when the "
-                     "range opened")
-    if outside > 0.01 * span:
-        parts.append(f"-{outside:,.1f} us: the iteration's time outside every stage range, which its events (first "
-                     "stage's start to last stage's end) leave out")
-    residual = event - (s["event_estimate_us"] - outside)
-    if abs(residual) > 0.05 * span:
-        parts.append(f"{residual:+,.1f} us not explained by the trace (GPU-side event latency)")
-    return "; ".join(parts) or "within the trace's estimate"
+    said = "; ".join(f"{v:+,.1f} us: {why}" for v, why in event_gap_parts(s, event)) or "equal"
+    return f"agree within 5%: {said}" if abs(event - span) <= 0.05 * span else said
 
 
 def _outside_stages(analysis: dict) -> float:
@@ -143,17 +177,19 @@ def reconciliation_section(analysis: dict) -> Section:
     rows = []
     for s in [analysis["iteration"]] + analysis["stages"]:
         event = analysis["event_us"][s["name"]]
-        outside = _outside_stages(analysis) if s is analysis["iteration"] else 0.0
         rows.append([s["name"], fmt(event), fmt(s["span_us"]), fmt(s["busy_us"]), fmt(s["event_estimate_us"]),
-                     f"{event - s['span_us']:+,.1f}", _reconcile_cause(s, event, outside)])
+                     f"{event - s['span_us']:+,.1f}", _reconcile_cause(s, event)])
     return Section("Event time vs span vs GPU busy", columns=[
         "Range", "Event (us)", "Span (us)", "GPU busy (us)", "Event from trace (us)", "Event - span", "Why"],
         rows=rows, note=(
             "Event = CUDA events recorded on the stream at the stage's edges, in the same iterations (what event "
             "mode measures). Span = host wall time of the NVTX range. They differ when the GPU runs behind the "
             "host: the end event fires only when the stage's GPU work is done, and the start event waits for "
-            "earlier work still queued. 'Event from trace' predicts the event time from the capture alone; the "
-            "difference from the measured event is the residual."))
+            "earlier work still queued. 'Event from trace' predicts the event time from the capture alone: from "
+            "the event record that starts the timing (the one before a stage's range; the first inside the "
+            "iteration's) to the later of the closing record and the range's GPU work. 'Why' splits Event - span "
+            "into parts that add up to it; the last, where the prediction and the measured event differ, is what "
+            "the trace does not explain."))
 
 
 def _median_words(it: dict) -> str:
@@ -194,15 +230,27 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
              f"cause is {CAUSE_TEXT[top]} ({it['idle_us'][top]:,.1f} us). {worst['name']} loses the most "
              f"({worst['span_us'] - worst['busy_us']:,.1f} us idle of {worst['span_us']:,.1f} us).")
     ops, outside, staged = [], _outside_stages(analysis), []
+    terminal = set(analysis.get("terminal", ()))
     for c in CAUSES:
         v = it["idle_us"][c]
-        if v > 0 and it["span_us"]:
-            where = max(stages, key=lambda s: s["idle_us"][c])
-            if c in STAGING_CAUSES and copy_bound(where):
-                staged.append((v, c, where))       # one piece of advice, however many causes lead to it
+        if c == "sync_wait" and "terminal" in analysis:
+            # Only reads the plan can do without: not the result's, in the stage that hands it back, nor the time
+            # after the last stage closes (the profiler's end of the run), both in the iteration's figure (an H200
+            # join: 54.5 us, its only read the result's length).
+            v = mid_plan_sync_us(stages, terminal)
+            stages_c = [s for s in stages if s["name"] not in terminal]
+        else:
+            stages_c = stages
+        if v > 0 and it["span_us"] and stages_c:
+            where = max(stages_c, key=lambda s: s["idle_us"][c])
+            # One piece of advice, however many causes lead to it; a cause the stage has none of (its max over zeros,
+            # the join's launch gaps all outside the stages) is not its to advise on.
+            if c in STAGING_CAUSES and copy_bound(where) and where["idle_us"][c] >= 0.05:
+                staged.append((v, c, where))
                 continue
+            scope = " in the stages before the result's" if c == "sync_wait" and "terminal" in analysis else ""
             ops.append((v, f"{OPPORTUNITY[c]}; {_where_idle(c, where, outside)} — est. {100 * v / it['span_us']:.0f}% "
-                           f"gain — trigger: {c}={v:,.1f}us per iteration"))
+                           f"gain — trigger: {c}={v:,.1f}us per iteration{scope}"))
     if staged:
         # The host staging its copies shows as two idle causes (the gap before a build's first copy, the gaps
         # between its copies): listed apart, the same advice took two of the three places (an H200 join: 36% and
@@ -216,7 +264,9 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
             place, v = f"the stage with the most of them {where['name']} ({own:,.1f} us of its own span)", min(v, own)
         else:
             place = _where_idle(c, where, outside)
-        ops.append((v, f"{OPPORTUNITY['staging']}; {place} — est. "
+        staging = next((str(x["metadata"].get("staging", "")) for x in trace["stages"] if x["name"] == where["name"]),
+                       "")
+        ops.append((v, f"{staging_opportunity(where, staging)}; {place} — est. "
                        f"{100 * v / it['span_us']:.0f}% gain — trigger: "
                        + ", ".join(f"{c}={x:,.1f}us" for x, c, _ in staged) + " per iteration"))
     k = max(stages, key=lambda s: s["kernel_us"])
@@ -224,7 +274,7 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
                                 f"gain at most — trigger: kernel_us={k['kernel_us']:,.1f}"))
     ops = [t for _, t in sorted(ops, reverse=True)][:3]
     clocks = params.get("clocks", {})
-    backend = tool["backend"] + (f" {tool['version']}" if tool.get("version") else "")
+    backend = backend_text(tool, analysis.get("capture", {}))
     config_cols = list(trace["metadata"]["params"]) + ["device", "backend", "iterations", "clocks"]
     config = [fmt(v) for v in trace["metadata"]["params"].values()] + [
         trace["device"]["name"], backend, it["instances"], clock_cell(clocks)]
@@ -270,6 +320,18 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         headline = f"**CPU fallback or planner override: ran on {trace['selected_runtime']}.** " + headline
     # a wrong or unverified output leads the report, above every figure it times
     return render(trace["kernel"], trace["version"], with_verification_headline(trace, headline), sections)
+
+
+def backend_text(tool: dict, capture: dict) -> str:
+    """The tracer and its version as the capture records it (the exporter's EXPORT_PRODUCT_VERSION); where the
+    `nsys --version` this tool ran says another, both, each named: on an H200 host the nsys bundled with Nsight
+    Compute printed 2025.3.1.0 while its captures recorded 2025.3.2.0."""
+    ran = tool.get("version")
+    recorded = capture.get("nsys_version") if tool.get("backend") == "nsys" else None
+    if recorded and ran and recorded != ran:
+        return f"nsys {recorded} (as the capture records it; `nsys --version` printed {ran})"
+    version = recorded or ran
+    return tool["backend"] + (f" {version}" if version else "")
 
 
 def _baseline_warning(trace: dict, baseline: dict | None) -> str:
@@ -330,7 +392,7 @@ def _copies(trace) -> Section:
 
 def _capture_rows(trace, analysis) -> list[list]:
     cap, tool = analysis["capture"], trace["metadata"]["tool"]
-    rows = [["source", cap["source"]], ["tool", f"{tool['backend']} {tool.get('version') or ''}".strip()],
+    rows = [["source", cap["source"]], ["tool", backend_text(tool, cap)],
             ["GPU ops in capture", f"{cap['ops']:,} ({cap['kernels']:,} kernels, {cap['memcpys']:,} memcpy, "
                                    f"{cap['memsets']:,} memset)"],
             ["GPU ops with no API record", cap["ops_without_api_record"]],

@@ -203,13 +203,17 @@ def analyse_plan(plan, tl: Timeline, worker: dict) -> dict:
                                    if s["name"] == n) * 1e6 for n in names}
     events[PROFILE_RANGE] = statistics.median(it["total_seconds"] for it in worker["iterations"]) * 1e6
     by_name = {s["name"]: s for s in worker["stages"]}
-    stage_info = {n: {"category": by_name[n]["category"], "device": by_name[n]["device"]} for n in names}
+    # The stage's own account of how it staged its inputs: the capture shows each copy's host memory, not the
+    # host's copy into pinned buffers before the first of them.
+    stage_info = {n: {"category": by_name[n]["category"], "device": by_name[n]["device"],
+                      "staging": str(by_name[n].get("meta", {}).get("staging", ""))} for n in names}
     terminal = {names[-1]} | {n for n in names if stage_info[n]["category"] == "emit"}
     findings = audit([r for r in instances if r["name"] in names], stage_info, terminal)
     stages = [summ[n] for n in names]
-    q1, q2 = answers(summ[PROFILE_RANGE], stages, findings)
+    q1, q2 = answers(summ[PROFILE_RANGE], stages, findings, stage_info, terminal)
     return {"instances": instances, "iterations": iterations, "iteration": summ[PROFILE_RANGE], "stages": stages,
-            "event_us": events, "findings": findings, "answers": [q1, q2], "capture": capture_summary(tl)}
+            "event_us": events, "findings": findings, "answers": [q1, q2], "capture": capture_summary(tl),
+            "terminal": sorted(terminal)}
 
 
 def nsys_trace(plan, worker, analysis, tool) -> dict:
