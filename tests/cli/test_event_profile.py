@@ -76,6 +76,10 @@ def test_end_to_end_and_the_repeat_come_from_the_runs_of_the_overhead_pairs(prof
     tm = trace["timing"]
     e2e, pairs = tm["end_to_end"], tm["instrumentation"]
     assert e2e["runs"] == pairs["pairs"]
+    # Every run behind these figures is in the trace, and gives them again.
+    assert len(e2e["samples"]) == len(pairs["samples"]["bare"]) == len(pairs["samples"]["marked"]) == pairs["pairs"]
+    assert statistics.median(e2e["samples"]) == e2e["median"]
+    assert statistics.median(pairs["samples"]["bare"]) == pairs["bare_median_seconds"]
     if device == "gpu":     # the bare runs copied their result back: on the host clock, never less than their marks
         assert e2e["bare_median_seconds"] == pairs["bare_median_seconds"] <= e2e["median"]
         assert f"; the bare plan of the same runs {pairs['bare_median_seconds'] * 1e6:,.1f} (median of " \

@@ -168,3 +168,13 @@ def test_the_overhead_pairs_run_the_one_mark_runs_in_their_rounds_on_a_real_cpu_
     assert math.isclose(got["stage_sum_seconds"], sum(s["seconds"] for s in got["stages"]))
     assert got["stages"][0]["seconds"] > 0 and got["overhead_fraction"] is not None
     assert all(s["marked_seconds"] > 0 for s in got["stages"]) and got["marked_median_seconds"] > 0
+    # The trace keeps every run these figures come from, and they give the same figures again.
+    kept = got["samples"]
+    assert len(kept) == 12 and all(len(r["to_boundary"]) == len(r["one_mark_total"]) == len(names) - 1 for r in kept)
+    rebuilt = [{"bare": r["bare"], "marked_total": r["marked_total"], "marked": r["marked"]}
+               | {k: (r["to_boundary"][k - 1], r["one_mark_total"][k - 1]) for k in range(1, len(names))}
+               for r in kept]
+    assert estimate(names, rebuilt) == {k: v for k, v in got.items() if k not in ("rounds", "stopped", "samples")}
+    pairs = out["samples"]
+    diffs = [m - b for m, b in zip(pairs["marked"], pairs["bare"])]
+    assert len(diffs) == 12 and out["overhead_fraction"] == np.median(diffs) / np.median(pairs["bare"])

@@ -54,7 +54,12 @@ def from_rounds(names: list[str], rounds: list[dict], stopped: str) -> dict:
                 raise RuntimeError(f"the run marked at the end of stage {k} ({names[k - 1]}) recorded no mark there")
             row[k] = (got[k].to_boundary, got[k].total_seconds)
         samples.append(row)
-    return {"rounds": len(samples), "stopped": stopped} | estimate(names, samples)
+    # The rounds' runs as the estimate reads them, kept so that every figure it gives can be worked out again:
+    # "to_boundary" and "one_mark_total" hold the run marked at the end of stage k (k = 1 .. n-1) at index k - 1.
+    kept = [{"bare": r["bare"], "marked_total": r["marked_total"], "marked": r["marked"],
+             "to_boundary": [r[k][0] for k in range(1, len(names))],
+             "one_mark_total": [r[k][1] for k in range(1, len(names))]} for r in samples]
+    return {"rounds": len(samples), "stopped": stopped} | estimate(names, samples) | {"samples": kept}
 
 
 def estimate(names: list[str], samples: list[dict]) -> dict:

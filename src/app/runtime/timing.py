@@ -255,6 +255,8 @@ def instrumentation_overhead(run_instrumented, run_bare, flush: L2Flush, pairs: 
             "overhead_fraction": statistics.median(diffs) / b if b > 0 else 0.0,
             "overhead_ci95": [lo / b, hi / b] if b > 0 else [0.0, 0.0],
             "stopped": stopped, "target_ci": target_ci, "settle_rounds": settle_rounds,
+            # Each pair's two runs, in the pairs' order: every figure above can be worked out again from them.
+            "samples": {"marked": marked, "bare": bare},
             **({"rounds": rounds} if others else {}),
             **({"end_to_end": end_to_end(bare_records)}
                if bare_records and all(r.end_to_end_seconds is not None for r in bare_records) else {}),
@@ -300,7 +302,7 @@ def end_to_end(records: list) -> dict:
     plan (their own clock marks)."""
     times = [r.end_to_end_seconds for r in records]
     lo, hi = median_interval(times)
-    return {"median": statistics.median(times), "median_ci95": [lo, hi], "runs": len(times),
+    return {"median": statistics.median(times), "median_ci95": [lo, hi], "runs": len(times), "samples": times,
             "bare_median_seconds": statistics.median(r.total_seconds for r in records),
             "how": "host clock around the bare plan (no per-stage marks) and the copy of its result to host arrays; "
                    "the bare runs of the instrumentation pairs, so the bare plan's figure comes from the same runs"}
