@@ -81,6 +81,44 @@ def test_rule_gains_never_come_from_impossible_or_missing_readings(capture):
     assert all(r[0] == "-" for r in _rules_section(unstaged).rows)
 
 
+def test_an_occupancy_rule_on_a_grid_under_one_wave_gets_the_tools_note(capture):
+    """ncu's AchievedOccupancy rule puts the gap to the theoretical occupancy down to scheduling overheads or
+    imbalance. Where the grid is under one wave the tool says beside it what caps the occupancy: join's point_cells
+    runs 79 blocks on 132 SMs, one a busy SM of the 8 it could hold, a cap of 12% of the theoretical (ncu measured
+    10.1% of 100%). Every cap it gives bounds the capture's own figures; a grid of a wave or more gets no note."""
+    import re
+
+    raw, _, rules = capture
+    section = _rules_section(rules, raw)
+    rows = {(r[1], r[3]): r[5] for r in section.rows}
+    note = rows[("point_cells", "AchievedOccupancy")]
+    assert note.startswith("This tool: its 79 blocks are under one wave on 132 SMs, 1.0 a busy SM of the 8 it could "
+                           "hold: that caps achieved occupancy at about 12% of the theoretical")
+    assert "NCU: The difference between calculated theoretical" in note
+    noted = [r for r in section.rows if r[3] == "AchievedOccupancy" and r[5].startswith("This tool:")]
+    assert len(noted) == 16                  # every kernel of join v2 at 20k x 2k is under one wave
+    assert rows[("init_run", "AchievedOccupancy")].startswith("This tool: its 1 block is under one wave")
+    names = [s.name for s in get_plan_class("overlay", "v3")().stages]
+    raw3, _ = parse_raw(fixture_text("ncu/overlay_v3.full.raw.csv"))
+    _, rules3 = parse_details(fixture_text("ncu/overlay_v3.full.details.csv"))
+    section3 = _rules_section(rules3.assign(stage=attribute_stages(rules3, "overlay", names)), raw3)
+    for r in noted + [r for r in section3.rows if r[3] == "AchievedOccupancy" and r[5].startswith("This tool:")]:
+        cap = float(re.search(r"at about (\d+)% of the theoretical", r[5]).group(1))
+        theory, achieved = (float(x) for x in re.search(r"theoretical \(([\d.]+)%\) and measured achieved "
+                                                        r"occupancy \(([\d.]+)%\)", r[5]).groups())
+        assert 100 * achieved / theory <= cap + 1, r[1]          # the cap, rounded, bounds what ncu measured
+    ops = _rule_ops(rules, raw, kernel_table(raw, "join", STAGES, "NVIDIA H200"))
+    op = next(o for o in ops if o["name"] == "AchievedOccupancy in morton_sort (point_cells)")
+    assert "(this tool: its 79 blocks are under one wave" in op["trigger"]
+    assert all("this tool" not in r[5] for r in section.rows if r[3] != "AchievedOccupancy")
+    assert all(not r[5].startswith("This tool") for r in _rules_section(rules).rows)       # no raw page, no note
+
+    rows3 = {r[1]: r[5] for r in section3.rows if r[3] == "AchievedOccupancy"}
+    assert not rows3["edge_pairs_warp"].startswith("This tool")          # 599 blocks, 1.13 waves
+    assert not rows3["bucket_sort"].startswith("This tool")              # 528 blocks, one full wave
+    assert rows3["area_rings_flip"].startswith("This tool: its 225 blocks")
+
+
 def test_rules_table_verbose_report_and_sass_listing(capture):
     _, metrics, rules = capture
     section = _rules_section(rules)

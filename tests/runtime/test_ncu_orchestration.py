@@ -57,6 +57,11 @@ def test_annotation_profile_from_replayed_capture(tmp_path, capsys):
                     "## Device", "](roofline.png)", "](bandwidth.png)"):
         assert heading in report, heading
     assert "Output matches shapely" in report
+    # The report says ncu empties the caches before each kernel (its default --cache-control all) and judges locality
+    # by it: the command must leave that default in place.
+    command = trace["metadata"]["tool"]["command"]
+    assert "--cache-control" not in command or command[command.index("--cache-control") + 1] == "all"
+    assert "--cache-control all, its default, which this tool keeps" in report
     err = capsys.readouterr().err
     assert '==PROF== Profiling "join"' in err                  # progress reached the user
 
@@ -153,12 +158,15 @@ def _one_error_line(capsys) -> str:
     return err[0]
 
 
-def _replayed_kernels():
-    """The kernel table of the committed capture as made (base units), as annotation mode computes it."""
+def _replayed_kernels(trace: dict):
+    """The kernel table of the committed capture as made (base units), as annotation mode computes it: with the cost
+    models of the run that replayed it (``trace``), which decide the locality classes."""
     from app.analysis.kernel_metrics import kernel_table
 
     stages = [s.name for s in get_plan_class("join", "v2")().stages]
-    return kernel_table(parse_raw(fixture_text("ncu/join.annotation.csv"))[0], "join", stages, "NVIDIA H200")
+    model = {s["name"]: s["cost"]["bytes"] for s in trace["stages"] if s["cost"]["kind"] == "dram"}
+    return kernel_table(parse_raw(fixture_text("ncu/join.annotation.csv"))[0], "join", stages, "NVIDIA H200",
+                        model_bytes=model)
 
 
 @pytest.mark.parametrize("mode,column", [("unit-us", "duration_us"), ("unit-ms", "duration_us"),
@@ -173,7 +181,7 @@ def test_a_metric_in_another_unit_is_scaled_not_taken_as_the_base_unit(tmp_path,
     assert main([*ARGS, "--out", str(out)]) == 0
     d = _profile_dir(out, "annotation")
     got = pd.read_csv(d / "kernels.csv")
-    want = _replayed_kernels()
+    want = _replayed_kernels(json.loads((d / "trace.json").read_text()))
     assert got[column].notna().all()
     assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=1e-6)
     assert got["flags"].fillna("").tolist() == want["flags"].tolist()           # nothing above the peak

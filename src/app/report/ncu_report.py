@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 
-from app.analysis.kernel_metrics import DURATION, L2_JUDGE_MIN_BYTES, LOCALITY_MIN_EXCESS, kernel_time, kernel_time_text
+from app.analysis.kernel_metrics import (DURATION, L2_JUDGE_MIN_BYTES, LOCALITY_MIN_EXCESS, kernel_time,
+                                        kernel_time_text, poor_locality)
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, fmt_pct, fmt_reading, render
 from app.report.sections import with_verification_headline
@@ -11,7 +12,8 @@ from app.report.sections import with_verification_headline
 
 GAIN_NOTE = ("Gain = the stage's share of kernel time x an estimate of the part it could recover: "
              "(1 - max(SM%, DRAM%)/100) when latency-bound, 1 - waves/SM when underfilled, 0.5 for occupancy "
-             "< 25%, 0.3 for L2 hit < 80% or spills. Rough, measured inputs; rank, do not promise.")
+             "< 25%, 0.3 for a locality issue (see the Kernels table's note) or spills. Rough, measured inputs; "
+             "rank, do not promise.")
 RULE_NOTE = "Gain = NCU's estimated speedup for the rule x the kernel's share of the iteration's kernel time."
 
 
@@ -25,19 +27,22 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
         cause = f"Not judged: {kernel_time_text(stages)}; the stages' shares of the time are unknown."
     elif len(by_time):
         top = by_time.iloc[0]
-        kind = top["bottleneck"].split(" ")[0]
-        bottleneck = kind.replace("-bound", "").capitalize() + "-bound" if "bound" in kind else kind
+        # The whole class, "+ locality" included: trace.json's summary.bottleneck is this same stage's class.
+        bottleneck = top["bottleneck"][:1].upper() + top["bottleneck"][1:] if "-bound" in top["bottleneck"] \
+            else top["bottleneck"]
         cause = (f"{top['stage']} takes {100 * top['duration_us'] / total:.0f}% of the kernel time at SM "
-                 f"{fmt_pct(top['sm_pct'])}% and DRAM {fmt_pct(top['dram_pct'])}% of peak "
-                 f"(achieved occupancy {fmt_pct(top['achieved_occupancy_pct'])}%, "
-                 f"L2 hit {fmt_pct(top['l2_hit_pct'])}%).")
+                 f"{_pct(top['sm_pct'])} and DRAM {_pct(top['dram_pct'])} of peak "
+                 f"(achieved occupancy {_pct(top['achieved_occupancy_pct'])}, L2 hit {_pct(top['l2_hit_pct'])}).")
     else:
         bottleneck, cause = "n/a", "No stage kernels were profiled."
     rows = []
     for r in stages.itertuples():
         issue = []
-        if r.kernels and not math.isnan(r.l2_hit_pct) and r.l2_hit_pct < 80:
-            issue.append(f"L2 hit {r.l2_hit_pct:.0f}%")
+        # Only where the Kernels table's note calls it a locality issue: a low hit rate alone proves nothing.
+        if r.kernels and poor_locality(r):
+            culprit = _culprit(kernels, r.stage, r.locality_excess)
+            issue.append(f"L2 hit {r.l2_hit_pct:.0f}% ({culprit} moved {r.locality_excess:.2f}x the stage's "
+                         "modelled bytes)")
         if r.kernels and r.local_spill_bytes > 0:
             issue.append(f"{r.local_spill_bytes:,.0f} B spilled")
         if r.kernels and not math.isnan(r.waves_per_sm) and r.waves_per_sm < 1:
@@ -72,25 +77,60 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
                 note=f"L2 hit% marked * was measured on under {L2_JUDGE_MIN_BYTES // 1024} KiB of DRAM traffic: there "
                      "the rate reflects ncu's replay more than the kernel (the two counter modes disagree by up to "
                      "~40 points on such kernels), so no locality class or advice is drawn from it, and a stage's "
-                     "L2 hit% is over its other kernels only. A hit rate under 80% is a locality issue "
-                     f"(\"+ locality\") only where the stage moves more than {LOCALITY_MIN_EXCESS}x its cost "
-                     "model's DRAM bytes (the measured-vs-model table below), or that is unknown: a stage that "
-                     "touches each byte once misses L2 at every first touch, however its accesses are ordered."),
+                     "L2 hit% is over its other kernels only. ncu empties the caches before each kernel it profiles "
+                     "(--cache-control all, its default, which this tool keeps): every kernel misses L2 at each "
+                     "first touch however its accesses are ordered, and the kernels of one stage each read the "
+                     "inputs they share from DRAM again. A hit rate under 80% is therefore a locality issue "
+                     f"(\"+ locality\") only where one kernel on its own moves more than {LOCALITY_MIN_EXCESS}x its "
+                     "stage's cost-model DRAM bytes (\"largest kernel / model\" in the measured-vs-model table "
+                     "below): data it fetched twice. "
+                     "Where that is unknown, no locality class is drawn. GB/s, FLOP/B and % roofline use the DRAM "
+                     "bytes ncu counted while the kernel ran, which leave out most of its writes (see the note "
+                     "under the measured-vs-model table)."),
         _listing("Flagged values (impossible readings, used for no conclusion)", "What was read", kernels, "flags"),
         _listing("Missing readings (shown as n/a, used for no conclusion)", "ncu metrics missing or unreadable",
                  kernels, "missing"),
         Section("DRAM bytes and FLOPs: measured vs cost model",
                 columns=["Stage", "measured MB (ncu)", "cost-model MB", "bytes: measured / model",
-                         "measured MFLOP fp64 (ncu)", "cost-model MFLOP", "FLOPs: measured / model"],
+                         "bytes: largest kernel / model", "measured MFLOP fp64 (ncu)", "cost-model MFLOP",
+                         "FLOPs: measured / model"],
                 rows=[_bytes_row(s) + _flops_row(s) for s in trace["stages"]],
                 note="The cost model counts each byte a stage reads or writes once; host->device copies are not "
-                     "DRAM kernel traffic, and data an earlier stage left in L2 never reaches DRAM (a ratio under "
-                     "1), while re-reads and scattered access move more (over 1). Its FLOPs are the operations it "
+                     "DRAM kernel traffic. ncu empties the caches before each kernel, so every kernel reads its "
+                     "inputs from DRAM, and a stage of several kernels reads the inputs they share once per kernel "
+                     "(over 1 without any kernel fetching twice). A kernel's writes stay in L2 until after ncu "
+                     f"stops counting: {_writes_text(kernels)}, so a ratio under 1 is mostly the model's writes. "
+                     "Its FLOPs are the operations it "
                      "models (orientation filters, shoelace terms); ncu counts every fp64 add, multiply and fused "
                      "multiply-add (as two) the kernels ran, exact fallbacks and other arithmetic included, so a "
                      "ratio far from 1 says the event mode's roofline places that stage by a wrong operation "
                      "count."),
     ]
+
+
+def _pct(v) -> str:
+    """A percentage for a sentence: "n/a", never "n/a%", where the reading is missing or flagged."""
+    text = fmt_pct(v)
+    return text if text == "n/a" else text + "%"
+
+
+def _culprit(kernels, stage: str, excess: float) -> str:
+    """The kernel of ``stage`` whose own DRAM bytes are ``excess`` times the stage's model (a stage's
+    locality_excess)."""
+    k = kernels[(kernels["stage"] == stage) & (kernels["kernel_dram_vs_model"] == excess)]
+    return k["kernel"].iloc[0] if len(k) else "one kernel"
+
+
+def _writes_text(kernels) -> str:
+    """How much of the measured DRAM traffic ncu counted as writes, over the kernels with both readings."""
+    known = kernels[kernels["dram_bytes"].notna() & kernels["dram_write_bytes"].notna()] \
+        if "dram_write_bytes" in kernels else kernels.iloc[:0]
+    total = float(known["dram_bytes"].sum()) if len(known) else 0.0
+    if not total > 0:
+        return "how much of the measured traffic was written is unknown here (dram__bytes_write.sum missing)"
+    writes = float(known["dram_write_bytes"].sum())
+    return (f"dram__bytes_write.sum counted {writes:,.0f} B of the {total / 1e6:,.2f} MB measured here "
+            f"({100 * writes / total:.1f}%), the rest reads")
 
 
 def _gain(op: dict) -> str:
@@ -122,11 +162,13 @@ def _bytes_row(stage: dict) -> list[str]:
     if not stage["ncu"].get("kernels") and (stage.get("cost") or {}).get("kind") == "host_link":
         # the build's bytes are host->device copies, which an ncu capture (kernels only) does not measure
         return [stage["name"], "n/a (copies: ncu captures kernels only)",
-                f"{cost / 1e6:,.2f}" if cost is not None else "n/a", "n/a"]
+                f"{cost / 1e6:,.2f}" if cost is not None else "n/a", "n/a", "n/a"]
+    largest = stage["ncu"].get("kernel_dram_vs_model")
     return [stage["name"],
             f"{measured / 1e6:,.2f}" if measured is not None else "n/a (dram__bytes_read/write.sum missing)",
             f"{cost / 1e6:,.2f}" if cost is not None else "n/a",
-            f"{measured / cost:.2f}" if measured is not None and cost else "n/a"]
+            f"{measured / cost:.2f}" if measured is not None and cost else "n/a",
+            f"{largest:.2f}" if largest is not None else "n/a"]
 
 
 def _l2(k) -> str:

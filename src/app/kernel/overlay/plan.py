@@ -108,8 +108,12 @@ class OverlayPlan(KernelPlan):
                         note="read coordinates and offsets; write each ring's area and box and each polygon's bbox; "
                              f"{SHOELACE_FLOPS} flops an edge (its shoelace term)")
         if stage == "segment_mbr_filter":
-            return Cost(g * 32 + meta.get("polygon_pairs", 0) * 8 + rows_out * 12,
-                        note="bboxes, polygon pairs, candidate segment pairs out")
+            # The edge-pair filter reads both polygons' coordinates for every polygon pair (6.9 MB of DRAM reads in
+            # edge_pairs_warp at 10k x 10k on an H200, against 6.55 MB of coordinates).
+            pairs = meta.get("polygon_pairs", 0)
+            return Cost(g * 32 + pairs * 8 + rows_out * 12 + _pair_coords(pairs, inputs) * 16,
+                        note="bboxes, polygon pairs, each pair's coordinates (each at most once), candidate segment "
+                             "pairs out")
         if stage == "exact_intersection_refine":
             # A crossing's parameters are most of the FLOPs: at 2k x 2k the filters alone were 0.28 of ncu's count.
             proper = meta.get("proper", 0)
@@ -120,9 +124,15 @@ class OverlayPlan(KernelPlan):
         if stage == "reconstruction_event_sort":
             return Cost(rows_in * 12 * 2, note="one read+write pass over the events")
         if stage == "area_reconstruction":
-            return Cost(meta.get("slots", 0) * 32 + meta.get("pip_tests", 0) * 16 + rows_out * 16,
+            # rows_in is the polygon pairs on both backends (neither reports the pairs' edge slots in this stage's
+            # metadata). Each pair's rings are cut along their edges or tested whole: their coordinates and ring
+            # tables (offsets, doubled area, box: 44 bytes a ring) are read, each at most once.
+            rings = inputs.left.n_rings + inputs.right.n_rings
+            return Cost(_pair_coords(rows_in, inputs) * 16 + rings * 44 + rows_in * 8
+                        + meta.get("pip_tests", 0) * 16 + rows_out * 16,
                         meta.get("pip_tests", 0) * 17 * 7,
-                        note="edges of every pair, fragment midpoints, areas out; ~17 edge tests per midpoint")
+                        note="each pair's coordinates (each at most once) and ring tables, pair ids, fragment "
+                             "midpoints, areas out; ~17 edge tests per midpoint")
         raise KeyError(stage)
 
     def verify(self, inputs: OverlayInputs, output) -> dict:
@@ -133,6 +143,15 @@ class OverlayPlan(KernelPlan):
         res = compare(tuple(np.asarray(a) for a in output), exp, layer_measures(left), layer_measures(right))
         res["oracle"] = f"shapely.intersection(a, b).area ({res['tolerance']})"
         return res
+
+
+def _pair_coords(pairs: int, inputs: OverlayInputs) -> float:
+    """The coordinates a stage reads for ``pairs`` polygon pairs, each once: the pairs' own (a mean polygon of
+    each layer a pair), but no more than both layers hold. At 10k x 10k the pairs' own are 2.2x the layers'
+    (each polygon is in about two pairs; the kernels find the repeats in L2), so the layers' bound it."""
+    left, right = inputs.left, inputs.right
+    mean = left.n_coords / max(left.n_geoms, 1) + right.n_coords / max(right.n_geoms, 1)
+    return min(pairs * mean, left.n_coords + right.n_coords)
 
 
 @register
