@@ -120,6 +120,10 @@ def test_gpu_and_cpu_stage_metadata_agree(layout, version):
         for k in keys:
             assert by["cpu"][stage]["meta"][k] == by["gpu"][stage]["meta"][k], (stage, k)
     assert by["cpu"]["area_reconstruction"]["rows_out"] == by["gpu"]["area_reconstruction"]["rows_out"]
+    # The filter's rows in are both layers' polygons on either device (the CPU's read its pairs), its rows out the
+    # candidate edge pairs.
+    assert {d: (by[d]["segment_mbr_filter"]["rows_in"], by[d]["segment_mbr_filter"]["rows_out"]) for d in by} == {
+        d: (6000, by["gpu"]["segment_mbr_filter"]["meta"]["candidates"]) for d in by}
     if version == "v3":
         # The CPU carries the status along each ring as the GPU walks it: the same marks, cut rings, pieces,
         # kept pieces and point-in-polygon tests, exactly.

@@ -138,7 +138,8 @@ class OverlayCPU:
         else:
             owner, i, j, examined = _all_near_edge_pairs(A, B, pair_a, ia, pair_b, jb, len(pa))
         state.update(pa=pa, pb=pb, ea=ea, eb=eb, seg_pair=owner, seg_i=i, seg_j=j)
-        st.rows_in, st.rows_out = len(pa), len(i)
+        # Rows in: both layers' polygons, as the GPU backend counts them (the pairs are in the metadata).
+        st.rows_in, st.rows_out = len(A["bbox"]) + len(B["bbox"]), len(i)
         st.meta.update(polygon_pairs=len(pa), pairs_examined=examined, candidates=len(i),
                        grid_level=info["grid_level"], bbox_tests=info["bbox_tests"])
 
