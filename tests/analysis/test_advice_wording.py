@@ -58,3 +58,12 @@ def test_occupancy_is_printed_to_its_half_percent():
     md = build_report(t, {"kernel": "overlay", "version": "v3", "command_line": "overlay"}, roof, None)
     row = next(line for line in md.splitlines() if line.startswith("| exact_intersection_refine |"))
     assert row.split(" | ")[6] == "37.5"
+
+
+def test_a_reading_under_one_keeps_two_significant_digits_in_tables_too():
+    """The overlay's annotation report printed waves/SM 0.05 and 0.07 as "0.1" and 0.04 as "0.04", and the advice
+    printed DRAM 0.998% as "1%": one decimal rounds a reading under 1 by up to nearly twice itself."""
+    from app.report.markdown import fmt_pct, fmt_reading
+
+    assert [fmt_pct(x) for x in (0.05, 0.07, 0.04, 0.078, 1.23, 0.0)] == ["0.05", "0.07", "0.04", "0.078", "1.2", "0.0"]
+    assert fmt_pct(0.998) == advice.pct(0.998) == "1.0" and fmt_reading(4.5e-06, 4) == "4.5e-06"

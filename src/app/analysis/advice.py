@@ -19,10 +19,17 @@ UNCOVERED_PCT = 5.0
 H2D_SHARE_PCT = 30.0
 
 
+def two_digits(v: float) -> str:
+    """``v`` to two significant digits, as a decimal: 0.998 reads "1.0", as a table's one decimal gives it, not
+    "1"."""
+    text = f"{v:.2g}"
+    return text + ".0" if text.lstrip("-").isdigit() else text
+
+
 def pct(value: float) -> str:
     """A percentage of peak to one decimal; under 1 to two significant digits, so a small reading is neither printed
     as zero (area_reconstruction's DRAM 0.047%) nor rounded to nearly twice itself (0.054% as 0.1%)."""
-    return f"{value:.1f}" if value == 0 or abs(value) >= 1 else f"{value:.2g}"
+    return f"{value:.1f}" if value == 0 or abs(value) >= 1 else two_digits(value)
 
 
 def classify(dram_pct: float | None, compute_pct: float | None) -> str:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import jinja2
 
+from app.analysis.advice import two_digits
+
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                           trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
@@ -28,16 +30,17 @@ def render(kernel: str, version: str, headline: str, sections: list[Section]) ->
 
 
 def fmt_reading(v, digits: int = 1) -> str:
-    """As fmt, but a reading too small for ``digits`` decimals keeps two significant digits instead of reading as
-    zero (init_run's 8 FLOPs in 1.8 us are 4.5e-06 TFLOP/s, not 0.0000)."""
-    if isinstance(v, float) and math.isfinite(v) and 0 < abs(v) < 0.5 * 10 ** -digits:
-        return f"{v:.2g}"
+    """As fmt, but a reading with fewer than two significant digits at ``digits`` decimals keeps two instead:
+    never read as zero (init_run's 8 FLOPs in 1.8 us are 4.5e-06 TFLOP/s, not 0.0000), nor rounded to nearly
+    twice itself (waves/SM 0.05 read 0.1): the rounding stays within 5% of the reading."""
+    if isinstance(v, float) and math.isfinite(v) and 0 < abs(v) < 10 ** (1 - digits):
+        return two_digits(v)
     return fmt(v, digits)
 
 
 def fmt_pct(v) -> str:
     """A share of a peak (or a small ratio, as FLOP/byte) to one decimal, as fmt_reading gives it: a reading under
-    0.05 keeps two significant digits, never printed as zero; "n/a" where there is no reading."""
+    1 keeps two significant digits; "n/a" where there is no reading."""
     return fmt_reading(float(v), 1) if isinstance(v, numbers.Real) and not isinstance(v, bool) else "n/a"
 
 
