@@ -267,3 +267,23 @@ def test_end_to_end_and_after_build_come_from_the_same_runs(tmp_path):
     per_run = [t - b for t, b in zip(tm["total"]["samples"], build)]
     assert tm["after_build"]["samples"] == per_run and tm["after_build"]["median"] < tm["total"]["median"]
     assert "after the input build (owned_buffer_build left out)" in (d / "report.md").read_text()   # a CPU run
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("profile", ["gpu"], indirect=True)
+def test_occupancy_is_the_launched_kernels_own(profile):
+    """A stage registers every version's kernels (the filter: v2's cell lists, v1's count and emit, v4's five
+    candidate_fill widths); its Occ% is the lowest theoretical occupancy among those it launched, as resources.json
+    gives each kernel, not among all. An H200 default join read 50% for a filter whose one kernel holds 62.5%."""
+    _, d, trace, _ = profile
+    by = {s["name"]: s["metadata"] for s in trace["stages"]}
+    assert set(by["candidate_filter"]["kernels_launched"]) <= {"poly_cell_count", "poly_cell_fill",
+                                                              "point_candidates"}
+    assert by["predicate_refine"]["kernels_launched"] == ["refine"]
+    assert "kernels_launched" not in by["owned_buffer_build"]        # copies only
+    for name, meta in by.items():
+        if "kernels_launched" not in meta:
+            continue
+        res = json.loads((d / f"compiled/{name}/resources.json").read_text())["kernels"]
+        assert meta["theoretical_occupancy_pct"] == min(res[k]["theoretical_occupancy_pct"]
+                                                        for k in meta["kernels_launched"])

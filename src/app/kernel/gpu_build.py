@@ -192,6 +192,29 @@ class CudaModule:
         except Exception:
             return None
 
+    def launched(self, run) -> set[str]:
+        """The kernels of ours ``run`` launches, by name: it runs once with each Function wrapped to note its name.
+        The wrapper costs host time: for an untimed run only."""
+        seen, fns = set(), self.fn
+        self.fn = {n: (lambda *a, _n=n, _f=f, **k: (seen.add(_n), _f(*a, **k))[1]) for n, f in fns.items()}
+        try:
+            run()
+        finally:
+            self.fn = fns
+        return seen
+
+    def occupancy_of(self, blocks: dict, launched: set[str]) -> dict:
+        """{stage: (the lowest theoretical occupancy among the kernels of ``launched`` it holds, those kernels)}:
+        a stage registers every version's kernels (join's candidate_filter, five candidate_fill widths), and those
+        its run did not launch say nothing about it. Stages that launched none of ours are left out."""
+        out = {}
+        for stage, names in self.stage_kernels.items():
+            ran = sorted(n for n in names if n in launched)
+            if ran:
+                occ = [self.occupancy(self.kernels[n], blocks.get(stage, 256), n) for n in ran]
+                out[stage] = (min(occ) if None not in occ else None, ran)
+        return out
+
     def ptx(self) -> str:
         """The PTX NVRTC makes from the same source and options, for a virtual arch of this GPU."""
         if self._ptx is None:
@@ -282,6 +305,10 @@ class GpuBackend:
 
     def artifacts(self) -> dict:
         return self.mod.artifacts(self._blocks())
+
+    def launched_occupancy(self, run) -> dict:
+        """CudaModule.occupancy_of for the kernels ``run`` (one untimed run of the plan) launches."""
+        return self.mod.occupancy_of(self._blocks(), self.mod.launched(run))
 
     def outputs_to_host(self, arrays) -> tuple:
         """A run's result columns to host arrays, all waited for at once: each column's copy is queued on the

@@ -58,6 +58,10 @@ class EventMode(Mode):
             with measurement_window() as window:     # host-wide: no other profile times beside these runs
                 progress.update("cold run")
                 _, cold = rec.run(plan, inputs, backend)
+                # Which kernels the plan launches (an untimed run, before the warm-up): a stage's Occ% is theirs,
+                # not that of kernels its stage registers for other versions or sizes.
+                occupancy = (backend.launched_occupancy(lambda: rec.run(plan, inputs, backend))
+                             if hasattr(backend, "launched_occupancy") else None)
                 flush = L2Flush(selection.selected, options.l2, selection.info.get("l2_bytes"))
                 # the host CPU's pace and, on a GPU, what a launch costs the host, before each timed run. Made, and
                 # the clock sampler started, before the warm-up, so that it runs straight into the timed runs: on
@@ -125,7 +129,7 @@ class EventMode(Mode):
             trace["timing"]["graph"] = graph_capturability(runs[-1], selection.selected)
             if replay is not None:
                 trace["timing"]["graph"]["replay"] = replay
-        _add_occupancy(trace, compile_info)
+        _add_occupancy(trace, occupancy)
         params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv,
                              clocks=clocks)
         roof = plan_roofline(selection.device_name, selection.selected, trace["stages"],
@@ -165,9 +169,12 @@ def _one_mark_runs(plan, inputs, backend, selection, xp, n: int) -> tuple[dict |
     return {k: (lambda r=r: r.run(plan, inputs, backend)) for k, r in recorders.items()}, None
 
 
-def _add_occupancy(trace: dict, compile_info: dict) -> None:
+def _add_occupancy(trace: dict, occupancy: dict | None) -> None:
+    """Each stage's lowest theoretical occupancy among the kernels it launched, and their names."""
     for s in trace["stages"]:
-        occ = compile_info.get("occupancy", {}).get(s["name"])
+        occ, ran = (occupancy or {}).get(s["name"], (None, []))
+        if ran:
+            s["metadata"]["kernels_launched"] = ran
         if occ is not None:
             s["metadata"]["theoretical_occupancy_pct"] = occ
 
