@@ -92,6 +92,19 @@ def test_blocking_pageable_read_ends_a_stage_with_a_sync_wait():
     assert idle(rec)["sync_wait"] == 20       # [30, 50): drained while the host sat in the copy call
 
 
+def test_a_range_that_hands_back_the_result_finishes_after_its_read():
+    """The plan's last stage reads the result's length and assembles it: the GPU idles from the read's end on, but
+    only while the host sits in the call is that a wait on the read; once it returns, the host is finishing, with
+    no later op the read held back (an H200 join's output_sort: 3.7 us in the sync, 18.7 us after it). A stage
+    whose read is followed by more work keeps the round trip to its end."""
+    api = [A(1, 2, "cuLaunchKernel", 1), A(3, 35, "cudaMemcpyAsync_v3020", 2)]
+    ops = [K(5, 20, 1), C(25, 30, 2, "DtoH", "pageable", 8)]
+    recs = account_ranges(Timeline([R("stage", 0, 50)], api, ops), finishing={"stage"})
+    assert idle(recs[0]) == {"launch_latency": 4 + 5, "before_first_op": 1, "sync_wait": 5, "after_last_op": 15}
+    assert idle(one([R("stage", 0, 50)], api, ops, "stage"))["sync_wait"] == 20
+    assert recs[0]["accounted_ns"] == recs[0]["span_ns"]
+
+
 def test_ops_belong_to_the_range_that_launched_them():
     ranges = [R("a", 0, 50), R("b", 60, 130)]
     api = [A(10, 11, "cuLaunchKernel", 1), A(70, 71, "cuLaunchKernel", 2)]

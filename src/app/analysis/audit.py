@@ -130,8 +130,8 @@ def host_time_advice(idle_us: dict, ops: int, syncs: int, copies: dict, copies_l
         if v < 0.05:
             continue
         if family == "sync" and syncs and output:
-            said.append(f"{v:,.1f} us of GPU idle from its read of the result until the host closed the stage: the "
-                        "plan needs that read to hand back its result; the time after it returns is host work")
+            said.append(f"{v:,.1f} us of GPU idle while the host sat in its read of the result, which the plan "
+                        "needs to hand back its result")
         elif family == "sync" and syncs:
             said.append(f"{v:,.1f} us of GPU idle around its {syncs:g} host round trip(s): issue its work without "
                         "them (outputs sized from upper bounds, counts kept on the device)")

@@ -14,7 +14,10 @@ the span exactly:
     next one (Python/driver overhead);
   - ``sync_wait``: the GPU drained while the host was blocked in a
     synchronising call, and stayed idle until the host issued the next op or
-    closed the range (the round trip of a host read or an explicit synchronize);
+    closed the range (the round trip of a host read or an explicit
+    synchronize); in a range that hands back the result (``finishing``), after
+    its last op only the time the host sat in the call: what follows is the
+    host finishing, ``after_last_op``;
   - ``launch_latency``: the next op was already issued but had not started;
   - ``after_last_op``: the range's last op had finished, the host (not blocked
     in a sync) had not yet closed the range;
@@ -143,7 +146,8 @@ class Accountant:
         marks = idx[self.is_mark[idx]]
         return (int(self.api_end[marks[0]]), int(self.api_end[marks[-1]])) if len(marks) else (s, e)
 
-    def account(self, name: str, domain: str, s: int, e: int, tid: int, event_marks: str | bool = False) -> dict:
+    def account(self, name: str, domain: str, s: int, e: int, tid: int, event_marks: str | bool = False,
+                finishing: bool = False) -> dict:
         """``event_marks``: where the CUDA event records that time the range sit: "outside" (True) just outside its
         edges, "inside" its first and last within it; False: none, the estimate runs from edge to edge."""
         s, e, tid = int(s), int(e), int(tid)
@@ -159,7 +163,7 @@ class Accountant:
         idle = dict.fromkeys(CAUSES, 0)
         syncs = api_idx[self.is_sync[api_idx]]
         if own:
-            self._classify_idle(idle, s, e, busy_union, own, syncs)
+            self._classify_idle(idle, s, e, busy_union, own, syncs, finishing)
         else:
             idle["no_gpu_work"] = (e - s) - busy
         ops = self.tl.ops
@@ -202,12 +206,12 @@ class Accountant:
         rec["accounted_ns"] = rec["busy_ns"] + sum(idle.values())
         return rec
 
-    def _classify_idle(self, idle, s, e, busy_union, own, syncs) -> None:
+    def _classify_idle(self, idle, s, e, busy_union, own, syncs, finishing: bool = False) -> None:
         first = own[0]
         first_start, first_launch = int(self.op_start[first]), int(self.op_launch[first])
         last_end = int(self.op_end[own].max())
         own_starts = self.op_start[own]
-        sync_iv = [(int(self.api_start[i]), int(self.api_end[i])) for i in syncs.tolist()]
+        sync_iv = union((int(self.api_start[i]), int(self.api_end[i])) for i in syncs.tolist())
         for a, b in gaps(s, e, busy_union):
             if a < first_start:                       # before the range's first op started
                 hb = min(b, first_start)
@@ -219,10 +223,20 @@ class Accountant:
             blocked = any(sa <= a <= sb for sa, sb in sync_iv)
             if b > last_end:                          # after the range's last op finished
                 ta = max(a, last_end)
-                idle["sync_wait" if blocked and ta == a else "after_last_op"] += b - ta
+                if finishing:
+                    # A range that hands back the result (the plan's last stage, the whole iteration): only the
+                    # time the host sits in a synchronising call; once it returns, the host is finishing (the
+                    # result assembled, the run's end), no round trip that a later op waited for.
+                    waited = measure(clip(sync_iv, ta, b))
+                    idle["sync_wait"] += waited
+                    idle["after_last_op"] += b - ta - waited
+                else:
+                    idle["sync_wait" if blocked and ta == a else "after_last_op"] += b - ta
                 b = ta
                 if a >= b:
                     continue
+            # Between ops, a gap that opens while the host is blocked in a sync is the read's whole round trip,
+            # to the next launch: the host could not issue that op before the read returned.
             k = int(np.searchsorted(own_starts, a, side="left"))
             launch = int(self.op_launch[own[k]]) if k < len(own) else b
             idle["sync_wait" if blocked else "launch_gap"] += max(0, min(b, launch) - a)
@@ -253,12 +267,15 @@ class Accountant:
         return out
 
 
-def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_marks: bool = False) -> list[dict]:
+def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_marks: bool = False,
+                   finishing=frozenset()) -> list[dict]:
     """Every range instance (optionally of one domain / some names), in start order, numbered per name.
 
     ``event_marks``: the leaf ranges are bracketed by CUDA event records (as this project's recorder
     does), so their event-time estimate starts and ends at those records rather than at the range's edges; a
-    range holding leaves (the iteration) is timed from its first record inside it to its last."""
+    range holding leaves (the iteration) is timed from its first record inside it to its last. ``finishing``:
+    names of the ranges that hand back the result (sync wait after their last op is only the host's time in the
+    call)."""
     acc = Accountant(tl)
     rows = tl.ranges
     if domain is not None:
@@ -279,7 +296,7 @@ def account_ranges(tl: Timeline, domain: str | None = None, names=None, event_ma
         inner[j] = False
         leaf = not inner.any()
         rec = acc.account(r.name, r.domain, r.start, r.end, r.tid, ("outside" if leaf else "inside") if event_marks
-                          else False)
+                          else False, finishing=r.name in finishing)
         rec["leaf"] = leaf
         rec["instance"] = seen.get(key, 0)
         seen[key] = rec["instance"] + 1

@@ -26,6 +26,7 @@ OPPORTUNITY = {
     "staging": "Take the host's work before and between the copies off the critical path",
 }
 STAGING_CAUSES = ("launch_gap", "before_first_op")
+BETWEEN_OPS = ("launch_gap", "launch_latency", "sync_wait")    # the causes of a gap between one op and the next
 
 COUNTERS_NOTE = ("TC%, DRAM% and Occ% are hardware counters (sm__pipe_tensor_op_*, dram__throughput, "
                  "sm__warps_active) that a trace does not record: they are missing here, not zero. Run "
@@ -210,25 +211,20 @@ def _where_idle(cause: str, where: dict, outside_us: float = 0.0) -> str:
     a stage holding a quarter of it). Where no stage's range holds any of it, it lies between or after the stage
     ranges (an H200 report's 172.0 us after the last op named 'owned_buffer_build (0.0 us ...)')."""
     if where["idle_us"][cause] < 0.05:
-        return ("in no stage's range: it lies between or after them"
-                + (f" ({outside_us:,.1f} us of the iteration is outside every stage)" if outside_us else ""))
+        # Not "between the stages": an H200 join's 149.4 us of the iteration's launch gaps lay 139.9 us inside stage
+        # ranges, where each stage counts its side of a gap between two ops as its own time after its last op or
+        # before its first.
+        where_ = ("in no stage's range: it lies between or after them" if cause not in BETWEEN_OPS else
+                  f"no stage counts any of it as its own {cause.replace('_', ' ')}: the iteration's gaps between "
+                  "ops run across stage boundaries, and each stage counts its side of one as its time before its "
+                  "first op or after its last")
+        return where_ + (f" ({outside_us:,.1f} us of the iteration is outside every stage)" if outside_us else "")
     return f"the stage with the most of it {where['name']} ({where['idle_us'][cause]:,.1f} us of its own span)"
 
 
-def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None) -> str:
+def opportunities(trace: dict, analysis: dict) -> list[str]:
+    """Every opportunity the capture supports, by estimated gain (the report lists the first three)."""
     it, stages = analysis["iteration"], analysis["stages"]
-    tool = trace["metadata"]["tool"]
-    share = 100 * it["busy_us"] / it["span_us"] if it["span_us"] else 0.0
-    top = max(CAUSES, key=lambda c: it["idle_us"][c])
-    if share >= 70:
-        bottleneck = (f"GPU work (busy {share:.0f}% of the iteration); run `--prof_type annotation` to split "
-                      "memory- from compute-bound")
-    else:
-        bottleneck = f"Latency-bound — host orchestration: the GPU is busy {share:.0f}% of the iteration"
-    worst = max(stages, key=lambda s: s["span_us"] - s["busy_us"])
-    cause = (f"Of {it['span_us']:,.1f} us per iteration the GPU is busy {it['busy_us']:,.1f} us; the largest idle "
-             f"cause is {CAUSE_TEXT[top]} ({it['idle_us'][top]:,.1f} us). {worst['name']} loses the most "
-             f"({worst['span_us'] - worst['busy_us']:,.1f} us idle of {worst['span_us']:,.1f} us).")
     ops, outside, staged = [], _outside_stages(analysis), []
     terminal = set(analysis.get("terminal", ()))
     for c in CAUSES:
@@ -272,7 +268,23 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
     k = max(stages, key=lambda s: s["kernel_us"])
     ops.append((k["kernel_us"], f"Faster kernels in {k['name']} — est. {100 * k['kernel_us'] / it['span_us']:.0f}% "
                                 f"gain at most — trigger: kernel_us={k['kernel_us']:,.1f}"))
-    ops = [t for _, t in sorted(ops, reverse=True)][:3]
+    return [t for _, t in sorted(ops, reverse=True)]
+
+def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None) -> str:
+    it, stages = analysis["iteration"], analysis["stages"]
+    tool = trace["metadata"]["tool"]
+    share = 100 * it["busy_us"] / it["span_us"] if it["span_us"] else 0.0
+    top = max(CAUSES, key=lambda c: it["idle_us"][c])
+    if share >= 70:
+        bottleneck = (f"GPU work (busy {share:.0f}% of the iteration); run `--prof_type annotation` to split "
+                      "memory- from compute-bound")
+    else:
+        bottleneck = f"Latency-bound — host orchestration: the GPU is busy {share:.0f}% of the iteration"
+    worst = max(stages, key=lambda s: s["span_us"] - s["busy_us"])
+    cause = (f"Of {it['span_us']:,.1f} us per iteration the GPU is busy {it['busy_us']:,.1f} us; the largest idle "
+             f"cause is {CAUSE_TEXT[top]} ({it['idle_us'][top]:,.1f} us). {worst['name']} loses the most "
+             f"({worst['span_us'] - worst['busy_us']:,.1f} us idle of {worst['span_us']:,.1f} us).")
+    ops = opportunities(trace, analysis)[:3]
     clocks = params.get("clocks", {})
     backend = backend_text(tool, analysis.get("capture", {}))
     config_cols = list(trace["metadata"]["params"]) + ["device", "backend", "iterations", "clocks"]

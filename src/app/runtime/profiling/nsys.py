@@ -185,8 +185,12 @@ def _overhead(o: dict) -> dict:
 
 def analyse_plan(plan, tl: Timeline, worker: dict) -> dict:
     """Accounting, summaries, event-mode reconciliation and audit for one captured plan."""
-    # The recorder brackets each stage range with CUDA event records: use them for the event estimate.
-    instances = account_ranges(tl, domain=plan.kernel, event_marks=True)
+    # The recorder brackets each stage range with CUDA event records: use them for the event estimate. The stage
+    # that hands back the result (the last, and any that emits it) and the whole iteration finish after their
+    # read of it: the host's time after that read returns is its own, no round trip.
+    names = [s.name for s in plan.stages]
+    terminal = {names[-1]} | {s.name for s in plan.stages if s.category == "emit"}
+    instances = account_ranges(tl, domain=plan.kernel, event_marks=True, finishing=terminal | {PROFILE_RANGE})
     iterations = [r for r in instances if r["name"] == PROFILE_RANGE]
     if not iterations:
         raise AppError(f"the capture holds no {plan.kernel}@{PROFILE_RANGE} range: nothing was profiled "
@@ -194,7 +198,6 @@ def analyse_plan(plan, tl: Timeline, worker: dict) -> dict:
     if not any(r["ops"] for r in iterations):
         raise AppError(f"the capture holds no GPU op inside the {len(iterations)} profiled iteration(s): "
                        "the CUDA trace is empty (was the plan run on the GPU? was CUDA tracing on?)")
-    names = [s.name for s in plan.stages]
     summ = {s["name"]: s for s in summarise(instances)}
     missing = [n for n in names if n not in summ]
     if missing:
@@ -207,7 +210,6 @@ def analyse_plan(plan, tl: Timeline, worker: dict) -> dict:
     # host's copy into pinned buffers before the first of them.
     stage_info = {n: {"category": by_name[n]["category"], "device": by_name[n]["device"],
                       "staging": str(by_name[n].get("meta", {}).get("staging", ""))} for n in names}
-    terminal = {names[-1]} | {n for n in names if stage_info[n]["category"] == "emit"}
     findings = audit([r for r in instances if r["name"] in names], stage_info, terminal)
     stages = [summ[n] for n in names]
     q1, q2 = answers(summ[PROFILE_RANGE], stages, findings, stage_info, terminal)
