@@ -67,3 +67,28 @@ def test_a_reading_under_one_keeps_two_significant_digits_in_tables_too():
 
     assert [fmt_pct(x) for x in (0.05, 0.07, 0.04, 0.078, 1.23, 0.0)] == ["0.05", "0.07", "0.04", "0.078", "1.2", "0.0"]
     assert fmt_pct(0.998) == advice.pct(0.998) == "1.0" and fmt_reading(4.5e-06, 4) == "4.5e-06"
+
+
+def test_the_root_cause_gives_the_stages_after_the_build_as_the_timing_table_does():
+    """It read "take 484 us" beside the Timing table's 501.1 us after the build: a sum of each stage's own median
+    against the median of each run's rest. The cause now gives the Timing table's figure."""
+    t = json.loads((DATA / "overlay_v3_10k_10k_h200_level_leaders.trace.json").read_text())
+    after = t["timing"]["after_build"]["median"]
+    assert t["timing"]["build_stages"] == ["owned_buffer_build"] and round(after * 1e6) == 501
+    assert f"The device stages after it take {after * 1e6:,.0f} us together" in _overall(t)[1]
+
+
+def test_a_stage_of_one_kernel_is_not_told_to_fuse_its_launches():
+    """The default join's filter is one launch of 1,250 blocks (about two waves on an H200): "fuse or enlarge the
+    launches (too little work per launch to fill the GPU)" said what the capture did not show."""
+    t = json.loads((DATA / "overlay_v3_10k_10k_h200_level_leaders.trace.json").read_text())
+    by = {s["name"]: s for s in t["stages"]}
+    by["segment_mbr_filter"]["metadata"]["kernels_launched"] = ["edge_pairs_warp"]     # as if it launched one
+    by["reconstruction_event_sort"]["metadata"]["kernels_launched"] = ["slot_count", "slot_scatter", "bucket_sort"]
+    roof = plan_roofline(t["device"]["name"], t["selected_runtime"], t["stages"])
+    names = [o["name"] for o in advice.opportunities(t, roof, advice.stage_findings(t, roof))]
+    assert ("Hide latency in segment_mbr_filter (its one kernel, edge_pairs_warp: more independent work per thread, "
+            "fewer dependent loads)") in names
+    assert ("Fuse or enlarge the launches of reconstruction_event_sort (latency-bound: little of the memory or "
+            "arithmetic peaks in use)") in names
+    assert not any("too little work per launch" in n for n in names)
