@@ -76,3 +76,14 @@ def test_a_time_interval_reaching_below_zero_is_said_to_be_noise():
     assert rows["exact_intersection_refine"][2] == "not resolved (6.3)"
     for s in trace["timing"]["one_mark"]["stages"]:
         assert rows[s["name"]][3].endswith("noise)") == (s["ci95"][0] < 0)
+
+
+def test_stage_figures_that_add_up_past_the_whole_plans_are_said_so():
+    """The default join on an H200: what the other marks add to bounds, morton_sort and output_sort (4.3, 5.1 and
+    8.9 us, each resolved) adds up to 18.3 us, past the whole plan's paired 8.0 us (3.8 to 13.0). The note says so;
+    a trace whose figures fit says nothing."""
+    trace = json.loads((TRACE.parent / "join_v5_100k_10k_h200_marks_add.trace.json").read_text())
+    note = _one_mark_section(trace).note
+    assert ("The stages' resolved figures add up to 18.3 us, more than the whole plan's 8.0 us (95% interval up to "
+            "13.0)") in note
+    assert "add up to" not in _one_mark_section(json.loads(TRACE.read_text())).note.split("cost.")[-1]
