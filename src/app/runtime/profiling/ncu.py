@@ -196,9 +196,15 @@ def _rule_ops(rules, raw, kernels) -> list[dict]:
         gain = r.speedup_pct * dur.get(str(int(float(r.id))), float("nan")) / total if total > 0 else float("nan")
         stage = r.stage if isinstance(r.stage, str) else "unstaged kernel"
         trigger = f"ncu {r.rule} est. {r.speedup_type} speedup={r.speedup_pct:.1f}%"
-        note = _grid_note(r.rule, by_id.get(str(int(float(r.id)))))
+        row = by_id.get(str(int(float(r.id))))
+        note = _grid_note(r.rule, row)
         if note:
             trigger += f" ({note})"
+            beyond = _beyond_the_grid(row)
+            if beyond is not None:
+                # ncu's estimate is of the whole gap; the grid's cap is no scheduling overhead to recover.
+                gain *= beyond
+                trigger += f"; the gain counts the {100 * beyond:.0f}% of the gap beyond that cap"
         if str(r.speedup_type).strip().lower() != "global":
             # A local estimate is of the hardware unit or metric the rule looks at (93% on a kernel that cannot run in
             # a tenth of its time), not of the kernel's duration: no share of the iteration is drawn from it.
@@ -221,23 +227,46 @@ BLOCK_LIMITS = ("launch__occupancy_limit_blocks", "launch__occupancy_limit_regis
                 "launch__occupancy_limit_barriers")
 
 
-def _grid_note(rule: str, row) -> str:
-    """ncu's AchievedOccupancy rule puts the gap to the theoretical occupancy down to scheduling overheads or
-    imbalance. With a grid under one wave every block is resident at once, and a busy SM holds only its share of
-    them: grid / min(grid, SMs) of the blocks its limits allow, which caps achieved occupancy (measured over busy
-    SMs) at that fraction of the theoretical (morton_fused at 100k points on an H200: 391 blocks, 132 SMs, 6 a SM,
-    a cap of 49%; ncu measured 35.1% of a theoretical 75%, 47%). ``row``: the kernel's row of the raw page."""
-    if rule != "AchievedOccupancy" or row is None:
-        return ""
+def _grid_cap(row) -> tuple[float, str] | None:
+    """(the cap on achieved occupancy, as a fraction of the theoretical, that a grid under one wave sets; its
+    sentence), or None where the grid fills a wave or the raw page lacks the figures. Every block is then resident
+    at once, and a busy SM holds only its share of them: grid / min(grid, SMs) of the blocks its limits allow, which
+    caps achieved occupancy (measured over busy SMs) at that fraction of the theoretical (morton_fused at 100k
+    points on an H200: 391 blocks, 132 SMs, 6 a SM, a cap of 49%; ncu measured 35.1% of a theoretical 75%, 47%).
+    The cap is the launch's threads over the slots its limits allow, whatever the block size: only more threads
+    for the same work (less work per thread) would lift it."""
+    if row is None:
+        return None
     num = {c: _number(row.get(c)) for c in ("grid_blocks", "launch__sm_count") + BLOCK_LIMITS}
     grid, sms, most = num["grid_blocks"], num["launch__sm_count"], min(num[c] for c in BLOCK_LIMITS)
     if not (grid > 0 and sms > 0 and most > 0 and grid < most * sms):
-        return ""
+        return None
     busy = grid / min(grid, sms)
     blocks = f"{grid:,.0f} blocks are" if grid != 1 else "1 block is"
-    return (f"this tool: its {blocks} under one wave on {sms:,.0f} SMs, {busy:.1f} a busy SM of the "
-            f"{most:,.0f} it could hold: that caps achieved occupancy at about {100 * busy / most:.0f}% of the "
-            "theoretical whatever the scheduling; more blocks a launch lift the cap")
+    return busy / most, (f"this tool: its {blocks} under one wave on {sms:,.0f} SMs, {busy:.1f} a busy SM of the "
+                         f"{most:,.0f} it could hold: that caps achieved occupancy at about {100 * busy / most:.0f}% "
+                         "of the theoretical whatever the scheduling; only more threads for the same work (less work "
+                         "per thread) would lift the cap")
+
+
+def _grid_note(rule: str, row) -> str:
+    """The tool's note beside ncu's AchievedOccupancy rule, which puts the gap to the theoretical occupancy down to
+    scheduling overheads or imbalance, where the kernel's grid explains part of it (_grid_cap); "" elsewhere."""
+    cap = _grid_cap(row) if rule == "AchievedOccupancy" else None
+    return cap[1] if cap else ""
+
+
+def _beyond_the_grid(row) -> float | None:
+    """The share of the gap from achieved to theoretical occupancy that the grid's cap does not explain (what
+    scheduling could still recover), from the raw page's own figures; None where there is no cap or no figures."""
+    cap = _grid_cap(row)
+    if cap is None:
+        return None
+    theory = _number(row.get("sm__maximum_warps_per_active_cycle_pct"))
+    achieved = _number(row.get("achieved_occupancy_pct", row.get("sm__warps_active.avg.pct_of_peak_sustained_active")))
+    if not (theory > achieved >= 0):
+        return None
+    return max(0.0, cap[0] * theory - achieved) / (theory - achieved)
 
 
 def _number(v) -> float:
