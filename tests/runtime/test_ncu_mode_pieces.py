@@ -159,6 +159,14 @@ def test_ncu_report_reads_stall_samples_per_source_line(report):
     # Every kernel of join's iteration is this project's own, built with -lineinfo: each sample has its line.
     assert all(d["samples"]["line"].notna().all() and d["samples"]["file"].map(short_path).str.startswith(
         "app/kernel/").all() for d in samples.values())
+    # A warp waiting at a barrier is sampled on the instruction after the BAR: those samples sit on the BAR itself.
+    on_bar = 0
+    for d in samples.values():
+        sass = dict(zip(d["samples"]["pc"], d["samples"]["sass"]))
+        for pc, n in zip(d["samples"]["pc"], d["samples"]["stall_barrier"]):
+            assert not (n > 0 and str(sass.get(pc - 16, "")).startswith("BAR")), (d["kernel"], hex(pc))
+            on_bar += n if str(sass[pc]).startswith("BAR") else 0
+    assert on_bar > 0
     # A kernel without a line table (a library kernel; the overlay capture's cupy_copy) is still listed, by SASS.
     bare = dict(refine, samples=pcs.assign(line=float("nan"), file=None))
     text = render_hot_lines("cupy_copy", "area_reconstruction", bare)
