@@ -192,24 +192,26 @@ class CudaModule:
         except Exception:
             return None
 
-    def launched(self, run) -> set[str]:
-        """The kernels of ours ``run`` launches, by name: it runs once with each Function wrapped to note its name.
-        The wrapper costs host time: for an untimed run only."""
+    def launched(self, run, stage_of) -> set[tuple[str, str]]:
+        """(stage, kernel) for each kernel of ours ``run`` launches: it runs once with each Function wrapped to note
+        its name and ``stage_of()``, the stage running then. The wrapper costs host time: for an untimed run only."""
         seen, fns = set(), self.fn
-        self.fn = {n: (lambda *a, _n=n, _f=f, **k: (seen.add(_n), _f(*a, **k))[1]) for n, f in fns.items()}
+        self.fn = {n: (lambda *a, _n=n, _f=f, **k: (seen.add((stage_of(), _n)), _f(*a, **k))[1])
+                   for n, f in fns.items()}
         try:
             run()
         finally:
             self.fn = fns
         return seen
 
-    def occupancy_of(self, blocks: dict, launched: set[str]) -> dict:
-        """{stage: (the lowest theoretical occupancy among the kernels of ``launched`` it holds, those kernels)}:
-        a stage registers every version's kernels (join's candidate_filter, five candidate_fill widths), and those
-        its run did not launch say nothing about it. Stages that launched none of ours are left out."""
+    def occupancy_of(self, blocks: dict, launched: set[tuple[str, str]]) -> dict:
+        """{stage: (the lowest theoretical occupancy among the kernels it launched, those kernels)}: a stage
+        registers every version's kernels (join's candidate_filter, five candidate_fill widths) and the scans any
+        scanning stage may run, and those its run did not launch say nothing about it. Stages that launched none
+        of ours are left out."""
         out = {}
         for stage, names in self.stage_kernels.items():
-            ran = sorted(n for n in names if n in launched)
+            ran = sorted(n for n in names if (stage, n) in launched)
             if ran:
                 occ = [self.occupancy(self.kernels[n], blocks.get(stage, 256), n) for n in ran]
                 out[stage] = (min(occ) if None not in occ else None, ran)
@@ -307,8 +309,25 @@ class GpuBackend:
         return self.mod.artifacts(self._blocks())
 
     def launched_occupancy(self, run) -> dict:
-        """CudaModule.occupancy_of for the kernels ``run`` (one untimed run of the plan) launches."""
-        return self.mod.occupancy_of(self._blocks(), self.mod.launched(run))
+        """CudaModule.occupancy_of for the kernels ``run`` (one untimed run of the plan) launches, each stage's
+        own: the stage methods are wrapped for that run to say which stage is running."""
+        current = [None]
+        stages = [name for name in self.tiling if callable(getattr(self, name, None))]
+
+        def marked(name, method):
+            def stage(*a, **k):
+                current[0] = name
+                return method(*a, **k)
+            return stage
+
+        for name in stages:
+            setattr(self, name, marked(name, getattr(self, name)))
+        try:
+            launched = self.mod.launched(run, lambda: current[0])
+        finally:
+            for name in stages:
+                delattr(self, name)
+        return self.mod.occupancy_of(self._blocks(), launched)
 
     def outputs_to_host(self, arrays) -> tuple:
         """A run's result columns to host arrays, all waited for at once: each column's copy is queued on the
