@@ -250,3 +250,15 @@ def test_the_results_read_is_no_round_trip_to_remove():
     assert q2.startswith("Remove the mid-plan host reads") and "largest in candidate_filter" in q2
     q2 = answers(it, analysis["stages"], analysis["findings"], None, set(stages))[1]
     assert "host reads" not in q2
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_event_column_comes_with_each_iterations_figure(kernel):
+    """The report's Event column is the median of the worker's CUDA-event times over the traced iterations: the
+    trace keeps each one, so the figure can be worked out again (an audit could not)."""
+    analysis, trace, _ = _report(kernel)
+    for s in trace["stages"]:
+        assert len(s["event_samples"]) == analysis["iteration"]["instances"]
+        assert statistics.median(s["event_samples"]) == pytest.approx(s["event_seconds"], rel=1e-12)
+    tm = trace["timing"]
+    assert statistics.median(tm["event_total_samples"]) == pytest.approx(tm["event_total_seconds"], rel=1e-12)

@@ -234,6 +234,9 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
             "rows_in": w["rows_in"], "rows_out": w["rows_out"],
             "metadata": dict(w["meta"]) | w["counters"],
             "event_seconds": analysis["event_us"][s["name"]] / 1e6,
+            # Each iteration's CUDA-event time of the stage, the median above's runs, in the iterations' order.
+            "event_samples": [st["seconds"] for it in worker["iterations"] for st in it["stages"]
+                              if st["name"] == s["name"]],
             "timeline": {k: v for k, v in s.items() if k not in ("name", "domain", "span_spread")},
             "tiling": plan.tiling[s["name"]],
         })
@@ -247,6 +250,7 @@ def nsys_trace(plan, worker, analysis, tool) -> dict:
                    "total": it["span_spread"] | {"samples": spans},
                    "uncovered_seconds": statistics.median(_uncovered(analysis, by_name)) / 1e9,
                    "event_total_seconds": analysis["event_us"][PROFILE_RANGE] / 1e6,
+                   "event_total_samples": [it["total_seconds"] for it in worker["iterations"]],
                    "drift": drift(spans), **_paces(worker, spans)},
         "metadata": {"planner_selected_runtime": sel["planner"], "selection_reason": sel["reason"],
                      "params": plan.params, "nvtx": worker["nvtx"], "verification": worker.get("verification"),
