@@ -45,7 +45,7 @@ READINGS = ("duration_ns", "dram_read_bytes", "dram_write_bytes", "dfma", "dadd"
 DURATION = "gpu__time_duration.sum"
 
 
-def _num(v) -> float:
+def reading(v) -> float:
     """A metric value, NaN when it is missing or unreadable: never a zero that was not measured."""
     try:
         return float(v)
@@ -54,7 +54,7 @@ def _num(v) -> float:
 
 
 def _col(df: pd.DataFrame, name: str) -> pd.Series:
-    return df[name].map(_num) if name in df else pd.Series(float("nan"), index=df.index)
+    return df[name].map(reading) if name in df else pd.Series(float("nan"), index=df.index)
 
 
 def _metric_name(col: str) -> str:
@@ -93,22 +93,22 @@ def flag_negative_l2_counters(df: pd.DataFrame, out: pd.DataFrame) -> None:
     cols = [c for c in df.columns if str(c).startswith(L2_SECTOR_COUNTERS) and str(c).endswith(".sum")]
     total = df["lts__t_sectors.sum"] if "lts__t_sectors.sum" in df else None
     for i in range(len(out)):
-        bad = [(c, _num(df[c].iat[i])) for c in cols if _num(df[c].iat[i]) < 0]
+        bad = [(c, reading(df[c].iat[i])) for c in cols if reading(df[c].iat[i]) < 0]
         if not bad:
             continue
         notes = [f"{c}={v:g} outside its physical range (a count below zero)" for c, v in bad]
-        rate, sectors = out["l2_hit_pct"].iat[i], _num(total.iat[i]) if total is not None else float("nan")
+        rate, sectors = out["l2_hit_pct"].iat[i], reading(total.iat[i]) if total is not None else float("nan")
         below = -sum(v for _, v in bad)
-        if rate == rate and sectors > 0 and below < L2_NEGATIVE_NEGLIGIBLE * sectors:
+        keep = rate == rate and sectors > 0 and below < L2_NEGATIVE_NEGLIGIBLE * sectors
+        if keep:
             notes.append(f"l2_hit_pct={rate:g} kept: the counts below zero are {below:g} of its {sectors:,.0f} L2 "
                          "sectors, too few to move it")
-            out.iat[i, out.columns.get_loc("flags")] = "; ".join(x for x in [out["flags"].iat[i], *notes] if x)
-            continue
-        if rate == rate:
+        elif rate == rate:
             notes.append(f"l2_hit_pct={rate:g} ({_metric_name('l2_hit_pct')}) not used: a ratio of L2 sector "
                          f"counts, {'this one' if len(bad) == 1 else 'these'} among them")
         out.iat[i, out.columns.get_loc("flags")] = "; ".join(x for x in [out["flags"].iat[i], *notes] if x)
-        out.iat[i, out.columns.get_loc("l2_hit_pct")] = float("nan")
+        if not keep:
+            out.iat[i, out.columns.get_loc("l2_hit_pct")] = float("nan")
 
 
 def flag_above_peak(out: pd.DataFrame, device_name: str) -> None:

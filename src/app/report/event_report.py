@@ -50,9 +50,9 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                      "queued before it, earlier stages' included. TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
                      "DRAM% = the cost model's bytes / measured time / peak GB/s (the model counts each byte "
                      "a stage reads or writes once: real DRAM traffic is more where it re-reads, less where an "
-                     "earlier stage left the data in L2). Occ% = the lowest theoretical occupancy (from registers, shared "
-                     "memory and block size) among the kernels of ours the stage launched in this run; annotation "
-                     "mode measures achieved values."),
+                     "earlier stage left the data in L2). Occ% = the lowest theoretical occupancy (from "
+                     "registers, shared memory and block size) among the kernels of ours the stage launched in this "
+                     "run; annotation mode measures achieved values."),
         Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
         Section("Top 3 Opportunities (ranked by estimated impact)",
                 items=[f"{o['name']} — est. {fmt(o['gain_pct'], 0, '%') if o['gain_pct'] is not None else 'n/a'} "

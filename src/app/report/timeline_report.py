@@ -270,6 +270,7 @@ def opportunities(trace: dict, analysis: dict) -> list[str]:
                                 f"gain at most — trigger: kernel_us={k['kernel_us']:,.1f}"))
     return [t for _, t in sorted(ops, reverse=True)]
 
+
 def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None) -> str:
     it, stages = analysis["iteration"], analysis["stages"]
     tool = trace["metadata"]["tool"]

@@ -99,7 +99,8 @@ class EventMode(Mode):
                     staging_dma = backend.staging_dma()   # after the pairs: every run's build staged the inputs
                 else:   # the CPU plan's result is already host arrays: end to end is the bare plan, measured above
                     e2e = {"median": overhead["bare_median_seconds"], "runs": overhead["pairs"],
-                           "samples": overhead["samples"]["bare"], "how": "CPU: the result is already in host arrays, so this is the bare plan of the "
+                           "samples": overhead["samples"]["bare"],
+                           "how": "CPU: the result is already in host arrays, so this is the bare plan of the "
                                   "overhead pairs"}
                     staging_dma = None
                 replay = _graph_replay(plan, inputs, backend, flush, len(runs), progress, options.warmup) \

@@ -13,7 +13,7 @@ import os
 import re
 
 from app.analysis.kernel_metrics import (attribute_stages, kernel_table, kernel_time, kernel_time_text,
-                                        opportunities, rank, stage_table, stages_with_gpu_work)
+                                        opportunities, rank, reading, stage_table, stages_with_gpu_work)
 from app.errors import MalformedToolOutput
 from app.report.markdown import Section, fmt, render
 from app.report.ncu_report import GAIN_NOTE, RULE_NOTE, render_report, stage_sections
@@ -237,7 +237,7 @@ def _grid_cap(row) -> tuple[float, str] | None:
     for the same work (less work per thread) would lift it."""
     if row is None:
         return None
-    num = {c: _number(row.get(c)) for c in ("grid_blocks", "launch__sm_count") + BLOCK_LIMITS}
+    num = {c: reading(row.get(c)) for c in ("grid_blocks", "launch__sm_count") + BLOCK_LIMITS}
     grid, sms, most = num["grid_blocks"], num["launch__sm_count"], min(num[c] for c in BLOCK_LIMITS)
     if not (grid > 0 and sms > 0 and most > 0 and grid < most * sms):
         return None
@@ -262,19 +262,12 @@ def _beyond_the_grid(row) -> float | None:
     cap = _grid_cap(row)
     if cap is None:
         return None
-    theory = _number(row.get("sm__maximum_warps_per_active_cycle_pct"))
-    achieved = _number(row.get("achieved_occupancy_pct", row.get("sm__warps_active.avg.pct_of_peak_sustained_active")))
+    theory = reading(row.get("sm__maximum_warps_per_active_cycle_pct"))
+    achieved = reading(row.get("achieved_occupancy_pct",
+                               row.get("sm__warps_active.avg.pct_of_peak_sustained_active")))
     if not (theory > achieved >= 0):
         return None
     return max(0.0, cap[0] * theory - achieved) / (theory - achieved)
-
-
-def _number(v) -> float:
-    """A raw-page cell as a number; NaN (which fails every comparison) where it is missing or text."""
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
 
 
 def _rules_section(rules, raw=None) -> Section:
