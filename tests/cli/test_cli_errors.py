@@ -121,13 +121,13 @@ def test_subprocess_error_has_no_traceback(tmp_path):
 
 
 def test_a_run_without_a_version_gets_the_measured_default_and_list_says_why(tmp_path, capsys):
-    """join's default is v5 and overlay's v3, each measured the faster at the default sizes and said so."""
+    """join's default is v5 and overlay's v4, each measured the faster at the default sizes and said so."""
     from app.kernel.plan import DEFAULTS, default_version, get_plan_class
 
-    assert get_plan_class("join").version == "v5" and get_plan_class("overlay").version == "v3"
+    assert get_plan_class("join").version == "v5" and get_plan_class("overlay").version == "v4"
     assert DEFAULTS["join"][0] == "v5" and "us" in DEFAULTS["join"][1]
     # The measured choice wins over the latest version; an unknown choice falls back to the latest.
-    assert default_version("overlay", ["v1", "v3", "v4"]) == "v3"
+    assert default_version("join", ["v1", "v5", "v6"]) == "v5"
     assert default_version("join", ["v1", "v2"]) == "v2"
     assert main(["list"]) == 0
     out = capsys.readouterr().out

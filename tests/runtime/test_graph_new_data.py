@@ -62,14 +62,15 @@ def test_a_join_graph_replays_new_points_and_polygons_of_the_same_counts(version
     assert check["pairs"] > 0 and not (len(pt) == len(ref[0]) and np.array_equal(pt, ref[0]))
 
 
-def test_an_overlay_graph_replays_new_layers_of_the_same_counts():
+@pytest.mark.parametrize("version", ["v3", "v4"])
+def test_an_overlay_graph_replays_new_layers_of_the_same_counts(version):
     import cupy as cp
 
     from app.kernel.overlay.gpu import KEPT_PAIRS, N_CANDIDATES, N_PAIRS, SLOTS
     from app.kernel.overlay.plan import OverlayInputs
     from app.runtime.recorder import read_to_host
 
-    plan = get_plan_class("overlay", "v3")({"left": 2_000, "right": 2_000})
+    plan = get_plan_class("overlay", version)({"left": 2_000, "right": 2_000})
     inputs = plan.make_inputs()
     backend, stream, graph, ref = _captured(plan, inputs)
     state = graph.state

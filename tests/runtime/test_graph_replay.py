@@ -41,7 +41,8 @@ def test_the_build_runs_eagerly_and_a_stage_with_other_host_reads_blocks_the_rep
                                   ["join", "v2", "--points", "20k", "--polygons", "2k"],
                                   ["join", "v3", "--points", "20k", "--polygons", "2k"],
                                   ["overlay", "v2", "--left", "2k", "--right", "2k"],
-                                  ["overlay", "v3", "--left", "2k", "--right", "2k"]])
+                                  ["overlay", "v3", "--left", "2k", "--right", "2k"],
+                                  ["overlay", "v4", "--left", "2k", "--right", "2k"]])
 def test_graph_replay_gives_the_eager_output_and_both_times(tmp_path, args):
     assert main([*args, "--device", "gpu", "--bench_runs", "5", "--graph", "--out", str(tmp_path)]) == 0
     (d,) = list(tmp_path.glob("profiles/event/*/*/*"))

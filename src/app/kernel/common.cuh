@@ -51,6 +51,24 @@ __device__ __forceinline__ long long live_count(long long n, const unsigned long
     return n_dev ? (long long)min((unsigned long long)n, *n_dev) : n;
 }
 
+// For kernels launched cooperatively (join_fused.cu's, overlay_v4.cu's): steps that each need the one before
+// done on the whole grid wait here instead of ending a kernel.
+// Every block of the grid waits here until all have arrived, their writes before it visible to all after it
+// (cooperative groups' scheme: each block adds 1 to ``arrived``, block 0 adds 2^31 - (blocks - 1), so the word's top
+// bit flips once every block is in and the word needs no reset; it starts at any value, zero when allocated).
+__device__ __forceinline__ void grid_barrier(unsigned int* arrived) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned int add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+        __threadfence();                                     // this block's writes before its arrival
+        const unsigned int before = atomicAdd(arrived, add);
+        while (((before ^ *(volatile unsigned int*)arrived) & 0x80000000u) == 0) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // Block-wide aggregation: one atomic per block and counter instead of one per thread
 // (same-address atomics serialise in L2). Every thread of the block must call these.
 template <int K>

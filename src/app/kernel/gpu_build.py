@@ -364,6 +364,11 @@ class GpuBackend:
         if n > 0:
             self.mod.fn[name](((n + block - 1) // block,), (block,), args)
 
+    def barrier_word(self, kernel: str):
+        """The word a cooperative kernel's grid barrier counts arrivals in (common.cuh's grid_barrier): zeroed
+        once, and every barrier leaves it as it found it but for its top bit, so no run resets it."""
+        return self.mod.ws.self_zeroing(kernel + ".barrier", 1, np.uint32)
+
     def _launch_cooperative(self, name, n, block, args):
         """A kernel that waits for its whole grid at barriers, launched cooperatively so that every block
         is resident at once: a block a ``block`` of the ``n`` items, at most as many as the SMs hold (the kernel

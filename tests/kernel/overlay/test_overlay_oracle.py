@@ -10,7 +10,7 @@ from app.kernel.overlay.plan import OverlayV1
 from tests.conftest import DEVICES
 
 
-VERSIONS = ["v1", "v2", "v3"]
+VERSIONS = ["v1", "v2", "v3", "v4"]
 
 
 def assert_matches_shapely(left, right, device, version=None):
@@ -124,7 +124,7 @@ def test_gpu_and_cpu_stage_metadata_agree(layout, version):
     # candidate edge pairs.
     assert {d: (by[d]["segment_mbr_filter"]["rows_in"], by[d]["segment_mbr_filter"]["rows_out"]) for d in by} == {
         d: (6000, by["gpu"]["segment_mbr_filter"]["meta"]["candidates"]) for d in by}
-    if version == "v3":
+    if version in ("v3", "v4"):
         # The CPU carries the status along each ring as the GPU walks it: the same marks, cut rings, pieces,
         # kept pieces and point-in-polygon tests, exactly.
         assert by["cpu"]["exact_intersection_refine"]["meta"]["end_marks"] == \
@@ -134,9 +134,10 @@ def test_gpu_and_cpu_stage_metadata_agree(layout, version):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v3", "v4"])
 @pytest.mark.parametrize("layout", ["random", "self"])
 @pytest.mark.parametrize("small", ["pairs", "candidates", "slots"])
-def test_v3_counts_past_a_room_grow_it_and_run_again_exactly(layout, small):
+def test_v3_counts_past_a_room_grow_it_and_run_again_exactly(layout, small, version):
     """v3 reads no size before its result: polygon pairs, candidate edge pairs and edge slots go into rooms kept
     from run to run, checked by the one read at the end. A run that counts more than a room holds grows it and
     runs the filter to the areas again in that same run (and says so); the next run fits, with that one read."""
@@ -147,9 +148,9 @@ def test_v3_counts_past_a_room_grow_it_and_run_again_exactly(layout, small):
     from app.runtime.nvtx import Nvtx
     from app.runtime.recorder import Recorder
 
-    plan = get_plan_class("overlay", "v3")({"left": 800, "right": 700, "layout": layout, "seed": 5})
+    plan = get_plan_class("overlay", version)({"left": 800, "right": 700, "layout": layout, "seed": 5})
     inp = plan.make_inputs()
-    backend = OverlayGPU(plan.tiling, "v3")
+    backend = OverlayGPU(plan.tiling, version)
     backend.compile()
     out, rec = Recorder("gpu", cp, Nvtx(False, "overlay")).run(plan, inp, backend)     # rooms fitted to these
     fitted = dict(backend.rooms)
@@ -169,7 +170,7 @@ def test_v3_counts_past_a_room_grow_it_and_run_again_exactly(layout, small):
         assert backend.rooms == fitted
 
 
-def _v3_backend_and_run():
+def _v3_backend_and_run(version="v3"):
     import cupy as cp
 
     from app.kernel.overlay.gpu import OverlayGPU
@@ -177,7 +178,7 @@ def _v3_backend_and_run():
     from app.runtime.nvtx import Nvtx
     from app.runtime.recorder import Recorder
 
-    backend = OverlayGPU(get_plan_class("overlay", "v3")({}).tiling, "v3")
+    backend = OverlayGPU(get_plan_class("overlay", version)({}).tiling, version)
     backend.compile()
 
     def run(plan, inp):
@@ -189,7 +190,8 @@ def _v3_backend_and_run():
 
 
 @pytest.mark.gpu
-def test_v3_runs_leave_the_cell_table_zeroed_and_the_summary_ready_for_the_next():
+@pytest.mark.parametrize("version", ["v3", "v4"])
+def test_v3_runs_leave_the_cell_table_zeroed_and_the_summary_ready_for_the_next(version):
     """A warm v3 run launches no init_summary or memset: the run before set the summary back to its identities
     (sort_pairs) and zeroed the filter's cell table (corner_scatter) and the event sort's count tables
     (slot_scatter). After every run all must be so, also after a run whose room grew, which sums the summary
@@ -200,8 +202,8 @@ def test_v3_runs_leave_the_cell_table_zeroed_and_the_summary_ready_for_the_next(
 
     from app.kernel.plan import get_plan_class
 
-    backend, run = _v3_backend_and_run()
-    plan = get_plan_class("overlay", "v3")({"left": 800, "right": 700, "seed": 5})
+    backend, run = _v3_backend_and_run(version)
+    plan = get_plan_class("overlay", version)({"left": 800, "right": 700, "seed": 5})
     inp = plan.make_inputs()
     for grow in (False, False, True, False):
         if grow:
@@ -214,29 +216,36 @@ def test_v3_runs_leave_the_cell_table_zeroed_and_the_summary_ready_for_the_next(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stop_at", ["corner_start", "ev_start"])
-def test_v3_a_run_stopped_after_counting_leaves_the_next_run_exact(stop_at):
+@pytest.mark.parametrize("version,stop_at", [("v3", "corner_start"), ("v3", "ev_start"), ("v4", "filter_fused"),
+                                             ("v4", "ev_start")])
+def test_v3_a_run_stopped_after_counting_leaves_the_next_run_exact(version, stop_at):
     """A run stopped between a count and the scatter that zeroes its table again (the scan's launch between them
     interrupted, as by Ctrl-C) leaves that table dirty: the filter's cell table, with the summary summed, or the
-    event sort's count tables. The next run, on other layers, must set them up again rather than add to them."""
+    event sort's count tables. The next run, on other layers, must set them up again rather than add to them.
+    v4 counts, scans and scatters in one launch: stopped before it, the summary is summed and not yet reset."""
     from app.kernel.plan import get_plan_class
 
-    backend, run = _v3_backend_and_run()
-    plans = [get_plan_class("overlay", "v3")({"left": 800, "right": 700, "seed": s}) for s in (5, 6)]
+    backend, run = _v3_backend_and_run(version)
+    plans = [get_plan_class("overlay", version)({"left": 800, "right": 700, "seed": s}) for s in (5, 6)]
     first = plans[0].make_inputs()
     run(plans[0], first)                        # warm: the next run trusts what this one left
-    scan = backend.mod.inclusive_scan
+    scan, launch = backend.mod.inclusive_scan, backend._launch_cooperative
 
     def interrupted(x, out_dtype, tag, n_dev=None):
         if tag == stop_at:
             raise KeyboardInterrupt
         return scan(x, out_dtype, tag, n_dev=n_dev)
 
-    backend.mod.inclusive_scan = interrupted
+    def interrupted_launch(name, *args):
+        if name == stop_at:
+            raise KeyboardInterrupt
+        return launch(name, *args)
+
+    backend.mod.inclusive_scan, backend._launch_cooperative = interrupted, interrupted_launch
     with pytest.raises(KeyboardInterrupt):
         run(plans[0], first)
-    backend.mod.inclusive_scan = scan
-    assert (backend._ready if stop_at == "corner_start" else backend._sort_ready) is None
+    backend.mod.inclusive_scan, backend._launch_cooperative = scan, launch
+    assert (backend._sort_ready if stop_at == "ev_start" else backend._ready) is None
     run(plans[1], plans[1].make_inputs())
 
 

@@ -8,26 +8,12 @@
 // instead of ending the kernel. The kernels are launched cooperatively (cudaLaunchCooperativeKernel), which keeps
 // every block of the grid resident at once -- the driver refuses a grid that cannot be -- and that is what makes
 // a barrier across blocks safe; gpu.py sizes the grid within the occupancy the kernel allows. The barrier is
-// cooperative groups' grid sync, written out here (grid_barrier): its header needs the toolkit's and CCCL's
+// cooperative groups' grid sync, written out in common.cuh (grid_barrier): its header needs the toolkit's and CCCL's
 // include folders, which CuPy finds for its own build but not for the PTX a profile keeps beside it. On an H200
 // a barrier across 264 blocks cost ~1.5 us, and a cooperative launch 6.0 against 4.8 us of host time for a
 // plain one; captured into a CUDA graph, it replays.
 
-// Every block of the grid waits here until all have arrived, their writes before it visible to all after it
-// (cooperative groups' scheme: each block adds 1 to ``arrived``, block 0 adds 2^31 - (blocks - 1), so the word's top
-// bit flips once every block is in and the word needs no reset; it starts at any value, zero when allocated).
-__device__ __forceinline__ void grid_barrier(unsigned int* arrived) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned int add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-        __threadfence();                                     // this block's writes before its arrival
-        const unsigned int before = atomicAdd(arrived, add);
-        while (((before ^ *(volatile unsigned int*)arrived) & 0x80000000u) == 0) {
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
+// grid_barrier: common.cuh's.
 
 #define FUSED_SCAN_ITEMS 4
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from app.kernel.geometry import polygons_from_shapely
-from app.kernel.overlay.plan import OverlayInputs, OverlayV1, OverlayV2, OverlayV3  # noqa: F401  (registers versions)
+from app.kernel.overlay.plan import (OverlayInputs, OverlayV1, OverlayV2, OverlayV3,  # noqa: F401  (registers)
+                                     OverlayV4)
 
 
 def overlay_areas(left, right, device: str = "auto", version: str | None = None, make_valid: bool = False):

@@ -1,5 +1,5 @@
-"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu, overlay_exact.cu, overlay_area.cu and
-overlay_v3.cu.
+"""The overlay's stages on the GPU: CuPy plus the RawKernels of overlay.cu, overlay_exact.cu, overlay_area.cu,
+overlay_v3.cu and overlay_v4.cu.
 
 Every counter of a run lands in one device array, the run's ledger (the grid the filter
 buckets by, chosen on the device, then the filter's, refine's and area's counters), which
@@ -21,6 +21,12 @@ vertices, written into the buffers it was captured with, while the counts the de
 A v3 run also leaves the filter's cell table zeroed and the bounds' summary at its
 identities for the next run, which therefore launches neither init_summary nor a memset
 of the table (a first run, or one after a run that stopped midway, does).
+
+v4 is v3 with the filter's launches before the edge-pair filter -- B counted into the grid's cells, the table's
+scan, B's scatter, the polygon pairs' count pass, its scan, its emit pass, the pairs' sort and the edge slots'
+scan -- in one cooperative launch (overlay_v4.cu's filter_fused), its grid waiting at a barrier between steps:
+the same device code on every item, two launches for the filter where v3 issues nine. Everything said of v3
+here holds for v4.
 
 v3 changes two of v1's kernels too. The edge-pair filter gives each polygon pair a warp
 whose lanes hold a's edges, and broadcasts b's near edges to them by shuffles (v1's tests
@@ -56,7 +62,7 @@ from app.kernel.robust import CCW_ERRBOUND_A
 
 # Compiled as one program, in this order (each file uses what the ones before it define).
 SOURCE = tuple(Path(__file__).with_name(f) for f in ("overlay.cu", "overlay_exact.cu", "overlay_area.cu",
-                                                      "overlay_v3.cu"))
+                                                      "overlay_v3.cu", "overlay_v4.cu"))
 # overlay.cu's PAIR_STASH: b's each a keeps from polygon_pairs' count pass (an a with more is tested again).
 PAIR_STASH = 16
 # The run's ledger, 64-bit words: common.cuh's GridParams (ox, oy, sx, sy as fp64 bits, level, shift, cells, table
@@ -85,6 +91,8 @@ LEDGER_WORDS = 28
 FIRST_PAIRS_PER_POLYGON = 4
 FIRST_CANDIDATES_PER_PAIR = 8
 MIN_ROOM = 4096
+# overlay_v4.cu's FILTER_SCAN_ITEMS: the scans inside v4's filter_fused take tiles of block x this.
+FILTER_SCAN_ITEMS = 4
 # overlay_v3.cu's EDGE_GROUP: lanes of v3's edge-pair filter a polygon pair (two pairs a warp).
 EDGE_GROUP = 16
 # v3's walk of the cut rings: a fixed grid of this many blocks a multiprocessor (each holds one or two at 128
@@ -103,7 +111,7 @@ SLOT_BUCKET_SHIFT = 5
 STAGE_KERNELS = {
     "segment_extraction": ("init_summary", "polygon_tables"),
     "segment_mbr_filter": ("grid_zero", "corner_cells", "corner_cells_grid", "corner_scatter", "polygon_pairs",
-                           "sort_pairs", "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp"),
+                           "sort_pairs", "filter_fused", "edge_pairs", "edge_pairs_sweep", "edge_pairs_warp"),
     "exact_intersection_refine": ("refine_pairs",),
     "reconstruction_event_sort": ("slot_count", "slot_scatter", "slot_sort", "bucket_sort"),
     "area_reconstruction": ("area_rings", "area_rings_exact", "area_rings_flip", "area_cut_rings",
@@ -121,6 +129,8 @@ class OverlayGPU(GpuBackend):
 
     def __init__(self, tiling: dict, version: str = "v1"):
         super().__init__(tiling, version)
+        self.rooms_kept = version in ("v3", "v4")   # no size read before the result: rooms kept from run to run
+        self.fused_filter = version == "v4"         # the filter's first eight launches one cooperative launch
         self.rooms: dict | None = None    # v3: polygon pairs, candidates and edge slots its buffers hold
         self._views: dict | None = None
         self._sort_scratch: tuple | None = None
@@ -162,7 +172,7 @@ class OverlayGPU(GpuBackend):
     def segment_extraction(self, state, st, tiling):
         cp, ws, block = self.cp, self.mod.ws, tiling["block"]
         summary = ws.empty("summary", 8, cp.float64)
-        if self.version == "v3":
+        if self.rooms_kept:
             # The run before left the summary at its identities and the cell table zeroed: no init_summary, no
             # memset. Not so on a first run, or when a run stopped before its sort_pairs: then both are queued here.
             counts = ws.empty("corner_counts_max", grid.MAX_TABLE, cp.int32)
@@ -197,7 +207,7 @@ class OverlayGPU(GpuBackend):
         state.update(filter_block=tiling["block"], level_bias=tiling["level_bias"], filter_st=st,
                      ledger=self._ledger())
         st.rows_in = A["n_geoms"] + B["n_geoms"]
-        if self.version == "v3":        # the counts and the grid's level come back with the final read
+        if self.rooms_kept:        # the counts and the grid's level come back with the final read
             self._filter_in_rooms(state)
             return
         cp, ws, block = self.cp, self.mod.ws, tiling["block"]
@@ -238,7 +248,7 @@ class OverlayGPU(GpuBackend):
         # B bucketed by the cell of its bbox's lower-left corner.
         cell = ws.empty("corner_cell", gb, cp.uint32)
         slot = ws.empty("corner_slot", gb, cp.int32)
-        if self.version == "v3":    # the grid chosen as B is counted, in a table already zero (segment_extraction)
+        if self.rooms_kept:    # the grid chosen as B is counted, in a table already zero (segment_extraction)
             counts = clear = state["corner_counts"]
             self.mod.fn["corner_cells_grid"](((max(gb, 1) + block - 1) // block,), (block,), (
                 B["bbox"], np.int32(gb)) + grid_args + (cell, slot, counts, led["counters"],
@@ -282,24 +292,48 @@ class OverlayGPU(GpuBackend):
         if self.rooms is None:
             self.rooms = self._first_rooms(state)
         room = self.rooms
-        pcounts, poffsets, common = self._polygon_pair_counts(state)
         pair_a = ws.empty("pair_a", room["pairs"], cp.int32)
         pair_b = ws.empty("pair_b", room["pairs"], cp.int32)
         ga, P = A["n_geoms"], np.int64(room["pairs"])
-        # The emit pass: every warp returns at once unless some a had more pairs than its stash.
-        self._launch("polygon_pairs", 32 * ga, block, common[:-2] + (pcounts, poffsets, pair_b, P) + common[-2:])
         slots = ws.empty("pair_slots", room["pairs"], cp.int64)       # sort_pairs writes each pair's edge slots
-        self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), P, common[-2], pair_a, pair_b, A["ring_offsets"],
-                                               A["geom_ring_offsets"], B["ring_offsets"], B["geom_ring_offsets"], slots,
-                                               led["slots"], state["summary"]))
-        if ga:      # sort_pairs set the summary back to its identities; corner_scatter zeroed the table
+        tables = (A["ring_offsets"], A["geom_ring_offsets"], B["ring_offsets"], B["geom_ring_offsets"], slots,
+                  led["slots"])
+        if self.fused_filter:
+            slot_incl = self._filter_fused(state, pair_a, pair_b, P, tables)
+        else:
+            pcounts, poffsets, common = self._polygon_pair_counts(state)
+            # The emit pass: every warp returns at once unless some a had more pairs than its stash.
+            self._launch("polygon_pairs", 32 * ga, block, common[:-2] + (pcounts, poffsets, pair_b, P) + common[-2:])
+            self._launch("sort_pairs", ga, block, (poffsets, np.int32(ga), P, common[-2], pair_a, pair_b, *tables,
+                                                   state["summary"]))
+            slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl", n_dev=led["n_pairs"])
+        if ga or self.fused_filter:     # the summary set back to its identities, the cell table zeroed
             self._ready = (state["summary"], state["corner_counts"])
-        slot_incl = self.mod.inclusive_scan(slots, cp.int64, "slot_incl", n_dev=led["n_pairs"])
         cand = [ws.empty(f"cand_{k}", room["candidates"], cp.int32) for k in ("p", "ka", "kb")]
         self._launch("edge_pairs_warp", EDGE_GROUP * room["pairs"], block,
                      self._pair_geometry(state, pair_a, pair_b) + (led["n_pairs"], slot_incl, np.int64(room["slots"]),
                                                                    np.int64(room["candidates"]), *cand, led["edges"]))
         state.update(pair_a=pair_a, pair_b=pair_b, slot_incl=slot_incl, n_slots=room["slots"], cand=cand)
+
+    def _filter_fused(self, state, pair_a, pair_b, P, tables):
+        """v4: v3's launches from corner_cells_grid to the slots' scan, in one cooperative launch (overlay_v4.cu's
+        filter_fused) with v3's arguments. Returns the slots' inclusive scan."""
+        cp, ws, block, led = self.cp, self.mod.ws, state["filter_block"], state["ledger"]
+        A, B, counts = state["a"], state["b"], state["corner_counts"]
+        ga, gb, tile = A["n_geoms"], B["n_geoms"], block * FILTER_SCAN_ITEMS
+        grid_args = (state["summary"], np.int64(ga + gb), np.int32(state["level_bias"]), np.int32(grid.MAX_LEVEL),
+                     led["grid"], led["counters"], np.int32(led["counters"].size))
+        cell_start = ws.empty("corner_start", len(counts), cp.int32)
+        pcounts, poffsets = ws.empty("pair_counts", ga, cp.int64), ws.empty("pair_offsets", ga, cp.int64)
+        slot_incl = ws.empty("slot_incl", int(P), cp.int64)
+        self._launch_cooperative("filter_fused", 32 * max(ga, gb), block, (
+            A["bbox"], np.int32(ga), B["bbox"], np.int32(gb)) + grid_args + (
+            ws.empty("corner_cell", gb, cp.uint32), ws.empty("corner_slot", gb, cp.int32), counts,
+            np.int64(len(counts)), led["table"], cell_start, self.mod.scan_state("corner_start.fused", len(counts), tile),
+            ws.empty("sorted_b", gb, cp.int32), pcounts, poffsets, self.mod.scan_state("pair_offsets.fused", ga, tile),
+            ws.empty("pair_stash", ga * PAIR_STASH, cp.int32), led["pairs"], pair_a, pair_b, P, *tables, slot_incl,
+            self.mod.scan_state("slot_incl.fused", int(P), tile), self.barrier_word("filter_fused")))
+        return slot_incl
 
     def _edge_pairs_counted(self, st, led, geo, npairs, block):
         """v1, v2: edge pairs of each polygon pair counted (with the pair's slots), scanned, read, then emitted."""
@@ -335,7 +369,7 @@ class OverlayGPU(GpuBackend):
         ov_slot, ov_lo = ws.empty("ov_slot", 2 * c, cp.int32), ws.empty("ov_lo", 2 * c, cp.float64)
         ov_hi, ov_keep = ws.empty("ov_hi", 2 * c, cp.float64), ws.empty("ov_keep", 2 * c, cp.int32)
         # v3 also records whether each split is a proper crossing, and marks touches at segment ends.
-        v3 = self.version == "v3"
+        v3 = self.rooms_kept
         ev_kind = ws.empty("ev_kind", 4 * c, cp.int8) if v3 else None
         self._launch("refine_pairs", c, state["refine_block"], (
             A["coords"], A["geom_ring_offsets"], A["ring_offsets"], B["coords"], B["geom_ring_offsets"],
@@ -356,7 +390,7 @@ class OverlayGPU(GpuBackend):
         (``ev_sslot``, ``ov_sslot``) for the area kernels to find a slot's records by, and each split record's t
         and kind in sorted order (``ev_ts``, ``ev_ks``) for the ring walk."""
         cp, block, led = self.cp, state["sort_block"], state["ledger"]
-        v3 = self.version == "v3"
+        v3 = self.rooms_kept
         shift = SLOT_BUCKET_SHIFT if v3 else 0
         n_keys = (state["n_slots"] >> shift) + 1 if v3 else state["n_slots"]   # v3: a bucket past the last slot
         (ev_slot, ev_t), (ov_slot, ov_lo) = state["ev"], state["ov"][:2]
@@ -416,9 +450,9 @@ class OverlayGPU(GpuBackend):
         state["area_block"] = tiling["block"]
         out = self._areas(state)
         led = state["ledger"]
-        why = "output pairs -> output size" + (", room check" if self.version == "v3" else "")
+        why = "output pairs -> output size" + (", room check" if self.rooms_kept else "")
         words = st.read_result_size(led["all"], why)
-        while self.version == "v3" and not self._fit_rooms(words, st):
+        while self.rooms_kept and not self._fit_rooms(words, st):
             # A count past its room: the buffers were too small for these inputs. The rooms fit the counts now
             # (those of the pairs that fitted, where the pairs did not: a third pass may still grow the others).
             # sort_pairs set the summary back to its identities for the next run: it is summed again first.
@@ -458,7 +492,7 @@ class OverlayGPU(GpuBackend):
         cp, ws, block, led = self.cp, self.mod.ws, state["area_block"], state["ledger"]
         A, B = state["a"], state["b"]
         npairs = len(state["pair_a"])       # v3: the room; the kernels read the live count
-        n_pairs = led["n_pairs"] if self.version == "v3" else np.intp(0)
+        n_pairs = led["n_pairs"] if self.rooms_kept else np.intp(0)
         max_rings = max(A["max_rings"], B["max_rings"])
         contrib = ws.empty("contrib", npairs * 2 * max_rings, cp.float64)
         redo = ws.empty("redo_list", max(npairs * 2 * max_rings, 1), cp.int64)     # rings for the exact re-do
@@ -498,7 +532,7 @@ class OverlayGPU(GpuBackend):
         keep = ws.empty("pair_keep", npairs, cp.int32)
         self._launch("pair_area", npairs, block, (contrib, np.int32(npairs), n_pairs, np.int32(max_rings), area, keep,
                                                   led["kept"]))
-        incl = self.mod.inclusive_scan(keep, cp.int64, "keep_incl", n_dev=n_pairs if self.version == "v3" else None)
+        incl = self.mod.inclusive_scan(keep, cp.int64, "keep_incl", n_dev=n_pairs if self.rooms_kept else None)
         # The output is written before its length is read, into columns as long as the polygon pairs (the
         # most it can be) and cut to length after: the read comes after the last launch, so the GPU does not
         # wait for the host to read the length and launch once more (about 45 us at 100k x 100k on an H200).
@@ -519,7 +553,7 @@ class OverlayGPU(GpuBackend):
         refine.meta.update(proper=proper, touch=touch, collinear_overlap=overlap, ambiguous_pairs=amb,
                            split_events=events)
         npairs = len(state["pair_a"])
-        if self.version == "v3":        # the filter's counts and the grid came back in this read
+        if self.rooms_kept:        # the filter's counts and the grid came back in this read
             refine.meta["end_marks"] = marks
             bbox_tests, npairs, crowded = (int(v) for v in words[PAIR_STATS])
             tests, c = (int(v) for v in words[EDGE_STATS])

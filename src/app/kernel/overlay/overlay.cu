@@ -53,13 +53,19 @@ extern "C" __global__ void polygon_tables(const double2* ca, const int* ro_a, co
 // and left by B's largest width/height, so each a scans those cells: no duplicates.
 // The grid comes from the device (common.cuh's grid_zero; in v3, corner_cells_grid), so the host reads nothing to
 // choose it.
+// b's corner into its cell: the cell, and its place in the cell (the table's entry c + 1 counts the cell's b's).
+__device__ __forceinline__ void corner_count(int g, const double* bbox, const GridParams& gp, unsigned int* cell,
+                                             int* slot, int* counts) {
+    unsigned int c = grid_cell(bbox[4 * g], bbox[4 * g + 1], gp);
+    cell[g] = c;
+    slot[g] = atomicAdd(counts + c + 1, 1);
+}
+
 extern "C" __global__ void corner_cells(const double* bbox, int G, const GridParams* gp, unsigned int* cell, int* slot,
                                         int* counts) {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= G) return;
-    unsigned int c = grid_cell(bbox[4 * g], bbox[4 * g + 1], *gp);
-    cell[g] = c;
-    slot[g] = atomicAdd(counts + c + 1, 1);
+    corner_count(g, bbox, *gp, cell, slot, counts);
 }
 
 // v3: the grid chosen and B counted into its cells in one launch, where v1 and v2 launch grid_zero first (common.cuh's
@@ -77,21 +83,24 @@ extern "C" __global__ void corner_cells_grid(const double* bbox, int G, const do
         for (int k = threadIdx.x; k < n_counters; k += blockDim.x) counters[k] = 0;
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= G) return;
-    unsigned int c = grid_cell(bbox[4 * g], bbox[4 * g + 1], gp);
-    cell[g] = c;
-    slot[g] = atomicAdd(counts + c + 1, 1);
+    corner_count(g, bbox, gp, cell, slot, counts);
 }
 
 // ``clear`` (v3; null for v1, v2): the cell table, zeroed for the next run once the scan has read it. Each busy
 // cell has exactly one b with slot 0, and that b zeroes the cell's entry (as join.cu's restore_for_next_run).
-extern "C" __global__ void corner_scatter(const unsigned int* cell, const int* slot, int G, const int* cell_start,
-                                          int* sorted, int* clear) {
-    int g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= G) return;
+__device__ __forceinline__ void corner_place(int g, const unsigned int* cell, const int* slot, const int* cell_start,
+                                             int* sorted, int* clear) {
     unsigned int c = cell[g];
     int s = slot[g];
     sorted[cell_start[c] + s] = g;
     if (clear != nullptr && s == 0) clear[c + 1] = 0;
+}
+
+extern "C" __global__ void corner_scatter(const unsigned int* cell, const int* slot, int G, const int* cell_start,
+                                          int* sorted, int* clear) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= G) return;
+    corner_place(g, cell, slot, cell_start, sorted, clear);
 }
 
 // A warp per polygon a. stats[0] += bbox tests, stats[1] += pairs, stats[2] += polygons a with more than
@@ -106,6 +115,49 @@ extern "C" __global__ void corner_scatter(const unsigned int* cell, const int* s
 // warp's lanes busy, so the warps it gives up cost little: on an H200 the count pass took 73.3 us against 75.0 us
 // held to 32 registers (with spills), one nsys capture each.
 #define PAIR_STASH 16
+// Polygon a's pairs, by a whole warp (a warp-uniform); tests, found and overflow add its lane's share.
+__device__ __forceinline__ void warp_polygon_pairs(int a, int lane, const double* box_a, const double* box_b,
+                                                   const double* summary, const GridParams* gp, const int* cell_start,
+                                                   const int* sorted_b, long long* counts,
+                                                   const long long* incl_offsets, int* pair_b, long long room,
+                                                   int* stash, unsigned long long& tests, unsigned long long& found,
+                                                   unsigned long long& overflow) {
+    const double* A = box_a + 4 * (long long)a;
+    // Grown by the widest and tallest bbox of both layers (summary[6], [7]): at least B's.
+    double grown[4] = {A[0] - summary[6], A[1] - summary[7], A[2], A[3]};
+    unsigned int x0, y0, x1, y1;
+    box_cells(grown, gp, x0, y0, x1, y1);
+    unsigned int nx = x1 - x0 + 1, ncell = x1 >= x0 && y1 >= y0 ? nx * (y1 - y0 + 1) : 0;   // an empty box: none
+    long long out = incl_offsets ? (a == 0 ? 0 : incl_offsets[a - 1]) : 0;
+    int* row = stash + (long long)a * PAIR_STASH;
+    // The cells' runs of b laid end to end across the lanes (common.cuh's warp_cell_runs): a cell holds one
+    // or two b's, so a warp that took one cell at a time had one or two of its 32 lanes busy.
+    for (unsigned int c0 = 0; c0 < ncell; c0 += 32) {          // warp-uniform bounds
+        int first, incl, excl;
+        int total = warp_cell_runs(cell_start, x0, y0, nx, ncell, c0, lane, first, incl, excl);
+        for (int base = 0; base < total; base += 32) {          // the same trip count on every lane
+            int f = base + lane;
+            int j = run_item(f, first, incl, excl);
+            int b = 0;
+            bool hit = false;
+            if (f < total) {
+                b = sorted_b[j];
+                hit = boxes_meet(A[0], A[1], A[2], A[3], box_b + 4 * (long long)b);
+                ++tests;
+            }
+            unsigned int ballot = __ballot_sync(FULL_MASK, hit);
+            long long pos = out + __popc(ballot & ((1u << lane) - 1));
+            if (hit) {
+                if (incl_offsets) { if (pos < room) pair_b[pos] = b; }
+                else if (pos < PAIR_STASH) row[pos] = b;
+            }
+            out += __popc(ballot);
+            found += hit;
+        }
+    }
+    if (!incl_offsets && lane == 0) { counts[a] = out; overflow += out > PAIR_STASH; }   // out: a's pairs
+}
+
 extern "C" __global__ void __launch_bounds__(512, 3)
 polygon_pairs(const double* box_a, int GA, const double* box_b, const double* summary, const GridParams* gp,
               const int* cell_start, const int* sorted_b, long long* counts, const long long* incl_offsets,
@@ -114,42 +166,9 @@ polygon_pairs(const double* box_a, int GA, const double* box_b, const double* su
     int a = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);   // warp-uniform
     int lane = threadIdx.x & 31;
     unsigned long long tests = 0, found = 0, overflow = 0;
-    if (a < GA && !(incl_offsets && counts[a] <= PAIR_STASH)) {
-        const double* A = box_a + 4 * (long long)a;
-        // Grown by the widest and tallest bbox of both layers (summary[6], [7]): at least B's.
-        double grown[4] = {A[0] - summary[6], A[1] - summary[7], A[2], A[3]};
-        unsigned int x0, y0, x1, y1;
-        box_cells(grown, gp, x0, y0, x1, y1);
-        unsigned int nx = x1 - x0 + 1, ncell = x1 >= x0 && y1 >= y0 ? nx * (y1 - y0 + 1) : 0;   // an empty box: none
-        long long out = incl_offsets ? (a == 0 ? 0 : incl_offsets[a - 1]) : 0;
-        int* row = stash + (long long)a * PAIR_STASH;
-        // The cells' runs of b laid end to end across the lanes (common.cuh's warp_cell_runs): a cell holds one
-        // or two b's, so a warp that took one cell at a time had one or two of its 32 lanes busy.
-        for (unsigned int c0 = 0; c0 < ncell; c0 += 32) {          // warp-uniform bounds
-            int first, incl, excl;
-            int total = warp_cell_runs(cell_start, x0, y0, nx, ncell, c0, lane, first, incl, excl);
-            for (int base = 0; base < total; base += 32) {          // the same trip count on every lane
-                int f = base + lane;
-                int j = run_item(f, first, incl, excl);
-                int b = 0;
-                bool hit = false;
-                if (f < total) {
-                    b = sorted_b[j];
-                    hit = boxes_meet(A[0], A[1], A[2], A[3], box_b + 4 * (long long)b);
-                    ++tests;
-                }
-                unsigned int ballot = __ballot_sync(FULL_MASK, hit);
-                long long pos = out + __popc(ballot & ((1u << lane) - 1));
-                if (hit) {
-                    if (incl_offsets) { if (pos < room) pair_b[pos] = b; }
-                    else if (pos < PAIR_STASH) row[pos] = b;
-                }
-                out += __popc(ballot);
-                found += hit;
-            }
-        }
-        if (!incl_offsets && lane == 0) { counts[a] = out; overflow = out > PAIR_STASH; }   // out: a's pairs
-    }
+    if (a < GA && !(incl_offsets && counts[a] <= PAIR_STASH))
+        warp_polygon_pairs(a, lane, box_a, box_b, summary, gp, cell_start, sorted_b, counts, incl_offsets, pair_b,
+                           room, stash, tests, found, overflow);
     unsigned long long v[3] = {tests, found, overflow};
     if (!incl_offsets) block_add<3>(stats, v);
 }
@@ -162,6 +181,34 @@ polygon_pairs(const double* box_a, int GA, const double* box_b, const double* su
 // With ``summary`` (v3), the first thread sets it back to its identities for the next run: polygon_pairs, the
 // last to read it, is done. That saves the next run init_summary's launch (gpu.py launches it when no run left
 // the summary so, and relaunches the bounds when a run goes again after a room grew).
+// Polygon a's pairs in place and their slots (with ``slots``): returns their slots' total.
+__device__ __forceinline__ unsigned long long sort_pairs_of(int a, const long long* incl_offsets, long long room,
+                                                            const int* stash, int* pair_a, int* pair_b, const int* ro_a,
+                                                            const int* gro_a, const int* ro_b, const int* gro_b,
+                                                            long long* slots) {
+    unsigned long long total = 0;
+    long long s = a == 0 ? 0 : incl_offsets[a - 1], found = incl_offsets[a] - s, e = min(incl_offsets[a], room);
+    if (found <= PAIR_STASH)
+        for (long long i = s; i < e; ++i) pair_b[i] = stash[(long long)a * PAIR_STASH + (i - s)];
+    for (long long i = s; i < e; ++i) pair_a[i] = a;
+    for (long long i = s + 1; i < e; ++i) {
+        int v = pair_b[i];
+        long long j = i - 1;
+        while (j >= s && pair_b[j] > v) { pair_b[j + 1] = pair_b[j]; --j; }
+        pair_b[j + 1] = v;
+    }
+    if (slots) {
+        int coords_a = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
+        for (long long i = s; i < e; ++i) {
+            int b = pair_b[i];
+            long long n = (long long)coords_a + (ro_b[gro_b[b + 1]] - ro_b[gro_b[b]]);
+            slots[i] = n;
+            total += n;
+        }
+    }
+    return total;
+}
+
 extern "C" __global__ void sort_pairs(const long long* incl_offsets, int GA, long long room, const int* stash,
                                       int* pair_a, int* pair_b, const int* ro_a, const int* gro_a, const int* ro_b,
                                       const int* gro_b, long long* slots, unsigned long long* slot_total,
@@ -170,27 +217,7 @@ extern "C" __global__ void sort_pairs(const long long* incl_offsets, int GA, lon
     unsigned long long total = 0;
     if (summary != nullptr && a == 0)
         for (int k = 0; k < 8; ++k) summary_identity(summary, k);
-    if (a < GA) {
-        long long s = a == 0 ? 0 : incl_offsets[a - 1], found = incl_offsets[a] - s, e = min(incl_offsets[a], room);
-        if (found <= PAIR_STASH)
-            for (long long i = s; i < e; ++i) pair_b[i] = stash[(long long)a * PAIR_STASH + (i - s)];
-        for (long long i = s; i < e; ++i) pair_a[i] = a;
-        for (long long i = s + 1; i < e; ++i) {
-            int v = pair_b[i];
-            long long j = i - 1;
-            while (j >= s && pair_b[j] > v) { pair_b[j + 1] = pair_b[j]; --j; }
-            pair_b[j + 1] = v;
-        }
-        if (slots) {
-            int coords_a = ro_a[gro_a[a + 1]] - ro_a[gro_a[a]];
-            for (long long i = s; i < e; ++i) {
-                int b = pair_b[i];
-                long long n = (long long)coords_a + (ro_b[gro_b[b + 1]] - ro_b[gro_b[b]]);
-                slots[i] = n;
-                total += n;
-            }
-        }
-    }
+    if (a < GA) total = sort_pairs_of(a, incl_offsets, room, stash, pair_a, pair_b, ro_a, gro_a, ro_b, gro_b, slots);
     if (slots) {             // block-uniform: the whole block reaches the barrier
         unsigned long long v[1] = {total};
         block_add<1>(slot_total, v);

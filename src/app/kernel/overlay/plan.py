@@ -91,7 +91,7 @@ class OverlayPlan(KernelPlan):
             return OverlayGPU(self.tiling, self.version)
         from app.kernel.overlay.cpu import OverlayCPU
 
-        return OverlayCPU(self.version)
+        return OverlayCPU(self.cpu_stages_of or self.version)
 
     def cost(self, stage: str, rows_in: int, rows_out: int, meta: dict, inputs: OverlayInputs) -> Cost:
         va, vb = inputs.left.n_coords, inputs.right.n_coords
@@ -176,8 +176,18 @@ class OverlayV3(OverlayPlan):
                "a point-in-polygon test per piece (on the CPU: v1's candidates, the status carried the same way)")
 
 
-set_default("overlay", "v3", "the fastest at the default sizes on an NVIDIA H200, the versions interleaved in one "
-                             "process with L2 flushed (python -m tests.benchmark.bench_ab overlay, 300 rounds): after "
-                             "the build 0.650 ms against v1's 1.048 and v2's 1.061 ms, end to end 1.156 against 1.575 "
-                             "and 1.583 ms; at 100k x 100k (40 rounds) 1.187 against 4.529 and 4.295 ms after the "
-                             "build (an H100 agreed earlier: 0.558 against 0.887 and 1.093 ms, L2 warm)")
+@register
+class OverlayV4(OverlayV3):
+    version = "v4"
+    summary = ("v3 with the filter's first eight launches -- B bucketed by cell, the polygon pairs counted, placed "
+               "and sorted, their edge slots scanned -- one cooperative launch, whose grid waits at barriers between "
+               "the steps: the filter issues two launches where v3 issues nine (on the CPU it runs v3's stages)")
+    cpu_stages_of = "v3"
+
+
+set_default("overlay", "v4", "the fastest at the default sizes on an NVIDIA H200, the versions interleaved in one "
+                             "process with L2 flushed (python -m tests.benchmark.bench_ab overlay --versions v3,v4, "
+                             "300 rounds): after the build 0.490 ms against v3's 0.547 (v3 1.12x [1.10-1.13] of v4's "
+                             "time), end to end 1.012 against 1.067 ms (1.05x [1.03-1.07]); at 100k x 100k (30 rounds) "
+                             "1.009 against 1.025 ms after the build (1.02x [1.01-1.02]), end to end a tie. v3 was "
+                             "measured the same way against v1 and v2: 0.650 against 1.048 and 1.061 ms after the build")
