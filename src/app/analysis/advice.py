@@ -17,13 +17,18 @@ COMPUTE_BOUND_PCT = 60.0     # "TC%/SM% high"
 ATTAINABLE = 0.7             # fraction of a roof a well-tuned kernel reaches: basis of gain estimates
 UNCOVERED_PCT = 5.0
 H2D_SHARE_PCT = 30.0
+# A GPU stage whose host time (issuing its work, no wait for a read) is about its time, between these shares of
+# it: the host issued it about as slowly as it ran, so the GPU most likely waited for the host (the stage chart's
+# thin bar as long as the thick one), whatever the stage's DRAM% says. A host time well past the stage's means the
+# GPU was still busy with earlier work while the host issued it (the join's bounds behind the build's copies), so
+# the host did not pace it.
+HOST_PACED = (0.8, 1.25)
 
 
 def two_digits(v: float) -> str:
-    """``v`` to two significant digits, as a decimal: 0.998 reads "1.0", as a table's one decimal gives it, not
-    "1"."""
-    text = f"{v:.2g}"
-    return text + ".0" if text.lstrip("-").isdigit() else text
+    """``v`` to two significant digits, trailing zeros kept: 0.998 reads "1.0", as a table's one decimal gives it,
+    not "1", and 0.499 "0.50", not "0.5"."""
+    return f"{v:#.2g}".rstrip(".")      # '#' keeps a trailing zero: 0.2018 reads "0.20", not "0.2"; 12.4 "12"
 
 
 def pct(value: float) -> str:
@@ -68,6 +73,10 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
             if m.get("result_size_reads") and m.get("syncs"):
                 issues.append("its time holds the result-length read's wait (a host round trip after all queued "
                               "work)")
+            paced = host_paced(trace, s)
+            if paced:
+                issues.append(f"host-paced, most likely: the host took {paced[0] * 1e6:,.1f} us to issue it, about "
+                              f"its {paced[1] * 1e6:,.1f} us")
             if dram is not None and bneck == "latency-bound":
                 issues.append(f"DRAM {pct(dram)}% of peak")
             if s["spread"].get("stable") is False and s["spread"]["runs"] >= MIN_CI_SAMPLES:    # None: too few runs
@@ -80,6 +89,19 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
         out.append({"stage": s["name"], "share_pct": 100 * s["elapsed_seconds"] / total,
                     "dram_pct": dram, "flop_pct": flop, "bottleneck": bneck, "key_issue": issue})
     return out
+
+
+def host_paced(trace: dict, stage: dict) -> tuple[float, float] | None:
+    """(host seconds, stage seconds) of an event-mode GPU stage the host most likely paced: its host time issuing
+    its work is within HOST_PACED of its time, with no read from the device in it (a read's wait is not issue
+    time). Its time is then what the host takes to issue it, which a faster kernel would not shorten. Event mode
+    sees no GPU idle time, so this stays a likelihood; nsys mode measures it."""
+    host, took = stage.get("host_seconds"), stage["elapsed_seconds"]
+    if (trace.get("mode") != "event" or stage.get("device") != "gpu" or not host or not took
+            or stage["metadata"].get("syncs")):
+        return None
+    low, high = HOST_PACED
+    return (host, took) if low * took <= host <= high * took else None
 
 
 MARKS_ADD_SHARE = 0.10     # the other stage marks' share of a stage's time from which its Key Issue names it
@@ -154,6 +176,16 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
             # 93.6 us with 10-14 us of kernels). Bigger launches would not shorten it, and the plan needs the length
             # to hand back its result: no opportunity, the Key Issue says what the time is.
             continue
+        elif f["bottleneck"] == "latency-bound" and host_paced(trace, s):
+            # The GPU waited for the host's launches: a kernel that ran faster would end no sooner.
+            host, took = host_paced(trace, s)
+            kernels = s["metadata"].get("kernels_launched", ())
+            name = (f"Cut the host time that most likely paces {f['stage']} (the host took {host * 1e6:,.1f} us to "
+                    "issue " + (f"its one kernel, {kernels[0]}," if len(kernels) == 1 else
+                                f"its {len(kernels)} kernels," if kernels else "it,")
+                    + f" about the stage's {took * 1e6:,.1f} us: fewer or cheaper launches, or the plan replayed "
+                      "as a CUDA graph, which --graph measures; nsys mode shows whether the GPU waited)")
+            trigger = f"host_us={host * 1e6:.1f}, stage_us={took * 1e6:.1f}, dram_pct={pct(point['dram_pct'])}"
         elif f["bottleneck"] == "latency-bound" and len(s["metadata"].get("kernels_launched", ())) == 1:
             # One kernel: nothing to fuse, and its grid may fill the GPU (the default join's filter: 1,250 blocks,
             # about two waves): the time is its own dependent steps.
@@ -228,7 +260,7 @@ def _staged_build_advice(trace: dict, stage: dict, total: float) -> str:
     handed over in pinned memory leave the DMA alone, which the profile measured beside the build (when it
     did): the rest of the build is the host copying into the staging buffers."""
     build = stage["elapsed_seconds"]
-    after = sum(s["elapsed_seconds"] for s in trace["stages"] if s is not stage and s["cost"]["kind"] != "host_link")
+    after = _after_build(trace, stage)
     overlap = 100 * min(build, after) / total
     # The opportunity's gain is the whole build, which only device-resident inputs save: said in the name, so
     # the pinned estimate beside it is not read as the same figure.
@@ -240,6 +272,16 @@ def _staged_build_advice(trace: dict, stage: dict, total: float) -> str:
                  f"runs at {gbps:.1f} GB/s, {dma * 1e6:,.0f} of the build's {build * 1e6:,.0f} us; the rest is the "
                  "host copying into the staging buffers)")
     return what + f"; overlapping the copies with the stages after them can hide at most {overlap:.0f}%"
+
+
+def _after_build(trace: dict, build: dict) -> float:
+    """The time of the stages after the build: the Timing table's "after the build" where the build is the only copy
+    stage (the median of each run's rest, as the runs give it), not a sum of the stages' own medians, which differs
+    by the runs' spread; that sum where the table has no such figure."""
+    after = (trace["timing"].get("after_build") or {}).get("median") \
+        if trace["timing"].get("build_stages") == [build["name"]] else None
+    return after if after is not None else sum(s["elapsed_seconds"] for s in trace["stages"]
+                                               if s is not build and s["cost"]["kind"] != "host_link")
 
 
 def _dma_alone(trace: dict, stage: dict) -> tuple[float, float] | None:
@@ -270,12 +312,7 @@ def overall(trace: dict, findings: list[dict], roof: dict) -> tuple[str, str]:
             and transfer[0]["share_pct"] > top["share_pct"]):
         t = transfer[0]
         stage = next(s for s in trace["stages"] if s["name"] == t["stage"])
-        # The Timing table's "after the build" where the build is the only copy stage (the median of each run's
-        # rest, as the runs give it), not a sum of the stages' own medians, which differs by the runs' spread.
-        after = (trace["timing"].get("after_build") or {}).get("median") \
-            if trace["timing"].get("build_stages") == [t["stage"]] else None
-        rest = after if after is not None else sum(s["elapsed_seconds"] for s in trace["stages"]
-                                                   if s["name"] != t["stage"])
+        rest = _after_build(trace, stage)
         link = _dma_alone(trace, stage)
         bound = (f"; the same bytes sent alone from its pinned staging buffers run at {link[0]:.1f} GB/s, so the "
                  "host's copy into those buffers is the bound" if link else "")

@@ -51,9 +51,11 @@ def _flags(p: dict, spec: dict, precision: str) -> list[str]:
 
 
 def plan_roofline(device_name: str, selected: str, stages: list[dict], precision: str = "fp64",
-                  uuid: str | None = None) -> dict:
+                  uuid: str | None = None, after_build_seconds: float | None = None) -> dict:
     """Per stage and end to end; says why when there is no roofline for this device. With ``uuid``, this
-    GPU's calibrated peaks are used when cached (``peaks_source`` says which)."""
+    GPU's calibrated peaks are used when cached (``peaks_source`` says which). ``after_build_seconds``: the runs'
+    own median time of the stages after the copies (event mode's Timing figure), the end-to-end point's time where
+    given; else the stages' own medians added up, which differ from any run's by the runs' spread."""
     if selected != "gpu":
         return {"available": False, "why": "ran on the CPU: conf/devices.json holds GPU peaks only"}
     key, spec = spec_for(device_name, uuid)
@@ -69,6 +71,7 @@ def plan_roofline(device_name: str, selected: str, stages: list[dict], precision
         tot_b, tot_f, tot_t = tot_b + cost["bytes"], tot_f + cost["flops"], tot_t + s["elapsed_seconds"]
     flagged = [name for name, p in per_stage.items() if p["flags"]]
     # A sum over a flagged stage (a time that is no measurement, an impossible rate) is no end-to-end figure.
+    tot_t = after_build_seconds if after_build_seconds else tot_t
     end = roofline_point(tot_b, tot_f, tot_t, spec, precision) if tot_t > 0 and not flagged else None
     return {
         "available": True, "device_model": key, "precision": precision,

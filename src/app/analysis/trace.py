@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from app.kernel.plan import stages_tile_run
 from app.runtime.stats import spread
 
 SCHEMA = "app.trace/1"
@@ -54,6 +55,9 @@ def build_trace(plan, inputs, selection, cold, runs, *, mode: str, nvtx: dict,
             "stage_sum_seconds": spread(sums)["median"],
             "uncovered_seconds": spread(uncovered)["median"],
             "uncovered_fraction": spread(uncovered)["median"] / totals["median"] if totals["median"] else 0.0,
+            # The run is its stages in order, each stage's closing mark the next one's opening and the last one's
+            # the run's end: no time between stages is left to uncover (it is inside a stage's time).
+            "stages_tile_run": all(u == 0 for u in uncovered) and stages_tile_run(plan),
             "clock": "CUDA events on the plan's stream" if selection.selected == "gpu"
                      else "time.perf_counter (monotonic)",
             "warmup_runs": warmup, "timed_runs": len(runs),

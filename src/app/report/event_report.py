@@ -80,7 +80,10 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
             ["sum of stages, run by run (median of each run's sum, us)", us(timing["stage_sum_seconds"])],
             ["sum of the Duration column (each stage's own median, us)", _column_sum_text(trace)],
             ["uncovered by stages, run by run (median of each run's total less its stages, us)",
-             f"{us(timing['uncovered_seconds'])} ({fmt(100 * timing['uncovered_fraction'], 2, '%')})"],
+             f"{us(timing['uncovered_seconds'])} ({fmt(100 * timing['uncovered_fraction'], 2, '%')})"
+             + (": none by construction: each stage's closing mark opens the next and the last one's ends the run, "
+                "so the stages tile it, and host or idle time between two stages' work counts in a stage's time"
+                if timing.get("stages_tile_run") else "")],
             ["host wall incl. final sync (us)", us(timing["wall"]["median"])],
             ["runs", f"{timing['warmup_runs']} warm-up{_warmup_text(timing.get('warmup'))}, "
                      f"{timing['timed_runs']} timed; clock: {timing['clock']}"],
@@ -131,10 +134,11 @@ def _roofline(roof):
     e = roof["end_to_end"]
     rows = [[name, fmt(p["bytes"] / 1e6, 2), *_flop_cells(p, fmt(p["achieved_gbps"])),
              "flagged: " + "; ".join(p["flags"]) if p.get("flags") else fmt_pct(p["pct_of_roofline"])]
-            for name, p in list(roof["stages"].items()) + ([("end to end", e)] if e else [])]
+            for name, p in list(roof["stages"].items()) + ([("all after the build", e)] if e else [])]
     if e:
         below = (e["arithmetic_intensity"] or 0) < roof["ridge_flop_per_byte"]
-        where = (f"End to end the plan runs at {fmt(e['arithmetic_intensity'], 3)} FLOP/byte, "
+        where = (f"After the build the plan runs at {fmt(e['arithmetic_intensity'], 3)} FLOP/byte (its time: the "
+                 "Timing table's \"after the host->device build\", where the profile has one), "
                  f"{'below' if below else 'above'} the ridge: the {'memory' if below else 'compute'} roof is the one "
                  "that applies.")
     else:
@@ -347,7 +351,8 @@ def _one_mark_section(trace: dict) -> Section | None:
                         f"shuffled order ({one['rounds']} rounds). In each round a stage's time is the time to the "
                         "mark after it minus the time to the mark before it, each from its own run; the figure is "
                         "the median over the rounds. These times carry no other mark's cost, but each has the spread "
-                        "of the plan up to it, so its interval is wider than the timed runs' Duration. \"Every stage "
+                        "of the plan up to it, from both of its runs; their intervals come from more rounds than the "
+                        "timed runs, so they can be narrower or wider than the Duration's. \"Every stage "
                         "marked\" is the median of the same rounds' marked runs, so the last column compares like "
                         "with like: the median of the rounds' differences. Not resolved: the figure's interval reaches "
                         "zero (or there are too few rounds for one), or lies wholly below it, which marks cannot "
@@ -382,8 +387,11 @@ def _stage_chart(roof):
     return Section("Stage chart",
                    text="![Time per stage: device vs host issue, with the memory-roof floor](stage_chart.png)\n\n"
                         "How to read it: the thick bar is the stage's measured time (median of timed runs), the thin "
-                        "dark bar inside it the time the host spent issuing the stage; they overlap in time and do not "
-                        "add (on the GPU, a thin bar as long as the thick one means the stage is launch-bound); " + floor)
+                        "dark bar over it the time the host spent in the stage: issuing its work, and in a stage the "
+                        "Stages table marks \"(waits)\" mostly waiting for a read from the device, which waits for "
+                        "all the work queued before it. The two overlap in time and do not add, and the thin bar can "
+                        "be the longer. On the GPU, in a stage that does not wait, a thin bar as long as the thick one "
+                        "means the host paced the stage (launch-bound); " + floor)
 
 
 def _rows_and_meta(trace):
@@ -400,7 +408,7 @@ def _rows_and_meta(trace):
 
 def _cold(trace):
     c = trace["cold"]
-    rows = [["compile / JIT (s)", fmt(c["compile_seconds"], 4)],
+    rows = [["compile / JIT, or a load from CuPy's kernel cache when it is warm (s)", fmt(c["compile_seconds"], 4)],
             ["first run total (us)", us(c["total_seconds"])],
             ["first-run overhead over warm median (us)", us(c["first_run_overhead_seconds"])]]
     rows += [[f"first run: {s['name']} (us)", us(s["cold_seconds"])] for s in trace["stages"]]
@@ -445,7 +453,8 @@ def _warmup_text(warm: dict | None) -> str:
     if not warm or warm.get("rule") in (None, "count"):
         return ""
     change = f"{100 * warm['last_change']:+.1f}%" if "last_change" in warm else "n/a"
-    why = {"steady": f"until steady: the last {warm['window']} runs' median within "
+    least = f" and at least {warm['min_seconds']:.1f} s" if warm.get("min_seconds") else ""
+    why = {"steady": f"until steady{least}: the last {warm['window']} runs' median within "
                      f"±{100 * warm['steady_within']:.0f}% of the {warm['window']} before ({change})",
            "budget": f"stopped by its {warm.get('budget_seconds', 0):.0f} s budget, not yet steady ({change})",
            "max_runs": f"stopped at {warm.get('max_runs')} runs, not yet steady ({change})"}[warm["rule"]]

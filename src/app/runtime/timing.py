@@ -139,7 +139,7 @@ def warm_up(run_once, how, flush, progress: Progress | None = None,
             before = statistics.median(totals[-2 * WARMUP_WINDOW:-WARMUP_WINDOW])
             out["last_change"] = (last - before) / before if before > 0 else 0.0
             if elapsed >= WARMUP_MIN_SECONDS and abs(out["last_change"]) <= WARMUP_STEADY:
-                return out | {"rule": "steady"}
+                return out | {"rule": "steady", "min_seconds": WARMUP_MIN_SECONDS}
         if elapsed >= WARMUP_BUDGET_SECONDS:
             return out | {"rule": "budget", "budget_seconds": WARMUP_BUDGET_SECONDS}
         if len(totals) >= WARMUP_MAX_RUNS:

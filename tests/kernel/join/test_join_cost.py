@@ -1,6 +1,7 @@
 """The join's cost model against what ncu measured in this project's own capture (tests/fixtures/ncu, join v2 at
 20k points x 2k polygons on an H200): the model's FLOPs are the operations the kernel runs, not an estimate."""
 import numpy as np
+import pytest
 
 from app.kernel.pip import classify, edge_table
 from app.kernel.plan import get_plan_class
@@ -51,3 +52,33 @@ def test_orientation_tests_are_the_edges_whose_height_range_holds_the_point():
         yy = y[geom == g][:, None]
         expected += int(((lo <= yy) & (yy <= hi)).sum())
     assert tests == expected and 0 < tests < len(pt) * 5
+
+
+def test_morton_sort_counts_the_bucketed_coordinates_v4_and_v5_write():
+    """v4 and v5 write the points' coordinates again in bucketed order (16 B a point), which their filter reads:
+    the stage's bytes count that write where its metadata says it ran (the GPU's), not on v1's CPU stages."""
+    from app.kernel.join.plan import JoinInputs
+
+    plan = get_plan_class("join", "v5")({"points": 1_000, "polygons": 100})
+    inputs = plan.make_inputs()
+    assert isinstance(inputs, JoinInputs)
+    meta = {"grid_cells": 256}
+    plain = plan.cost("morton_sort", 1_000, 1_000, meta, inputs).bytes
+    bucketed = plan.cost("morton_sort", 1_000, 1_000, meta | {"bucketed_coordinates": 1_000}, inputs).bytes
+    assert plain == 1_000 * 20 + 256 * 8 and bucketed - plain == 16 * 1_000
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version,bucketed", [("v3", False), ("v4", True), ("v5", True)])
+def test_the_gpu_morton_sort_says_whether_it_wrote_bucketed_coordinates(version, bucketed):
+    import cupy as cp
+
+    plan = get_plan_class("join", version)({"points": 5_000, "polygons": 500})
+    inputs = plan.make_inputs()
+    from app.runtime.device import select
+    from app.runtime.execute import backend_for
+
+    backend, _ = backend_for(plan, select("gpu"))
+    _, rec = Recorder("gpu", cp, Nvtx(False, "join")).run(plan, inputs, backend)
+    meta = {s["name"]: s["meta"] for s in rec.stages}["morton_sort"]
+    assert meta.get("bucketed_coordinates") == (5_000 if bucketed else None)

@@ -196,6 +196,8 @@ class JoinGPU(GpuBackend):
             self._ready = (state["summary"], counts)
         state.update(cell_start=cell_start, sorted_pt=sorted_pt, morton_st=st)
         st.rows_in = st.rows_out = n
+        if self.bucketed_xy:        # the points' coordinates written again, in bucketed order (the cost model's)
+            st.meta["bucketed_coordinates"] = n
 
     def _morton_steps(self, state, pts, pcell, slot, counts, table, block, restore):
         """v1-v4: the cell table's scan, then the scatter, a launch each (v4 also lays the coordinates out)."""
@@ -228,13 +230,8 @@ class JoinGPU(GpuBackend):
                                  (pts, np.int64(n)) + grid_args + (pcell, slot, counts, point_counts,
                                                                    np.int64(len(counts)), table, cell_start, scan,
                                                                    sorted_pt, xy, np.int32(n >= GATHER_XY_FROM),
-                                                                   restore[1], self._barrier("morton_fused")))
+                                                                   restore[1], self.barrier_word("morton_fused")))
         return cell_start, sorted_pt
-
-    def _barrier(self, kernel: str):
-        """The word a cooperative kernel's grid barrier counts arrivals in (join_fused.cu's grid_barrier): zeroed
-        once, and every barrier leaves it as it found it but for its top bit, so no run resets it."""
-        return self.mod.ws.self_zeroing(kernel + ".barrier", 1, np.uint32)
 
     def candidate_filter(self, state, st, tiling):
         if self.version == "v2":
@@ -420,7 +417,7 @@ class JoinGPU(GpuBackend):
             scan = self.mod.scan_state("point_start.fused", len(counts), block * FUSED_SCAN_ITEMS)
             self._launch_cooperative("output_fused", max(len(counts), c), block,
                                      (counts, np.int64(n), start, scan, hits, stats, state["hit_slot"], pt, poly,
-                                      self._barrier("output_fused")))
+                                      self.barrier_word("output_fused")))
         else:
             start = self.mod.inclusive_scan(state["hit_counts"], cp.int64, "point_start")
             self._launch("pair_scatter", c, block, (hits, stats, state["hit_slot"], start, pt, poly))

@@ -88,8 +88,10 @@ class JoinV1(KernelPlan):
         if stage == "bounds":
             return Cost(v * 16 + n * 16 + g * 32, note="read coords and points once, write bboxes")
         if stage == "morton_sort":
-            return Cost(n * 16 + n * 4 + 4 * meta.get("grid_cells", 0) * 2,
-                        note="read points, write the bucketed order, count and scan the cell table")
+            # v4 and v5 also write the coordinates in bucketed order (16 B a point), which the filter reads.
+            return Cost(n * 16 + n * 4 + 4 * meta.get("grid_cells", 0) * 2 + 16 * meta.get("bucketed_coordinates", 0),
+                        note="read points, write the bucketed order (v4, v5: and the coordinates in it), count and "
+                             "scan the cell table")
         if stage == "candidate_filter":
             e = meta.get("grid_entries", 0)
             return Cost(g * 32 + n * 20 + e * 4 * 3 + rows_out * 8,

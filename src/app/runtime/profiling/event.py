@@ -133,8 +133,9 @@ class EventMode(Mode):
         _add_occupancy(trace, occupancy)
         params = params_json(plan, selection, mode=self.name, options=options.as_dict(), argv=options.argv,
                              clocks=clocks)
+        after = trace["timing"].get("after_build") or {}
         roof = plan_roofline(selection.device_name, selection.selected, trace["stages"],
-                             uuid=selection.info.get("uuid"))
+                             uuid=selection.info.get("uuid"), after_build_seconds=after.get("median"))
         trace["roofline"] = roof
         findings = advice.stage_findings(trace, roof)
         trace["summary"] = event_summary(trace, roof, findings, advice.opportunities(trace, roof, findings),
