@@ -58,7 +58,8 @@ def test_overlapping_streams_count_once():
     assert us(rec, "busy_ns") == 70          # union of [10,60) and [30,80): never the 100 us sum
     assert us(rec, "kernel_ns") == 100       # summed kernel durations are reported apart
     assert us(rec, "concurrent_ns") == 30
-    assert idle(rec) == {"before_first_op": 1, "launch_latency": 9, "after_last_op": 20}
+    # [1, 2) the host inside the launch call, [2, 10) the launch's latency after the call returned
+    assert idle(rec) == {"before_first_op": 1, "launch_call": 1, "launch_latency": 8, "after_last_op": 20}
     assert rec["accounted_ns"] == rec["span_ns"]
 
 
@@ -66,14 +67,16 @@ def test_host_sleep_between_two_kernels_is_a_launch_gap():
     rec = one([R("stage", 0, 150)], [A(1, 2, "cuLaunchKernel", 1), A(120, 121, "cuLaunchKernel", 2)],
               [K(5, 25, 1), K(125, 145, 2)], "stage")
     assert us(rec, "busy_ns") == 40
-    assert idle(rec) == {"before_first_op": 1, "launch_latency": 4 + 5, "launch_gap": 95, "after_last_op": 5}
+    assert idle(rec) == {"before_first_op": 1, "launch_call": 1 + 1, "launch_latency": 3 + 4, "launch_gap": 95,
+                         "after_last_op": 5}
     assert rec["accounted_ns"] == rec["span_ns"]
 
 
 def test_gpu_drained_during_a_sync_is_a_sync_wait():
     api = [A(1, 2, "cuLaunchKernel", 1), A(10, 42, "cudaStreamSynchronize_v3020", 9), A(70, 71, "cuLaunchKernel", 2)]
     rec = one([R("stage", 0, 95)], api, [K(5, 40, 1), K(72, 90, 2)], "stage")
-    assert idle(rec) == {"before_first_op": 1, "launch_latency": 4 + 2, "sync_wait": 30, "after_last_op": 5}
+    assert idle(rec) == {"before_first_op": 1, "launch_call": 1 + 1, "launch_latency": 3 + 1, "sync_wait": 30,
+                         "after_last_op": 5}
     assert [s["name"] for s in rec["syncs"]] == ["cudaStreamSynchronize"]
 
 
@@ -100,7 +103,9 @@ def test_a_range_that_hands_back_the_result_finishes_after_its_read():
     api = [A(1, 2, "cuLaunchKernel", 1), A(3, 35, "cudaMemcpyAsync_v3020", 2)]
     ops = [K(5, 20, 1), C(25, 30, 2, "DtoH", "pageable", 8)]
     recs = account_ranges(Timeline([R("stage", 0, 50)], api, ops), finishing={"stage"})
-    assert idle(recs[0]) == {"launch_latency": 4 + 5, "before_first_op": 1, "sync_wait": 5, "after_last_op": 15}
+    # [20, 25): the host sat in the blocking copy's call, which issues the copy: its time inside the call
+    assert idle(recs[0]) == {"launch_call": 1 + 5, "launch_latency": 3, "before_first_op": 1, "sync_wait": 5,
+                             "after_last_op": 15}
     assert idle(one([R("stage", 0, 50)], api, ops, "stage"))["sync_wait"] == 20
     assert recs[0]["accounted_ns"] == recs[0]["span_ns"]
 
@@ -175,6 +180,37 @@ def test_summaries_and_answers():
     q1, q2 = answers(it, [summ["s1"], summ["s2"]], [])
     assert "busy only 37%" in q1 and "55.0 us sync wait" in q1
     assert q2.startswith("Remove the mid-plan host reads")
+
+
+def test_the_host_inside_a_launch_call_is_not_launch_latency():
+    """An H200 overlay's segment_extraction: its one cuLaunchKernel call lasted 16.45 us on an idle GPU and the kernel
+    started 0.27 us after the call returned. The 16.45 us are the host's, inside the call that issues the op; only the
+    0.27 us after it are the launch's latency. The pieces still add up to the span."""
+    ns = lambda x: int(round(x * US))      # noqa: E731
+    ranges = [("stage", "d", 0, ns(60), 1)]
+    api = [(ns(40), ns(56.45), "cuLaunchKernel", 1, 1)]
+    ops = [(ns(56.72), ns(58), "kernel", "k", 1, 7, 0, 0, "", "")]
+    rec = one(ranges, api, ops, "stage")
+    assert rec["idle_ns"]["before_first_op"] == ns(40) and rec["idle_ns"]["launch_call"] == ns(16.45)
+    assert rec["idle_ns"]["launch_latency"] == ns(0.27) and rec["accounted_ns"] == rec["span_ns"]
+    assert rec["idle_iv"]["launch_call"] == [(ns(40), ns(56.45))]
+    assert rec["quiet_start_ns"] == ns(40)               # no CUDA call before the launch's
+
+
+def test_idle_inside_windows_splits_a_parent_range():
+    """An iteration [0, 100) whose one stage is [10, 60): its idle time by cause, inside the stage and outside it."""
+    from app.analysis.timeline import idle_inside, stages_of
+
+    ranges = [R("it", 0, 100), R("s", 10, 60)]
+    api = [A(20, 21, "cuLaunchKernel", 1), A(70, 90, "cudaStreamSynchronize_v3020", 2)]
+    recs = {r["name"]: r for r in account_ranges(Timeline(ranges, api, [K(25, 50, 1)]), finishing={"it"})}
+    it = recs["it"]
+    assert idle(it) == {"before_first_op": 20, "launch_call": 1, "launch_latency": 4, "after_last_op": 30,
+                        "sync_wait": 20}
+    (stage,) = stages_of(it, list(recs.values()), {"s"})
+    inside = {c: v / US for c, v in idle_inside(it, [(stage["start_ns"], stage["end_ns"])]).items() if v}
+    # before the first op only [10, 20) lies in the stage; after the last op, [50, 60); the sync, none
+    assert inside == {"before_first_op": 10, "launch_call": 1, "launch_latency": 4, "after_last_op": 10}
 
 
 @pytest.mark.parametrize("cause", CAUSES)

@@ -127,8 +127,8 @@ def test_report_and_trace_from_a_real_capture(kernel):
 def test_the_staging_advice_is_given_once_for_both_of_its_causes(kernel):
     """The host staging its copies shows as two idle causes, the gap before the build's first copy and the gaps
     between its copies: one opportunity (the two had taken two of the three places with the same text), both causes
-    in its trigger, its gain the build's own time of them, what staging can save (the iteration's totals of those
-    causes also hold other stages' launch gaps)."""
+    in its trigger (their time inside the stage ranges), its gain the build's own time of them in the same
+    iteration, what staging can save (the iteration's totals of those causes also hold other stages' launch gaps)."""
     from app.report.timeline_report import nsys_report, staging_opportunity
 
     plan, worker = load(kernel)
@@ -138,14 +138,15 @@ def test_the_staging_advice_is_given_once_for_both_of_its_causes(kernel):
     items = report.split("## Top 3 Opportunities")[1].split("\n## ")[0]
     ops = [line for line in items.splitlines() if line[:3] in ("1. ", "2. ", "3. ")]
     assert len(ops) == 3 and len({op.split(";")[0] for op in ops}) == 3          # three different pieces of advice
-    build = analysis["stages"][0]
-    staging = next(op for op in ops if op.startswith(staging_opportunity(build, trace["stages"][0]["metadata"]
-                                                                         .get("staging", ""))[:40], 3))
+    build = analysis["iteration_stages"][0]             # the build in the iteration the tables show
+    staging = next(op for op in ops if op.startswith(staging_opportunity(build)[:40], 3))
     it = analysis["iteration"]
-    assert (f"trigger: before_first_op={it['idle_us']['before_first_op']:,.1f}us, "
-            f"launch_gap={it['idle_us']['launch_gap']:,.1f}us per iteration") in staging
+    inside = it["idle_in_stages_us"]
+    assert (f"trigger: before_first_op={inside['before_first_op']:,.1f}us, "
+            f"launch_gap={inside['launch_gap']:,.1f}us per iteration inside the stage ranges") in staging
     own = build["idle_us"]["before_first_op"] + build["idle_us"]["launch_gap"]
-    assert f"the stage with the most of them owned_buffer_build ({own:,.1f} us of its own span)" in staging
+    assert f"the stage with the most of them in that iteration owned_buffer_build ({own:,.1f} us of its own span)" \
+        in staging
     assert own <= build["span_us"] and own < it["idle_us"]["before_first_op"] + it["idle_us"]["launch_gap"]
     assert f"est. {100 * own / it['span_us']:.0f}% gain" in staging
 
@@ -471,12 +472,12 @@ def test_an_idle_cause_names_its_largest_stage_without_claiming_a_share():
     a = analyse_plan(plan, read_sqlite(str(fixture("join.sqlite"))), worker)
     named = 0
     for c in CAUSES:
-        where = max(a["stages"], key=lambda s: s["idle_us"][c])
+        where = max(a["iteration_stages"], key=lambda s: s["idle_us"][c])
         said = _where_idle(c, where, 112.3)
         if where["idle_us"][c] >= 0.05:
             named += 1
-            assert said == (f"the stage with the most of it {where['name']} ({where['idle_us'][c]:,.1f} us of its "
-                            "own span)")
+            assert said == (f"the stage with the most of it in that iteration {where['name']} "
+                            f"({where['idle_us'][c]:,.1f} us of its own span)")
         elif c in ("launch_gap", "launch_latency", "sync_wait"):     # each stage counts its side of such a gap
             assert said.startswith(f"no stage counts any of it as its own {c.replace('_', ' ')}: the iteration's "
                                    "gaps between ops run across stage boundaries") and said.endswith(

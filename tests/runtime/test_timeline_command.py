@@ -18,8 +18,8 @@ def test_timeline_command_json(capsys):
     for r in doc["ranges"]:
         assert set(r) >= {"name", "instances", "span_us", "busy_us", "kernel_us", "memcpy_us", "memset_us", "ops",
                           "idle_us"}
-        assert set(r["idle_us"]) == {"before_first_op", "launch_gap", "sync_wait", "launch_latency", "after_last_op",
-                                     "no_gpu_work"}
+        assert set(r["idle_us"]) == {"before_first_op", "launch_gap", "sync_wait", "launch_call", "launch_latency",
+                                     "after_last_op", "no_gpu_work"}
     (start, end, _), *_ = raw_ranges(db, "bounds")
     assert by["bounds"]["span_us"] == pytest.approx(
         statistics.median((e - s) / 1e3 for s, e, _ in raw_ranges(db, "bounds")))

@@ -93,7 +93,8 @@ def audit(instances: list[dict], stage_info: dict | None = None, terminal: set |
                 f"largest cause {top} {causes[top] / 1e3:,.1f} us",
                 host_time_advice({c: v / 1e3 for c, v in causes.items()}, rep["ops"], len(rep["syncs"]),
                                  rep["copies"], rep["memcpy_ns"] > rep["kernel_ns"], info.get("staging", ""),
-                                 output=name in terminal))
+                                 output=name in terminal, size_reads=info.get("size_reads", 0),
+                                 host=_host_times(rep)))
         tiny = rep["short_kernels"]
         if tiny >= TINY_KERNELS:
             kernels = rep["kernels"]
@@ -112,16 +113,23 @@ def audit(instances: list[dict], stage_info: dict | None = None, terminal: set |
     return sorted(findings, key=lambda f: SEVERITIES.index(f["severity"]))
 
 
+def _host_times(rep: dict) -> dict:
+    """What the trace shows of the host's side of an instance (us): how long it made no CUDA call at the start,
+    and over how long it issued its ops."""
+    return {"quiet_us": rep.get("quiet_start_ns", 0) / 1e3, "issue_us": rep.get("issue_span_ns", 0) / 1e3}
+
+
 def host_time_advice(idle_us: dict, ops: int, syncs: int, copies: dict, copies_lead: bool, staging: str = "",
-                     most: int = 4, output: bool = False) -> str:
+                     most: int = 4, output: bool = False, size_reads: int = 0, host: dict | None = None) -> str:
     """What to do about a stage whose span is mostly GPU idle, naming only what its capture shows: round trips where
     it synchronised, fusing where it launched more than once, pinned memory where a copy was pageable. Its causes
     in order of their time. ``copies_lead``: its copies take longer than its kernels; ``staging``: the stage's own
     account of how it moved its inputs (this project's stages), which the capture cannot see; ``output``: the stage
-    hands back the plan's result, so its reads are the result's, which the plan cannot do without."""
+    hands back the plan's result, so its reads are the result's, which the plan cannot do without; ``size_reads``:
+    how many of them the stage counted as reads of the result's size; ``host``: _host_times()."""
     families = [
         (idle_us.get("sync_wait", 0.0), "sync"),
-        (idle_us.get("launch_gap", 0.0) + idle_us.get("launch_latency", 0.0), "launch"),
+        (sum(idle_us.get(c, 0.0) for c in ("launch_gap", "launch_call", "launch_latency")), "launch"),
         (idle_us.get("before_first_op", 0.0), "before"),
         (idle_us.get("after_last_op", 0.0), "after"),
     ]
@@ -130,55 +138,71 @@ def host_time_advice(idle_us: dict, ops: int, syncs: int, copies: dict, copies_l
         if v < 0.05:
             continue
         if family == "sync" and syncs and output:
-            said.append(f"{v:,.1f} us of GPU idle while the host sat in its read of the result, which the plan "
+            what = "the result's size" if size_reads and size_reads >= syncs else "the result"
+            said.append(f"{v:,.1f} us of GPU idle while the host sat in its read of {what}, which the plan "
                         "needs to hand back its result")
         elif family == "sync" and syncs:
             said.append(f"{v:,.1f} us of GPU idle around its {syncs:g} host round trip(s): issue its work without "
                         "them (outputs sized from upper bounds, counts kept on the device)")
         elif family == "launch":
-            said.append(_launch_advice(idle_us, ops, copies_lead))
+            said.append(_launch_advice(idle_us, ops, copies, copies_lead))
         elif family == "before":
-            said.append(_preparation_advice(v, copies, copies_lead, staging))
+            said.append(_preparation_advice(v, copies, copies_lead, staging, host or {}))
         elif family == "after":
             said.append(f"{v:,.1f} us of host work after its last GPU op: move it off the stage's path")
     return "; ".join(said[:most]) or "-"
 
 
-def _launch_advice(idle_us: dict, ops: int, copies_lead: bool) -> str:
-    gap, latency = idle_us.get("launch_gap", 0.0), idle_us.get("launch_latency", 0.0)
+def _launch_advice(idle_us: dict, ops: int, copies: dict, copies_lead: bool) -> str:
+    """The GPU idle around the stage's launches, split where the trace splits it: before the issuing call (a host
+    gap), inside it (the host issuing the op), after it returned (the launch's latency). An H200 overlay's
+    'launch latency' had been mostly the host inside cuLaunchKernel (16.5 of 16.7 us)."""
+    gap, call, latency = (idle_us.get(c, 0.0) for c in ("launch_gap", "launch_call", "launch_latency"))
     if ops <= 1:        # one launch: nothing to fuse within the stage
-        return (f"its one GPU op waited {latency:,.1f} us from its launch call to its start on an idle GPU (launch "
-                "latency): capture it with the neighbouring stages' launches in one CUDA graph")
-    what = " and ".join(x for x in (f"{gap:,.1f} us of host gaps between them" if gap >= 0.05 else "",
-                                    f"{latency:,.1f} us of launch latency" if latency >= 0.05 else "") if x)
+        what = " and ".join(x for x in (
+            f"{call:,.1f} us with the host inside the call that issued it" if call >= 0.05 else "",
+            f"{latency:,.1f} us from that call's return to its start (launch latency)" if latency >= 0.05 else "")
+            if x) or f"{call + latency:,.1f} us around its launch"      # each part under the 0.05 us shown
+        return (f"its one GPU op kept the GPU idle {what}: capture it with the neighbouring stages' launches in one "
+                "CUDA graph")
+    what = ", ".join(x for x in (f"{gap:,.1f} us of host gaps between them" if gap >= 0.05 else "",
+                                 f"{call:,.1f} us with the host inside the calls that issue them" if call >= 0.05
+                                 else "",
+                                 f"{latency:,.1f} us of launch latency after those calls returned" if latency >= 0.05
+                                 else "") if x) or f"{gap + call + latency:,.1f} us around its launches"
     if copies_lead:     # copies are not fused; what helps is fewer of them, back to back
-        return (f"across its {ops:g} GPU ops, mostly copies, {what}: fewer, larger copies issued back to back pay "
-                "it fewer times")
+        n = sum(d.get("count", 0) for d in copies.values())
+        mix = "all copies" if n == ops else f"{n:g} of them copies" if n else "copies taking most of their time"
+        return f"across its {ops:g} GPU ops, {mix}, {what}: fewer, larger copies issued back to back pay it fewer times"
     return f"across its {ops:g} GPU ops, {what}: fuse them or capture them as one CUDA graph"
 
 
-def _preparation_advice(wait: float, copies: dict, copies_lead: bool, staging: str) -> str:
-    """The GPU idle before the stage's first op. For a stage that moves its data: how its inputs reached the
-    copies, from the capture (each copy's host memory) and the stage's own account of its staging."""
+def _preparation_advice(wait: float, copies: dict, copies_lead: bool, staging: str, host: dict) -> str:
+    """The GPU idle before the stage's first op. For a stage that moves its data: what the trace shows of the host
+    then (no CUDA call, then the copies issued close together), beside the stage's own account of its staging, with
+    no cause the trace cannot show: an H200 join's build made no CUDA call for 99-528 us before its first DMA and
+    issued all 8 within 52-128 us of it, while its staging queues the first DMA after one 128 KiB slice, so the
+    copy into pinned buffers does not explain the wait."""
     if not copies_lead:
         return (f"{wait:,.1f} us of host work before its first GPU op: do it once, outside the timed path, or "
                 "while earlier GPU work runs")
     htod = copies.get("HtoD", {})
     n, pageable = htod.get("count", 0), htod.get("pageable", 0)
-    text = f"the GPU waits {wait:,.1f} us for the first copy while the host prepares the inputs"
-    if staging.startswith("pinned"):
-        text += f" (by the stage's own account the host first copies them into pinned staging buffers: {staging})"
-    elif staging:
-        text += f" (the stage's staging: {staging})"
+    text = f"the GPU waits {wait:,.1f} us for the first copy"
+    quiet, issue = host.get("quiet_us"), host.get("issue_us")
+    if quiet:
+        text += (f"; the host makes no CUDA call for the first {quiet:,.1f} us of the stage"
+                 + (f", then issues its {n:g} copies within {issue:,.1f} us" if n > 1 and issue else ""))
+    # nsys mode captures with CPU sampling off: the trace holds CUDA calls and ranges, not the host's own work.
+    text += ("; what the host does before the first copy the trace does not show (a capture with CPU sampling "
+             "on would)")
     if pageable:
-        return (f"{text}; {pageable:g} of its {n:g} host->device copies read pageable memory: keep those host "
-                "arrays in pinned memory")
-    if n:
+        text += (f"; {pageable:g} of its {n:g} host->device copies read pageable memory: keep those host arrays in "
+                 "pinned memory")
+    elif n:
         per_call = ", one DMA per call" if htod.get("calls") == n else ""
-        text += (f"; its {n:g} host->device copies already read pinned memory{per_call}, so only inputs "
-                 "that arrive pinned (a loader reading into pinned buffers) or stay on the device between runs "
-                 "take this wait away")
-    return text
+        text += f"; its {n:g} host->device copies already read pinned memory{per_call}"
+    return text + (f" (the stage's staging: {staging})" if staging else "")
 
 
 def copy_bound(s: dict) -> bool:
@@ -217,13 +241,19 @@ def answers(iteration: dict, stages: list[dict], findings: list[dict], stage_inf
               f"the rest is {', '.join(parts)}" + ("; findings: " + "; ".join(f"{r} ({', '.join(st)})"
                                                                              for r, st in rules.items())
                                                   if rules else "") + ".")
+    # The change named is for the largest cause the plan's stages hold: the iteration's idle time inside its stage
+    # ranges where the analysis split it (its time outside every stage is the run's own, no change to the plan), and
+    # the stage with the most of that cause. An H200 overlay, largest cause its launch gaps, was told to change the
+    # build's staging, the stage with the most idle time of any cause.
+    own = iteration.get("idle_in_stages_us") or idle
+    ranked_own = sorted(((v, c) for c, v in own.items() if v > 0), reverse=True)
     # The result's read is no round trip to remove: where it is the only one, the next cause is the change to make.
     mid = mid_plan_sync_us(stages, terminal)
-    actionable = [c for v, c in ranked if c != "sync_wait" or mid >= 0.05]
-    top = actionable[0] if actionable else None
-    by = lambda key: max(stages, key=lambda s: s[key]) if stages else None  # noqa: E731
+    actionable = [c for v, c in ranked_own if c != "sync_wait" or mid >= 0.05]
+    top = actionable[0] if actionable and stages else None
+    launch = ("launch_gap", "launch_call", "launch_latency")
     if share >= 70 or top is None:
-        s = by("kernel_us")
+        s = max(stages, key=lambda s: s["kernel_us"]) if stages else None
         q2 = ("None needed for the plan's shape: optimise the kernels themselves, starting with "
               f"{s['name']} ({s['kernel_us']:,.1f} us of kernels; run --prof_type ncu)." if s else
               "None needed for the plan's shape.")
@@ -232,23 +262,23 @@ def answers(iteration: dict, stages: list[dict], findings: list[dict], stage_inf
         q2 = ("Remove the mid-plan host reads: size outputs from upper bounds or keep counts on the device, so "
               f"the plan is issued without a round trip (largest in {s['name']}, "
               f"{s['idle_us']['sync_wait']:,.1f} us). With no host read left the plan can be captured as one CUDA graph.")
-    elif top in ("launch_gap", "launch_latency", "before_first_op") and copy_bound(
-            s := max(stages, key=lambda s: sum(s["idle_us"].values()))):
+    elif top in ("launch_gap", "before_first_op") and copy_bound(s := max(stages, key=lambda s: s["idle_us"][top])):
         # Its largest cause only, in the audit's words for it: what the capture and the stage's staging show.
         advice = host_time_advice(s["idle_us"], s["ops"], s["syncs"], s.get("copies", {}), True,
-                                  ((stage_info or {}).get(s["name"]) or {}).get("staging", ""), most=1)
+                                  ((stage_info or {}).get(s["name"]) or {}).get("staging", ""), most=1,
+                                  host={"quiet_us": s.get("quiet_start_us"), "issue_us": s.get("issue_span_us")})
         q2 = (f"Get the inputs to the GPU without it waiting: {s['name']} moves its data with copies and spends "
               f"{sum(s['idle_us'].values()):,.1f} us per iteration with the GPU idle around them; {advice}.")
-    elif top in ("launch_gap", "launch_latency"):
-        s = max(stages, key=lambda s: s["idle_us"]["launch_gap"] + s["idle_us"]["launch_latency"])
+    elif top in launch:
+        s = max(stages, key=lambda s: sum(s["idle_us"][c] for c in launch))
         q2 = (f"Issue fewer, larger launches: {iteration['ops']:g} GPU ops are issued one by one per iteration; "
-              f"fuse the launch-bound kernels (most host gap in {s['name']}, "
-              f"{s['idle_us']['launch_gap'] + s['idle_us']['launch_latency']:,.1f} us) or capture the plan as a CUDA graph.")
+              f"fuse the launch-bound kernels (most GPU idle around launches in {s['name']}, "
+              f"{sum(s['idle_us'][c] for c in launch):,.1f} us) or capture the plan as a CUDA graph.")
     elif top == "before_first_op":
         s = max(stages, key=lambda s: s["idle_us"]["before_first_op"])
         q2 = (f"Take host preparation off the critical path: {s['name']} spends "
-              f"{s['idle_us']['before_first_op']:,.1f} us on the host before its first GPU op; stage inputs in "
-              "pinned buffers once and overlap the copies with compute.")
+              f"{s['idle_us']['before_first_op']:,.1f} us on the host before its first GPU op; do that work once, "
+              "outside the timed path, or while earlier GPU work runs.")
     else:
         s = max(stages, key=lambda s: s["idle_us"][top])
         q2 = (f"Shrink the host work around the GPU ops: {s['name']} has {s['idle_us'][top]:,.1f} us of "

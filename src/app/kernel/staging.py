@@ -155,9 +155,8 @@ class PinnedStaging:
                 raise RuntimeError(f"the host->device copy of staged bytes failed (CUDA driver error {err})")
             # Each DMA is a copy of its own, as a trace of the run shows it.
             st.count_h2d(sum(row[3] for row in rows), copies=dmas)
-            how.append(f"pinned, {_count(dmas, 'DMA')} of {_size(COMPILED_SLICE_BYTES)} to "
-                       f"{_size(COMPILED_DMA_BYTES)}, written in slices of {_size(COMPILED_SLICE_BYTES)} by {threads}, "
-                       f"compiled copy with streaming stores ({why})")
+            how.append(f"pinned, {_dma_text(dmas, [row[3] for row in rows])}, written in slices of "
+                       f"{_size(COMPILED_SLICE_BYTES)} by {threads}, compiled copy with streaming stores ({why})")
         if by_numpy or lib is None:
             n = self._numpy_copies(st, by_numpy, stream)
             how.append(f"pinned, {_count(n, 'chunk')} of up to {_size(CHUNK_BYTES)}, {threads}, numpy copies ("
@@ -218,6 +217,35 @@ class PinnedStaging:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+def dma_sizes(lengths: list[int], slice_bytes: int, dma_bytes: int) -> list[int]:
+    """The bytes of each DMA the compiled copy cuts from arrays of ``lengths`` bytes (hostcopy.c's cut_runs): the
+    k-th of the call min(dma_bytes, slice_bytes << k), an array's last one shorter, both sizes rounded down to a
+    multiple of 8."""
+    step = lambda b: 8 if b < 16 else b - b % 8     # noqa: E731  (hostcopy.c's step_of)
+    size, most, out = step(slice_bytes), step(max(dma_bytes, slice_bytes)), []
+    for n in lengths:
+        lo = 0
+        while lo < n:
+            out.append(min(size, n - lo))
+            lo += out[-1]
+            size = min(2 * size, most)
+    return out
+
+
+def _dma_text(dmas: int, lengths: list[int]) -> str:
+    """The DMAs as sent: their count and the smallest and largest. The policy's sizes (one slice first, up to
+    COMPILED_DMA_BYTES) are no bounds on them (an array's last DMA is shorter: an H200 join's 8 DMAs were 40,004 to
+    1,600,000 bytes, not '128 KiB to 4 MiB'). Where the library's count disagrees with the rule, only the count
+    and the rule are given."""
+    sizes = dma_sizes(lengths, COMPILED_SLICE_BYTES, COMPILED_DMA_BYTES)
+    rule = (f"the first at most one slice of {_size(COMPILED_SLICE_BYTES)}, each next at most twice the last, up to "
+            f"{_size(COMPILED_DMA_BYTES)}")
+    if len(sizes) != dmas or not sizes:
+        return f"{_count(dmas, 'DMA')} ({rule})"
+    span = f"{min(sizes):,} bytes" if min(sizes) == max(sizes) else f"{min(sizes):,} to {max(sizes):,} bytes"
+    return f"{_count(dmas, 'DMA')} of {span} ({rule})"
 
 
 def _count(n: int, what: str) -> str:

@@ -375,14 +375,32 @@ def stage_chart_figure(trace: dict, roof: dict, title: str):
 
 OP_COLORS = {"kernel": "#1f77b4", "HtoD": "#2ca02c", "DtoH": "#d62728", "DtoD": "#9467bd", "memset": "#7f7f7f"}
 CAUSE_COLORS = {"busy": "#1f77b4", "before_first_op": "#ff7f0e", "launch_gap": "#d62728", "sync_wait": "#9467bd",
-                "launch_latency": "#8c564b", "after_last_op": "#e377c2", "no_gpu_work": "#bcbd22"}
+                "launch_call": "#17becf", "launch_latency": "#8c564b", "after_last_op": "#e377c2",
+                "no_gpu_work": "#bcbd22"}
+LABEL_PT_PER_CHAR = 3.6      # a 6 pt label's average character width, for fitting stage names in their bars
+
+
+def shown_iteration(analysis: dict) -> dict:
+    """The iteration instance the report's tables read (the lower middle one for an even count), so the figure
+    shows the same iteration: it had plotted the upper middle one under the label 'median iteration'."""
+    want = analysis["iteration"].get("median_instance")
+    return next((r for r in analysis["iterations"] if r["instance"] == want),
+                sorted(analysis["iterations"], key=lambda r: r["span_ns"])[(len(analysis["iterations"]) - 1) // 2])
+
+
+def fit_label(name: str, width_pt: float) -> str:
+    """``name`` cut to fit a bar ``width_pt`` points wide (with a trailing '.'), or '' where not even three
+    characters fit: adjacent stages' full names had run together ('reconstructionarea_reconstruction')."""
+    room = int(width_pt // LABEL_PT_PER_CHAR) - 1        # a leading space
+    if room >= len(name):
+        return " " + name
+    return " " + name[:room - 1] + "." if room >= 4 else ""
 
 
 def timeline_png(tl, analysis: dict, title: str) -> bytes:
-    """Top: the median iteration (stage ranges on the host, ops per stream). Bottom: each stage's span
-    split into GPU busy and idle by cause (medians)."""
-    iters = sorted(analysis["iterations"], key=lambda r: r["span_ns"])
-    it = iters[len(iters) // 2]
+    """Top: the iteration the tables show (stage ranges on the host, ops per stream). Bottom: each stage's span
+    split into GPU busy and idle by cause (each stage's median instance)."""
+    it = shown_iteration(analysis)
     lo, hi = it["start_ns"], it["end_ns"]
     stages = analysis["stages"]
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 3.2 + 0.35 * len(stages)), dpi=110,
@@ -391,11 +409,13 @@ def timeline_png(tl, analysis: dict, title: str) -> bytes:
     ylabels = ["stages (host)"] + rows
     names = [s["name"] for s in stages]
     inst = [r for r in analysis["instances"] if lo <= r["start_ns"] and r["end_ns"] <= hi and r["name"] in names]
+    axis_pt = 10 * 72 * 0.85                          # the top axes' width in points, about (10 in figure)
     for i, r in enumerate(inst):
         ax.broken_barh([((r["start_ns"] - lo) / 1e3, r["span_ns"] / 1e3)], (len(rows) - 0.4, 0.8),
                        facecolors=plt.cm.tab20(i % 20), edgecolor="black", lw=0.3)
-        if r["span_ns"] > 0.06 * (hi - lo):        # name the wide ones; the lower panel names them all
-            ax.text((r["start_ns"] - lo) / 1e3, len(rows), " " + r["name"], fontsize=6, va="center")
+        label = fit_label(r["name"], axis_pt * r["span_ns"] / (hi - lo))   # within its own bar; the lower panel
+        if label:                                                          # names them all
+            ax.text((r["start_ns"] - lo) / 1e3, len(rows), label, fontsize=6, va="center")
     ops = tl.ops[(tl.ops["end"] > lo) & (tl.ops["start"] < hi)]
     key = [k if k != "memcpy" else (c if c in OP_COLORS else "DtoD") for k, c in zip(ops["kind"], ops["copy"])]
     for j, row in enumerate(rows):
@@ -408,7 +428,8 @@ def timeline_png(tl, analysis: dict, title: str) -> bytes:
     ax.set_yticks(range(len(ylabels)))
     ax.set_yticklabels(list(reversed(rows)) + ["stages (host)"], fontsize=7)
     ax.set_xlim(0, (hi - lo) / 1e3)
-    ax.set_xlabel("us since the iteration's range opened (median iteration)", fontsize=8)
+    ax.set_xlabel(f"us since the iteration's range opened (iteration {it['instance'] + 1} of "
+                  f"{len(analysis['iterations'])}: the one the report's tables show)", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), fontsize=6, loc="lower right", ncol=5)

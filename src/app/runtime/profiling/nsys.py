@@ -27,7 +27,8 @@ import time
 from app.analysis.audit import answers, audit
 from app.analysis.compare import MIN_RUNS, change_interval
 from app.analysis.summary import nsys_summary
-from app.analysis.timeline import Timeline, account_ranges, capture_summary, summarise, time_outside_stages
+from app.analysis.timeline import (Timeline, account_ranges, capture_summary, idle_inside, stages_of, summarise,
+                                  time_outside_stages)
 from app.errors import AppError, BadParameter, MalformedToolOutput
 from app.runtime import launch_pace
 from app.runtime.lock import measurement_window
@@ -202,20 +203,37 @@ def analyse_plan(plan, tl: Timeline, worker: dict) -> dict:
     missing = [n for n in names if n not in summ]
     if missing:
         raise AppError(f"the capture has no NVTX range for stage(s) {', '.join(missing)}; the trace is incomplete")
-    events = {n: statistics.median(s["seconds"] for it in worker["iterations"] for s in it["stages"]
-                                   if s["name"] == n) * 1e6 for n in names}
-    events[PROFILE_RANGE] = statistics.median(it["total_seconds"] for it in worker["iterations"]) * 1e6
+    # Each iteration's CUDA-event times, in the iterations' order (the ranges' instance numbers): a row of the
+    # report compares its instance with that iteration's own event, not the median of all of them.
+    samples = {n: [s["seconds"] * 1e6 for it in worker["iterations"] for s in it["stages"] if s["name"] == n]
+               for n in names}
+    samples[PROFILE_RANGE] = [it["total_seconds"] * 1e6 for it in worker["iterations"]]
+    events = {n: statistics.median(v) for n, v in samples.items()}
     by_name = {s["name"]: s for s in worker["stages"]}
-    # The stage's own account of how it staged its inputs: the capture shows each copy's host memory, not the
-    # host's copy into pinned buffers before the first of them.
+    # The stage's own account of how it staged its inputs (the capture shows each copy's host memory, not what
+    # the host did before the first of them) and how many of its reads were of the result's size.
     stage_info = {n: {"category": by_name[n]["category"], "device": by_name[n]["device"],
-                      "staging": str(by_name[n].get("meta", {}).get("staging", ""))} for n in names}
+                      "staging": str(by_name[n].get("meta", {}).get("staging", "")),
+                      "size_reads": int(by_name[n].get("counters", {}).get("result_size_reads", 0))} for n in names}
     findings = audit([r for r in instances if r["name"] in names], stage_info, terminal)
     stages = [summ[n] for n in names]
-    q1, q2 = answers(summ[PROFILE_RANGE], stages, findings, stage_info, terminal)
-    return {"instances": instances, "iterations": iterations, "iteration": summ[PROFILE_RANGE], "stages": stages,
-            "event_us": events, "findings": findings, "answers": [q1, q2], "capture": capture_summary(tl),
-            "terminal": sorted(terminal)}
+    it = summ[PROFILE_RANGE]
+    # The iteration the tables show, its own stage instances and its idle time inside them: what the plan's
+    # stages can act on. Its time outside every stage range (the recorder's records and closing synchronize, the
+    # host finishing the run) is the run's, and a stage figure set beside an iteration figure must be the same
+    # iteration's (an H200 overlay's advice set one iteration's 243.2 us beside another's 267.6).
+    rec = next(r for r in iterations if r["instance"] == it["median_instance"])
+    inside = stages_of(rec, instances, names)
+    it["idle_in_stages_us"] = {c: v / 1e3 for c, v in idle_inside(rec, [(r["start_ns"], r["end_ns"])
+                                                                         for r in inside]).items()}
+    order = {n: i for i, n in enumerate(names)}
+    own_stages = sorted(summarise(inside), key=lambda s: order[s["name"]])
+    # The answers pick the largest cause from the iteration's time inside its stages, and cite stage figures only,
+    # each stage's median instance as the audit's rows do (one figure per stage in the report's text).
+    q1, q2 = answers(it, stages, findings, stage_info, terminal)
+    return {"instances": instances, "iterations": iterations, "iteration": it, "stages": stages,
+            "iteration_stages": own_stages, "event_us": events, "event_samples_us": samples, "findings": findings,
+            "answers": [q1, q2], "capture": capture_summary(tl), "terminal": sorted(terminal)}
 
 
 def nsys_trace(plan, worker, analysis, tool) -> dict:
