@@ -8,7 +8,8 @@ from app.analysis.kernel_metrics import attribute_stages, kernel_table
 from app.kernel.plan import get_plan_class
 from app.runtime.profiling.ncu import _flag_speedups, _hot_listing, _rule_ops, _rules_section, _verbose, hot_spots
 from app.runtime.profiling.parsers.ncu_csv import parse_details, parse_raw, parse_source
-from app.runtime.profiling.parsers.ncu_rep import line_table, load_module, read_samples, render_hot_lines, short_path
+from app.runtime.profiling.parsers.ncu_rep import (branch_targets, line_table, load_module, read_samples,
+                                                   render_hot_lines, short_path, waited_barrier)
 from tests.conftest import OWN_FIXTURES, fixture_text
 
 STAGES = [s.name for s in get_plan_class("join", "v2")().stages]
@@ -159,14 +160,25 @@ def test_ncu_report_reads_stall_samples_per_source_line(report):
     # Every kernel of join's iteration is this project's own, built with -lineinfo: each sample has its line.
     assert all(d["samples"]["line"].notna().all() and d["samples"]["file"].map(short_path).str.startswith(
         "app/kernel/").all() for d in samples.values())
-    # A warp waiting at a barrier is sampled on the instruction after the BAR: those samples sit on the BAR itself.
+    # A warp waiting at a barrier is sampled on an instruction after the BAR (up to four after it here): those samples
+    # sit on the BAR itself, whose source line is the barrier's. The listing is the source page's, of the same report.
+    listings = [dict(zip(x["Address"].map(lambda a: int(a, 16)), x["Source"].str.strip()))
+                for x in parse_source(fixture_text("ncu/join.full.source.csv")).values()]
     on_bar = 0
-    for d in samples.values():
-        sass = dict(zip(d["samples"]["pc"], d["samples"]["sass"]))
-        for pc, n in zip(d["samples"]["pc"], d["samples"]["stall_barrier"]):
-            assert not (n > 0 and str(sass.get(pc - 16, "")).startswith("BAR")), (d["kernel"], hex(pc))
-            on_bar += n if str(sass[pc]).startswith("BAR") else 0
-    assert on_bar > 0
+    for kid, d in samples.items():
+        listing = listings[kid]
+        for pc, n, text in zip(d["samples"]["pc"], d["samples"]["stall_barrier"], d["samples"]["sass"]):
+            assert listing[pc].split()[0] == text.split()[0]
+            moved = waited_barrier(pc, listing, branch_targets(listing)) if n > 0 else None
+            assert moved is None, (d["kernel"], hex(pc))
+            on_bar += n if text.startswith("BAR") else 0
+    assert on_bar == sum(d["samples"]["stall_barrier"].sum() for d in samples.values()) > 0
+    # refine's 17 samples on a BSSY four instructions after its BAR are the BAR's line's, not the BSSY's.
+    bssy = next(pc for pc, t in listings[12].items()
+                if t.startswith("BSSY") and listings[12][pc - 64].startswith("BAR"))
+    assert bssy not in set(refine["samples"]["pc"]) and samples[12]["kernel"] == "refine"
+    bar = pcs.set_index("pc").loc[bssy - 64]
+    assert bar["stall_barrier"] >= 17 and bar["sass"].startswith("BAR.SYNC") and bar["line"] > 0
     # A kernel without a line table (a library kernel; the overlay capture's cupy_copy) is still listed, by SASS.
     bare = dict(refine, samples=pcs.assign(line=float("nan"), file=None))
     text = render_hot_lines("cupy_copy", "area_reconstruction", bare)
@@ -177,8 +189,17 @@ def test_hot_spots_section_ranks_kernels_by_time(report, capture):
     raw, _, _ = capture
     kernels = kernel_table(raw, "join", STAGES, "NVIDIA H200")
     sources = parse_source(fixture_text("ncu/join.full.source.csv"))
-    files, section = hot_spots(str(report), None, kernels, sources)
+    files, section, barrier_lines = hot_spots(str(report), None, kernels, sources)
     assert sum(n.startswith("hot/") for n in files) == len(kernels)
+    # Top stall reasons are stalls: refine's hottest line has "selected (issuing)" second in its listing (a warp
+    # issuing, no stall), and the table skips it for the next reason.
+    rows = {r[1]: r for r in section.rows}
+    assert "selected (issuing) 6%" in next(x for x in files["hot/012_refine.md"].splitlines() if x.startswith("| 1 |"))
+    assert rows["refine"][5] == "long_scoreboard, wait" and not any("selected" in r[5] for r in section.rows)
+    # Each kernel's barrier samples, moved onto the BARs, are on the line of its __syncthreads: refine's 51 + 17.
+    line, pct = barrier_lines[12]
+    assert line == "app/kernel/common.cuh:153" and pct == pytest.approx(100 * 51 / 445)
+    assert "`__syncthreads();`" in next(x for x in files["hot/012_refine.md"].splitlines() if "common.cuh:159 " in x)
     assert sum(n.startswith("sass/") for n in files) == len(sources)
     times = [float(r[2].replace(",", "")) for r in section.rows]
     # join_extent (the bounds' min/max over every point and vertex) is the longest kernel of this capture.
@@ -190,9 +211,9 @@ def test_unreadable_report_keeps_the_profile(tmp_path, capture):
     raw, _, _ = capture
     bad = tmp_path / "bad.ncu-rep"
     bad.write_bytes(b"not a report")
-    files, section = hot_spots(str(bad), None, kernel_table(raw, "join", STAGES, "NVIDIA H200"),
+    files, section, lines = hot_spots(str(bad), None, kernel_table(raw, "join", STAGES, "NVIDIA H200"),
                                parse_source(fixture_text("ncu/join.full.source.csv")))
-    assert "Source lines unavailable" in section.text and any(n.startswith("sass/") for n in files)
+    assert "Source lines unavailable" in section.text and any(n.startswith("sass/") for n in files) and lines == {}
 
 
 def test_flops_beside_the_cost_model_per_stage(capture):
@@ -216,3 +237,22 @@ def test_flops_beside_the_cost_model_per_stage(capture):
     assert row("bounds")[1:] == ["0.000", "n/a (the model counts none)"] and float(row("bounds")[0]) > 0
     assert row("predicate_refine", fp64_flops=None)[0] == "n/a (fp64 instruction counts missing)"
     assert row("owned_buffer_build", kernels=0) == ["n/a (copies)", "n/a (copies)", "n/a"]
+
+
+def test_the_kernel_listing_read_from_the_report_is_the_source_pages(report):
+    """The barrier walk reads branch targets off the whole kernel; ncu_report gives instructions by PC only, so the
+    listing is walked out from the sampled PCs. On join v2's report it is the source page's, instruction for
+    instruction, with the same branch targets (ncu_report writes a label beside a target: the address stays)."""
+    import ncu_report
+
+    from app.runtime.profiling.parsers.ncu_rep import SAMPLES, _instances, kernel_listing
+
+    rng = ncu_report.load_report(str(report)).range_by_idx(0)
+    pages = list(parse_source(fixture_text("ncu/join.full.source.csv")).values())
+    assert rng.num_actions() == len(pages)
+    for i, page in enumerate(pages):
+        action = rng.action_by_idx(i)
+        listing = kernel_listing(action, _instances(action.metric_by_name(SAMPLES)))
+        expected = dict(zip(page["Address"].map(lambda a: int(a, 16)), page["Source"].str.strip()))
+        assert set(listing) == set(expected), action.name()
+        assert branch_targets(listing) == branch_targets(expected), action.name()

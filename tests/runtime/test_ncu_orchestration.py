@@ -50,6 +50,13 @@ def test_annotation_profile_from_replayed_capture(tmp_path, capsys):
     assert by["predicate_refine"]["metadata"]["kernels"] == 1
     assert by["predicate_refine"]["elapsed_seconds"] == pytest.approx(refine_ns / 1e9)
     assert by["bounds"]["rows_in"] == 3300                     # rows from the real worker
+    # The build's copies launch no kernel: ncu cannot time them, so trace.json and stages.csv hold no time, not 0.
+    assert by["owned_buffer_build"]["elapsed_seconds"] is None and by["owned_buffer_build"]["ncu"]["kernels"] == 0
+    assert (d / "stages.csv").read_text().splitlines()[1].startswith("owned_buffer_build,0,,,,")
+    assert trace["total_elapsed_seconds"] == pytest.approx(sum(s["elapsed_seconds"] for s in trace["stages"][1:]))
+    summary = trace["summary"]
+    assert summary["achieved_tflops"] == pytest.approx(summary["achieved_tflops_fp64"]
+                                                       + summary["achieved_tflops_fp32"])
     assert trace["metadata"]["verification"]["matches"] is True
     report = (d / "report.md").read_text()
     for heading in ("## Stages", "**Bottleneck:**", "## Top 3 Opportunities", "## Kernels",
@@ -93,7 +100,7 @@ def test_ncu_mode_from_replayed_capture_lists_source_lines(tmp_path):
     table = report.split("## Kernels", 1)[1].split("\n## ", 1)[0]
     cells = {r.split("|")[2].strip(): [c.strip() for c in r.split("|")] for r in table.splitlines()
              if r.startswith("| bounds |")}
-    assert cells["join_extent"][6] == "0.023" and cells["init_run"][9] == "0.04"
+    assert cells["join_extent"][6] == "0.023" and cells["init_run"][9] == "0.040"
     assert cells["init_run"][5] == "4.5e-06"            # 8 FLOPs in 1.8 us, a measured rate: not 0.0000
 
 

@@ -110,11 +110,11 @@ def latest_profile(parent, device_name: str | None) -> str:
 
 def launched_no_kernels(stage: dict) -> bool:
     """A stage of a counter-mode profile (ncu, annotation) that launched no kernel, such as the build's copies: ncu
-    times kernels only, so its elapsed_seconds of 0 is no time taken, not a time of zero, and no change is judged
-    from it."""
+    times kernels only, so it has no time (elapsed_seconds null; 0 in profiles made before that), not a time of zero,
+    and no change is judged from it."""
     counters = stage.get("ncu")
     return (isinstance(counters, dict) and counters.get("kernels") == 0 and not counters.get("unprofiled")
-            and stage.get("elapsed_seconds") == 0)
+            and stage.get("elapsed_seconds") in (0, None))
 
 
 def _check_shape(path, trace, what: str = "--baseline") -> None:
@@ -139,8 +139,8 @@ def _check_shape(path, trace, what: str = "--baseline") -> None:
     for s in stages:
         # A stage's time is its median run's: 0 or less is no time a change can be measured from. A counter-mode stage
         # that launched no kernel has no time at all (launched_no_kernels), which compare and devlog leave out.
-        if not isinstance(s.get("name"), str) or not _finite(s.get("elapsed_seconds")) or (
-                s["elapsed_seconds"] <= 0 and not launched_no_kernels(s)):
+        if not isinstance(s.get("name"), str) or not launched_no_kernels(s) and (
+                not _finite(s.get("elapsed_seconds")) or s["elapsed_seconds"] <= 0):
             _fail(path, f"stage {s.get('name')!r} has no finite elapsed_seconds above 0 ({s.get('elapsed_seconds')!r})",
                   what, DAMAGED)
     if not isinstance(trace.get("device", {}), dict) or not isinstance(trace.get("metadata", {}), dict):

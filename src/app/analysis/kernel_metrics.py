@@ -27,16 +27,39 @@ L2_JUDGE_MIN_BYTES = 512 * 1024
 # one kernel moving more than the whole stage's bytes has fetched data again. The quarter allows for partly used
 # 32-byte sectors and small temporaries the model leaves out.
 LOCALITY_MIN_EXCESS = 1.25
-# The L2 sector counters the hit rate (lts__t_sector_hit_rate.pct) is a ratio of: a count below zero among them is
-# impossible (ncu 2025.3 exported -56 to -1 sectors for a few kernels of this project's captures). It is flagged;
-# the rate is blanked with it unless the counts below zero are too few to move it: under this share of the kernel's
-# L2 sectors (join v2's refine: 8 of 1.2 million) they change the rate in its fifth digit at most.
+# L2 sector counts below zero are impossible (ncu 2025.3 exported -305 to -1 sectors for a few kernels of this
+# project's captures, always in the breakdowns of reductions, *_op_red_lookup_hit/miss). ncu's L2 hit rate
+# (lts__t_sector_hit_rate.pct) is lts__t_sectors_lookup_hit.sum / lts__t_sectors.sum: on every kernel of the H200
+# captures it equals that ratio to its two decimals (join v5's refine: 568,448 / 755,779 = 75.21%), and the
+# breakdowns are not in it. So a count below zero withholds the rate where it is one of those two, and otherwise only
+# where the counts below zero come to L2_NEGATIVE_POINTS of the kernel's sectors or more (half the tenth of a point the
+# report shows the rate to): a counting error that large, had it reached the two counts, could change the rate as shown.
+# Nested breakdowns below zero are summed, which may count one error twice: it errs toward withholding.
 L2_SECTOR_COUNTERS = "lts__t_sector"
-L2_NEGATIVE_NEGLIGIBLE = 1e-4
+L2_HIT_RATE_TERMS = ("lts__t_sectors_lookup_hit.sum", "lts__t_sectors.sum")
+L2_NEGATIVE_POINTS = 0.05
 
-PERCENT = ("sm_pct", "dram_pct", "achieved_occupancy_pct", "l2_hit_pct")
+# A grid under one wave leaves 1 - waves/SM of the GPU's block slots empty for the kernel's time. It is an issue only
+# where that share is material: join v5's output_fused at 100k points runs 782 blocks in 792 slots (0.99 waves/SM),
+# 1.3% of the slots empty, about 0.2 of its 17.1 us; morton_fused runs 391 (0.49 waves/SM), half the GPU idle.
+UNDERFILL_MIN_SHARE = 0.10
+# Warp-state samples (ncu mode's full set): a kernel whose sampled warps were mostly waiting at a barrier is bound by
+# those waits whatever its SM% and DRAM% say (join v5's output_fused: 75.7% of 2,018 samples, its grid barriers).
+# "Mostly" is over half; under BARRIER_MIN_SAMPLES samples the share is too coarse to tell (at 100, a 50% share has
+# a 95% interval of about +-10 points).
+BARRIER_DOMINANT_PCT = 50.0
+BARRIER_MIN_SAMPLES = 100
+SAMPLES_METRIC = "smsp__pcsamp_sample_count"
+BARRIER_METRIC = "smsp__pcsamp_warps_issue_stalled_barrier"
+CPI_METRIC = "smsp__average_warp_latency_per_inst_issued.ratio"
+BARRIER_CPI_METRIC = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
+_DERIVED = {"barrier_stall_pct": f"{BARRIER_METRIC} / {SAMPLES_METRIC}", "warp_samples": SAMPLES_METRIC,
+            "cycles_per_issue": CPI_METRIC, "barrier_cycles_per_issue": BARRIER_CPI_METRIC}
+
+PERCENT = ("sm_pct", "dram_pct", "achieved_occupancy_pct", "l2_hit_pct", "barrier_stall_pct")
 COUNTS = ("duration_us", "dram_bytes", "dram_write_bytes", "fp64_flops", "fp32_flops", "local_load_bytes",
-          "local_store_bytes", "waves_per_sm", "registers")
+          "local_store_bytes", "waves_per_sm", "registers", "warp_samples", "cycles_per_issue",
+          "barrier_cycles_per_issue")
 # The raw columns every kernel row should carry (annotation mode's metric set); one that is absent or
 # unreadable is listed by ncu's name in the report and left out of every sum, weight and conclusion.
 READINGS = ("duration_ns", "dram_read_bytes", "dram_write_bytes", "dfma", "dadd", "dmul", "ffma", "fadd", "fmul",
@@ -61,7 +84,7 @@ def _metric_name(col: str) -> str:
     from app.runtime.profiling.parsers.columns import NCU_2025_3
 
     names = [k for k, v in NCU_2025_3.items() if v == col]
-    return names[0] if names else col
+    return names[0] if names else _DERIVED.get(col, col)
 
 
 def flag_out_of_range(out: pd.DataFrame) -> pd.DataFrame:
@@ -88,26 +111,41 @@ def flag_out_of_range(out: pd.DataFrame) -> pd.DataFrame:
 
 def flag_negative_l2_counters(df: pd.DataFrame, out: pd.DataFrame) -> None:
     """An L2 sector count below zero is impossible: it is flagged with its value and name. The kernel's L2 hit
-    rate, a ratio of those counters, is blanked with it, unless the counts below zero come to less than
-    L2_NEGATIVE_NEGLIGIBLE of the kernel's L2 sectors (lts__t_sectors.sum): the flag then says the rate is kept."""
+    rate is withheld (blanked, its value kept in the flag) where a term of its ratio (L2_HIT_RATE_TERMS) is below zero
+    or unreadable, or where the counts below zero come to L2_NEGATIVE_POINTS of its L2 sectors or more; otherwise the
+    flag says it is kept and why. Each withheld rate names the counter and the reason."""
     cols = [c for c in df.columns if str(c).startswith(L2_SECTOR_COUNTERS) and str(c).endswith(".sum")]
-    total = df["lts__t_sectors.sum"] if "lts__t_sectors.sum" in df else None
+    hit_name, total_name = L2_HIT_RATE_TERMS
     for i in range(len(out)):
         bad = [(c, reading(df[c].iat[i])) for c in cols if reading(df[c].iat[i]) < 0]
         if not bad:
             continue
         notes = [f"{c}={v:g} outside its physical range (a count below zero)" for c, v in bad]
-        rate, sectors = out["l2_hit_pct"].iat[i], reading(total.iat[i]) if total is not None else float("nan")
+        rate = out["l2_hit_pct"].iat[i]
+        hits, sectors = (reading(df[c].iat[i]) if c in df else float("nan") for c in L2_HIT_RATE_TERMS)
         below = -sum(v for _, v in bad)
-        keep = rate == rate and sectors > 0 and below < L2_NEGATIVE_NEGLIGIBLE * sectors
-        if keep:
-            notes.append(f"l2_hit_pct={rate:g} kept: the counts below zero are {below:g} of its {sectors:,.0f} L2 "
-                         "sectors, too few to move it")
-        elif rate == rate:
-            notes.append(f"l2_hit_pct={rate:g} ({_metric_name('l2_hit_pct')}) not used: a ratio of L2 sector "
-                         f"counts, {'this one' if len(bad) == 1 else 'these'} among them")
+        in_ratio = [c for c, _ in bad if c in L2_HIT_RATE_TERMS]
+        points = 100 * below / sectors if sectors > 0 else float("nan")
+        name = f"l2_hit_pct={rate:g} ({_metric_name('l2_hit_pct')})"
+        why = None                      # why the rate is withheld; None: kept
+        if in_ratio:
+            why = (f"it is {hit_name} / {total_name}, and {' and '.join(in_ratio)} "
+                   f"{'is' if len(in_ratio) == 1 else 'are'} below zero")
+        elif not (hits >= 0 and sectors > 0):
+            why = (f"its terms {hit_name} and {total_name} are not both readable, so whether the counts below zero "
+                   "are among them is unknown")
+        elif not points < L2_NEGATIVE_POINTS:
+            why = (f"the counts below zero ({below:g} of its {sectors:,.0f} L2 sectors) are breakdowns outside its "
+                   f"ratio {hit_name} / {total_name}, but were its terms off by as much it would move by "
+                   f"{points:.2g} points")
+        if rate == rate:
+            notes.append(f"{name} not used: {why}" if why else
+                         f"l2_hit_pct={rate:g} kept: the counts below zero are {below:g} of its {sectors:,.0f} L2 "
+                         f"sectors, breakdowns outside its ratio {hit_name} / {total_name} ({hits:,.0f} / "
+                         f"{sectors:,.0f}, both readable); were its terms off by as much it would move by "
+                         f"{points:.2g} points")
         out.iat[i, out.columns.get_loc("flags")] = "; ".join(x for x in [out["flags"].iat[i], *notes] if x)
-        if not keep:
+        if why:
             out.iat[i, out.columns.get_loc("l2_hit_pct")] = float("nan")
 
 
@@ -184,6 +222,11 @@ def kernel_table(df: pd.DataFrame, domain: str, stages: list[str], device_name: 
         out[col] = _col(df, col)
     if "dram_pct" not in df and "dram_pct_sol" in df:      # a full-set capture
         out["dram_pct"] = _col(df, "dram_pct_sol")
+    # ncu mode's warp-state samples (the full set; annotation mode's list has none: NaN, and no conclusion).
+    samples, barrier = _col(df, SAMPLES_METRIC), _col(df, BARRIER_METRIC)
+    out["warp_samples"] = samples
+    out["barrier_stall_pct"] = 100 * barrier / samples.where(samples > 0)
+    out["cycles_per_issue"], out["barrier_cycles_per_issue"] = _col(df, CPI_METRIC), _col(df, BARRIER_CPI_METRIC)
     # Kept apart too: ncu counts almost no writes during a kernel (they stay in L2 until the next flush), which the
     # report says with this column's sum.
     out["dram_write_bytes"] = _col(df, "dram_write_bytes")
@@ -268,16 +311,18 @@ def stage_table(kernels: pd.DataFrame, stages: list[str], expected: set[str] | f
     """Per stage: summed time, bytes and flops; time-weighted SM%, DRAM%, occupancy, L2 hit. Any kernel
     without a value leaves its stage without it (NaN): a partial sum or average would mislead. A stage in
     ``expected`` (it ran GPU work: stages_with_gpu_work) with no kernel in the capture has every figure
-    missing, with ``unprofiled`` set, never 0.0 us."""
+    missing, with ``unprofiled`` set, never 0.0 us. A stage that launched no kernel of its own (the build's copies,
+    which ncu cannot time) has every figure missing too, not a time or a byte count of zero."""
     rows = []
     for name in stages:
         k = kernels[kernels["stage"] == name]
-        if not len(k) and name in expected:
-            rows.append({"stage": name, "kernels": 0, "unprofiled": True, "untimed_kernels": 0} | {
+        if not len(k):
+            # In the columns' order of a stage with kernels: stages.csv's columns do not depend on the first stage.
+            rows.append({"stage": name, "kernels": 0} | {
                 c: float("nan") for c in ("duration_us", "dram_bytes", "fp64_flops", "sm_pct", "dram_pct",
                                           "achieved_occupancy_pct", "l2_hit_pct", "local_spill_bytes",
-                                          "waves_per_sm", "dram_vs_model", "kernel_dram_vs_model",
-                                          "locality_excess", "underfill_us")})
+                                          "dram_vs_model", "waves_per_sm", "underfill_us", "kernel_dram_vs_model",
+                                          "locality_excess")} | {"untimed_kernels": 0, "unprofiled": name in expected})
             continue
 
         def total(col):
@@ -329,8 +374,16 @@ def stage_table(kernels: pd.DataFrame, stages: list[str], expected: set[str] | f
 
 
 def kernel_time(stages: pd.DataFrame) -> float:
-    """The stages' summed kernel time (us), NaN when any stage kernel's time is missing."""
-    return float(stages["duration_us"].sum()) if stages["duration_us"].notna().all() else float("nan")
+    """The stages' summed kernel time (us), NaN when any stage kernel's time is missing or a stage that ran GPU work
+    has no kernel in the capture. A stage that launched no kernel has no kernel time, and adds none."""
+    timed = stages[_with_kernel_time(stages)]
+    return float(timed["duration_us"].sum()) if timed["duration_us"].notna().all() else float("nan")
+
+
+def _with_kernel_time(stages: pd.DataFrame) -> pd.Series:
+    """The stages whose time is kernel time: those with kernels, and those whose kernels the capture lost."""
+    lost = stages["unprofiled"].astype(bool) if "unprofiled" in stages else False
+    return (stages["kernels"] > 0) | lost
 
 
 def kernel_time_text(stages: pd.DataFrame) -> str:
@@ -363,14 +416,16 @@ def opportunities(stages: pd.DataFrame, total_us: float) -> list[dict]:
         if not math.isnan(r.achieved_occupancy_pct) and r.achieved_occupancy_pct < 25:
             ops.append((share * 0.5, f"Raise occupancy in {r.stage} (fewer registers, larger grids)",
                         f"achieved_occupancy={r.achieved_occupancy_pct:.1f}%"))
-        underfill = getattr(r, "underfill_us", float("nan"))
-        if underfill == underfill and underfill > 0:
-            ops.append((100 * underfill / total_us, f"Fill the GPU in {r.stage} (more blocks per launch)",
-                        f"waves_per_sm under 1 (largest kernel {r.waves_per_sm:.2f}): {underfill:,.1f} of its "
-                        f"{r.duration_us:,.1f} us weighted by unfilled block slots"))
-        elif underfill != underfill and not math.isnan(r.waves_per_sm) and r.waves_per_sm < 1:
-            ops.append((share * (1 - r.waves_per_sm), f"Fill the GPU in {r.stage} (more blocks per launch)",
-                        f"waves_per_sm={r.waves_per_sm:.2f}"))
+        if underfilled(r):
+            underfill = getattr(r, "underfill_us", float("nan"))
+            if underfill == underfill:
+                ops.append((100 * underfill / total_us, f"Fill the GPU in {r.stage} (more blocks per launch)",
+                            f"{100 * underfill_share(r):.0f}% of block slots empty (largest grid "
+                            f"{r.waves_per_sm:.2f} waves/SM): {underfill:,.1f} of its {r.duration_us:,.1f} us "
+                            "weighted by unfilled block slots"))
+            else:
+                ops.append((share * (1 - r.waves_per_sm), f"Fill the GPU in {r.stage} (more blocks per launch)",
+                            f"waves_per_sm={r.waves_per_sm:.2f}"))
         if poor_locality(r):
             ops.append((share * 0.3, f"Improve locality in {r.stage} (Morton order, tile by cell)",
                         f"l2_hit={r.l2_hit_pct:.1f}%, one kernel's dram_bytes={r.locality_excess:.2f}x the "
@@ -380,6 +435,54 @@ def opportunities(stages: pd.DataFrame, total_us: float) -> list[dict]:
                         f"Hide latency in {r.stage} (more independent work per thread, fewer dependent loads)",
                         f"sm_pct={r.sm_pct:.1f}, dram_pct={r.dram_pct:.1f}"))
     return rank([{"name": n, "gain_pct": g if g == g else None, "trigger": t} for g, n, t in ops])
+
+
+def underfill_share(r) -> float:
+    """The share of the GPU's block slots a stage leaves empty over its time: its underfill_us over its duration
+    where both are known, else 1 - waves/SM (its largest kernel's); NaN where neither is."""
+    under, dur = getattr(r, "underfill_us", float("nan")), getattr(r, "duration_us", float("nan"))
+    if under == under and dur > 0:
+        return under / dur
+    waves = getattr(r, "waves_per_sm", float("nan"))
+    return max(0.0, 1 - waves) if waves == waves else float("nan")
+
+
+def underfilled(r) -> bool:
+    """A stage whose grids leave UNDERFILL_MIN_SHARE of the block slots empty or more: a grid of 0.99 waves fills
+    the GPU as well as a wave does, and is no issue."""
+    return bool(getattr(r, "kernels", 1)) and underfill_share(r) >= UNDERFILL_MIN_SHARE
+
+
+def barrier_bound(kernels: pd.DataFrame, stage: str):
+    """The kernel of ``stage`` whose sampled warps were mostly waiting at a barrier (BARRIER_DOMINANT_PCT of at least
+    BARRIER_MIN_SAMPLES warp samples), the longest if several; None where none was (or none was sampled)."""
+    if "barrier_stall_pct" not in kernels:
+        return None
+    k = kernels[(kernels["stage"] == stage) & (kernels["barrier_stall_pct"] >= BARRIER_DOMINANT_PCT)
+                & (kernels["warp_samples"] >= BARRIER_MIN_SAMPLES)]
+    return k.sort_values("duration_us", ascending=False, na_position="last").iloc[0] if len(k) else None
+
+
+def flop_rates(summary: dict, kernels: pd.DataFrame) -> dict:
+    """trace.json's summary with its FLOP rate named: ``achieved_tflops`` counts every floating-point operation ncu
+    counted in the stage kernels, fp64 and fp32 together (an FMA as two); ``achieved_tflops_fp64`` and
+    ``achieved_tflops_fp32`` are each precision alone, over the same summed time, and missing (None, named) where
+    the rate or a kernel's count for that precision is."""
+    staged = kernels[kernels["stage"].notna()]
+    dur = summary.get("duration_us")
+    out = dict(summary, missing=dict(summary.get("missing") or {}))
+    for prec in ("fp64", "fp32"):
+        key, col = f"achieved_tflops_{prec}", f"{prec}_flops"
+        if col in staged and staged[col].notna().all() and dur:
+            out[key] = float(staged[col].sum()) / (dur * 1e-6) / 1e12
+        else:
+            out[key] = None
+            out["missing"][key] = out["missing"].get("achieved_tflops") or (
+                f"{col} missing for some kernels of this capture" if dur else "no kernel time to divide by")
+    out["rates_from"] = ("ncu-measured DRAM bytes and floating-point operations of the stage kernels over their summed "
+                         "time; achieved_tflops counts fp64 and fp32 operations together (an FMA as two), "
+                         "achieved_tflops_fp64 and achieved_tflops_fp32 each precision alone")
+    return out
 
 
 def rank(ops: list[dict]) -> list[dict]:

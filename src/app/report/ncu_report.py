@@ -1,19 +1,18 @@
 """report.md for annotation and ncu modes: the seed-004 contract with measured NCU metrics."""
 from __future__ import annotations
 
-import math
-
-from app.analysis.kernel_metrics import (DURATION, L2_JUDGE_MIN_BYTES, LOCALITY_MIN_EXCESS, kernel_time,
-                                        kernel_time_text, poor_locality)
+from app.analysis.kernel_metrics import (DURATION, L2_JUDGE_MIN_BYTES, LOCALITY_MIN_EXCESS, UNDERFILL_MIN_SHARE,
+                                        barrier_bound, kernel_time, kernel_time_text, poor_locality, underfill_share,
+                                        underfilled)
 from app.report.clock_text import clock_cell, throttle_note
 from app.report.markdown import Section, fmt, fmt_pct, fmt_reading, render
 from app.report.sections import with_verification_headline
 
 
 GAIN_NOTE = ("Gain = the stage's share of kernel time x an estimate of the part it could recover: "
-             "(1 - max(SM%, DRAM%)/100) when latency-bound, 1 - waves/SM when underfilled, 0.5 for occupancy "
-             "< 25%, 0.3 for a locality issue (see the Kernels table's note) or spills. Rough, measured inputs; "
-             "rank, do not promise.")
+             "(1 - max(SM%, DRAM%)/100) when latency-bound, the share of block slots left empty when that is "
+             f"{UNDERFILL_MIN_SHARE:.0%} or more, 0.5 for occupancy < 25%, 0.3 for a locality issue (see the Kernels "
+             "table's note) or spills. Rough, measured inputs; rank, do not promise.")
 RULE_NOTE = "Gain = NCU's estimated speedup for the rule x the kernel's share of the iteration's kernel time."
 
 
@@ -33,6 +32,9 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
         cause = (f"{top['stage']} takes {100 * top['duration_us'] / total:.0f}% of the kernel time at SM "
                  f"{_pct(top['sm_pct'])} and DRAM {_pct(top['dram_pct'])} of peak "
                  f"(achieved occupancy {_pct(top['achieved_occupancy_pct'])}, L2 hit {_pct(top['l2_hit_pct'])}).")
+        waits = barrier_bound(kernels, top["stage"])
+        if waits is not None:
+            cause += " " + _barrier_cause(waits)
     else:
         bottleneck, cause = "n/a", "No stage kernels were profiled."
     rows = []
@@ -45,8 +47,14 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
                          "modelled bytes)")
         if r.kernels and r.local_spill_bytes > 0:
             issue.append(f"{r.local_spill_bytes:,.0f} B spilled")
-        if r.kernels and not math.isnan(r.waves_per_sm) and r.waves_per_sm < 1:
-            issue.append(f"{r.waves_per_sm:.2f} waves/SM")
+        waits = barrier_bound(kernels, r.stage) if r.kernels else None
+        if waits is not None:
+            issue.insert(0, _barrier_issue(waits))
+        if underfilled(r):
+            empty = f"{100 * underfill_share(r):.0f}% of block slots empty"
+            # A stage's waves/SM is its largest grid's: with several kernels the empty share is over all their time.
+            issue.append(f"{r.waves_per_sm:.2f} waves/SM ({empty})" if r.kernels == 1 else
+                         f"{empty} over its kernels' time (largest grid {r.waves_per_sm:.2f} waves/SM)")
         # A stage that launched no kernel (the build's copies) has no time ncu could take: not a time of zero.
         duration = fmt(r.duration_us) if r.kernels or r.unprofiled else "- (no kernels: ncu times kernels only)"
         rows.append([r.stage, duration, fmt_pct(r.sm_pct), fmt_pct(r.dram_pct),
@@ -62,7 +70,7 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
                 rows=[[r[0], r[1], r[2] + " (SM%)", *r[3:]] for r in rows],
                 note="Duration = summed GPU time of the stage's kernels in one warm iteration (ncu). These "
                      "kernels use no tensor cores: the TC% column shows SM% (sm__throughput) instead. "
-                     f"Kernels outside any stage range: {outside}."),
+                     f"Kernels outside any stage range: {outside}.{_rates_text(trace.get('summary'))}"),
         Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
         Section("Top 3 Opportunities (ranked by estimated impact)",
                 items=[f"{o['name']} — {_gain(o)} — trigger: {o['trigger']}" for o in ops[:3]]
@@ -111,6 +119,51 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
     ]
 
 
+def _barrier_where(k) -> str | None:
+    """The source line holding most of the kernel's barrier samples, with those samples' share of all the kernel's
+    warp samples (ncu mode's hot-spot reader sets them), e.g. "69% on app/kernel/join/join_fused.cu:29"; None where
+    unknown."""
+    line, share = k.get("barrier_line"), k.get("barrier_line_pct", float("nan"))
+    return f"{share:.0f}% on {line}" if isinstance(line, str) and line and share == share else None
+
+
+def _barrier_issue(k) -> str:
+    where = _barrier_where(k)
+    return (f"{k['kernel']}: {k['barrier_stall_pct']:.0f}% of warp samples waiting at a barrier"
+            + (f" ({where})" if where else ""))
+
+
+def _barrier_cause(k) -> str:
+    """The root cause's sentence for a stage whose kernel was sampled mostly at barriers (barrier_bound): over half
+    its warps' time goes to waiting there, whatever its SM% and DRAM% say."""
+    samples = k["warp_samples"]
+    text = (f"Its kernel {k['kernel']} spent {k['barrier_stall_pct']:.1f}% of its warp samples "
+            f"({round(k['barrier_stall_pct'] * samples / 100):,.0f} of {samples:,.0f}) waiting at a barrier")
+    where = _barrier_where(k)
+    if where:
+        text += f" ({where})"
+    cpi, waits = k.get("cycles_per_issue", float("nan")), k.get("barrier_cycles_per_issue", float("nan"))
+    if cpi == cpi and waits == waits and 0 <= waits <= cpi:
+        text += (f"; ncu counts {waits:.1f} of the {cpi:.1f} cycles a warp takes per issued instruction as waits "
+                 "at a barrier")
+    return text + ": its time goes to barrier waits, not to SM or DRAM throughput."
+
+
+def _rates_text(summary: dict | None) -> str:
+    """The iteration's rates as trace.json's summary stores them, each named by what it counts."""
+    if not summary or summary.get("duration_us") is None:
+        return ""
+    parts = []
+    if summary.get("achieved_tflops") is not None:
+        split = [f"{p} {fmt_reading(summary[f'achieved_tflops_{p}'], 4)}" for p in ("fp64", "fp32")
+                 if summary.get(f"achieved_tflops_{p}") is not None]
+        parts.append(f"{fmt_reading(summary['achieved_tflops'], 4)} TFLOP/s counting fp64 and fp32 operations "
+                     "together" + (f" ({', '.join(split)})" if split else ""))
+    if summary.get("achieved_gbps") is not None:
+        parts.append(f"{fmt(summary['achieved_gbps'])} GB/s of DRAM traffic")
+    return f" Over the stage kernels' summed time: {'; '.join(parts)}." if parts else ""
+
+
 def _pct(v) -> str:
     """A percentage for a sentence: "n/a", never "n/a%", where the reading is missing or flagged."""
     text = fmt_pct(v)
@@ -153,6 +206,8 @@ def _flops_row(stage: dict) -> list[str]:
     model = cost.get("flops") if cost.get("precision", "fp64") == "fp64" else None
     if not stage["ncu"].get("kernels") and cost.get("kind") == "host_link":
         return ["n/a (copies)", "n/a (copies)", "n/a"]
+    if not stage["ncu"].get("kernels") and not stage["ncu"].get("unprofiled"):
+        return ["n/a (no kernels)", f"{model / 1e6:,.3f}" if model is not None else "n/a", "n/a"]
     measured = stage["ncu"].get("fp64_flops")
     return [f"{measured / 1e6:,.3f}" if measured is not None else "n/a (fp64 instruction counts missing)",
             f"{model / 1e6:,.3f}" if model is not None else "n/a",
@@ -165,6 +220,9 @@ def _bytes_row(stage: dict) -> list[str]:
     if not stage["ncu"].get("kernels") and (stage.get("cost") or {}).get("kind") == "host_link":
         # the build's bytes are host->device copies, which an ncu capture (kernels only) does not measure
         return [stage["name"], "n/a (copies: ncu captures kernels only)",
+                f"{cost / 1e6:,.2f}" if cost is not None else "n/a", "n/a", "n/a"]
+    if not stage["ncu"].get("kernels") and not stage["ncu"].get("unprofiled"):
+        return [stage["name"], "n/a (no kernels: ncu captures kernels only)",
                 f"{cost / 1e6:,.2f}" if cost is not None else "n/a", "n/a", "n/a"]
     largest = stage["ncu"].get("kernel_dram_vs_model")
     return [stage["name"],

@@ -7,8 +7,8 @@ classes. Writes report.md, roofline.png and the tables as CSV.
 """
 from __future__ import annotations
 
-from app.analysis.kernel_metrics import (kernel_table, kernel_time, kernel_time_text, opportunities, stage_table,
-                                        stages_with_gpu_work)
+from app.analysis.kernel_metrics import (flop_rates, kernel_table, kernel_time, kernel_time_text, opportunities,
+                                        stage_table, stages_with_gpu_work)
 from app.report.markdown import fmt
 from app.report.ncu_report import render_report, stage_sections
 from app.runtime.profiling import counters
@@ -35,7 +35,7 @@ class AnnotationMode(Mode):
             stages = stage_table(kernels, names, stages_with_gpu_work(run.worker))
             ops = opportunities(stages, kernel_time(stages))
             trace = counters.measured_trace(plan, run, kernels, stages, self.name)
-            trace["summary"] = counters.summary(stages, kernels, ops)
+            trace["summary"] = flop_rates(counters.summary(stages, kernels, ops), kernels)
             files = counters.common_files(plan, run, trace, options, self.name)
             clock = f"ncu {run.ncu_version or '(version unread)'} --clock-control {options.clock_control}"
             headline = counters.headline_prefix(trace) + (
@@ -51,7 +51,9 @@ class AnnotationMode(Mode):
             files["stages.csv"] = stages.to_csv(index=False)
             summary = "\n".join([f"{plan.kernel} {plan.version} under ncu (annotation) on {device_name}:"] +
                                 [f"  {r.stage:<28} {fmt(r.duration_us):>10} us  SM {fmt(r.sm_pct):>5}%  "
-                                 f"DRAM {fmt(r.dram_pct):>5}%  {r.bottleneck}" for r in stages.itertuples()])
+                                 f"DRAM {fmt(r.dram_pct):>5}%  {r.bottleneck}" if r.kernels or r.unprofiled else
+                                 f"  {r.stage:<28} {'-':>10}     no kernels (ncu times kernels only)"
+                                 for r in stages.itertuples()])
             return Profile(trace=trace, files=files, summary=summary, ok=counters.verification_ok(trace))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from app.analysis.kernel_metrics import (attribute_stages, kernel_table, kernel_time, kernel_time_text,
+from app.analysis.kernel_metrics import (attribute_stages, flop_rates, kernel_table, kernel_time, kernel_time_text,
                                         opportunities, rank, reading, stage_table, stages_with_gpu_work)
 from app.errors import MalformedToolOutput
 from app.report.markdown import Section, fmt, render
@@ -70,13 +70,15 @@ class NcuMode(Mode):
             rules = _flag_speedups(rules)
             rule_ops = _rule_ops(rules, raw, kernels)
             ops = rule_ops or opportunities(stages, kernel_time(stages))
-            trace["summary"] = counters.summary(stages, kernels, ops)
+            trace["summary"] = flop_rates(counters.summary(stages, kernels, ops), kernels)
+            # The hot spots first: a stage bound by barrier waits is named with the line its kernel waits at.
+            hot_files, hot_section, barrier_lines = hot_spots(rep, run.ncu, kernels, sources)
+            files |= hot_files
+            kernels = with_barrier_lines(kernels, barrier_lines)
             sections = stage_sections(trace, stages, kernels, ops,
                                       spec, f"ncu {run.ncu_version or '(version unread)'} --clock-control "
                                             f"{options.clock_control}",
                                       RULE_NOTE if rule_ops else GAIN_NOTE)
-            hot_files, hot_section = hot_spots(rep, run.ncu, kernels, sources)
-            files |= hot_files
             pictures, picture_sections = counters.pictures(kernels, spec, device_name, plan)
             files |= pictures
             sections += [hot_section, _rules_section(rules, raw)] + picture_sections \
@@ -117,10 +119,21 @@ def _slug(i: int, kname: str) -> str:
     return f"{i:03d}_{re.sub(r'[^A-Za-z0-9_]+', '_', kname)[:60]}"
 
 
-def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section]:
+def with_barrier_lines(kernels, barrier_lines: dict):
+    """The kernel table with, per kernel, the source line holding most of its barrier samples (``barrier_line``) and
+    the share of all its warp samples that are barrier waits on that line (``barrier_line_pct``); None and NaN where
+    unknown."""
+    kernels = kernels.copy()
+    kernels["barrier_line"] = [barrier_lines.get(i, (None, float("nan")))[0] for i in range(len(kernels))]
+    kernels["barrier_line_pct"] = [barrier_lines.get(i, (None, float("nan")))[1] for i in range(len(kernels))]
+    return kernels
+
+
+def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section, dict]:
     """Per kernel: sass/<kernel>.csv (every instruction, from the CSV export) and hot/<kernel>.md -- the
     CUDA source lines by warp-stall samples with their top stall reasons and SASS, read from the .ncu-rep
-    with NVIDIA's ncu_report. Without that module, the SASS-only listing, and the report says why."""
+    with NVIDIA's ncu_report. Without that module, the SASS-only listing, and the report says why. The third item:
+    {kernel's position: (the source line holding most of its barrier samples, those samples' % of all its samples)}."""
     files = {}
     for i, (kname, sass) in enumerate(sources.items()):
         files[f"sass/{_slug(i, kname)}.csv"] = sass.to_csv(index=False)
@@ -129,22 +142,22 @@ def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section
         for i, (kname, sass) in enumerate(sources.items()):
             files[f"hot/{_slug(i, kname)}.md"] = _hot_listing(kname, sass)
         return files, Section("Hot spots", text=f"Source lines unavailable: {where}. SASS-only listings by "
-                                                "warp-stall samples are in hot/.")
+                                                "warp-stall samples are in hot/."), {}
     try:
         samples = read_samples(module, rep)
     except Exception as exc:     # a reader older than the report, or a damaged file: say so, keep the rest
         return files, Section("Hot spots", text=f"Source lines unavailable: ncu_report ({where}) could not read "
-                                                f"the report ({type(exc).__name__}: {exc}).")
+                                                f"the report ({type(exc).__name__}: {exc})."), {}
     if not samples:          # ncu exported kernels from this report: a reader that finds none cannot read it
         return files, Section("Hot spots", text=f"Source lines unavailable: ncu_report ({where}) read no kernel "
-                                                "from the report.")
+                                                "from the report."), {}
     if len(samples) != len(kernels):
         # The CSV pages lost kernels the report holds (or the report is not the one exported): every table
         # would be short of them, so nothing is reported.
         raise MalformedToolOutput(f"ncu_report ({where}) read {len(samples)} kernels from {os.path.basename(rep)}, "
                                   f"its CSV export has {len(kernels)}: an export was cut off or the report is "
                                   "damaged; re-run the profile")
-    rows = []
+    rows, barrier_lines = [], {}
     for kid, data in samples.items():
         stage = kernels["stage"].iloc[kid]
         stage = stage if isinstance(stage, str) else None
@@ -153,10 +166,14 @@ def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section
         lines = line_table(data["samples"])
         if len(lines):
             top = lines.iloc[0]
-            where_line = f"{short_path(top['file'])}:{top['line']}" if top["line"] else "(no line info)"
+            # "selected" is a warp that was issuing: no stall reason, so not among the stall reasons listed.
+            stalls = [k for k, _ in top["reasons"] if k != "selected"][:2]
             rows.append((kernels["duration_us"].iloc[kid], [stage or "-", data["kernel"][:30], fmt(
-                kernels["duration_us"].iloc[kid]), where_line, f"{top['share_pct']:.0f}%",
-                ", ".join(k for k, _ in top["reasons"][:2]) or "-", f"[{name}]({name})"]))
+                kernels["duration_us"].iloc[kid]), _line_name(top), f"{top['share_pct']:.0f}%",
+                ", ".join(stalls) or "-", f"[{name}]({name})"]))
+        if len(lines) and "stall_barrier" in lines and lines["stall_barrier"].max() > 0:
+            at = lines.loc[lines["stall_barrier"].idxmax()]
+            barrier_lines[kid] = (_line_name(at), float(100 * at["stall_barrier"] / lines["samples"].sum()))
     rows = [r for _, r in sorted(rows, key=lambda t: (t[0] != t[0], -(t[0] if t[0] == t[0] else 0)))][:8]
     return files, Section("Hot spots (CUDA source lines, by warp-stall samples)",
                           columns=["Stage", "Kernel", "us", "Hottest line", "Share of kernel's samples",
@@ -164,7 +181,12 @@ def hot_spots(rep: str, ncu: str, kernels, sources: dict) -> tuple[dict, Section
                           note="The kernels with the most GPU time. Each listing ranks the kernel's source lines "
                                "by warp-stall samples, with the stall reasons and the SASS under each line. "
                                "Kernels are built with -lineinfo in the counter modes; it adds a line table and "
-                               "leaves the machine code unchanged.")
+                               "leaves the machine code unchanged. Top stall reasons leave out \"selected\", a "
+                               "warp sampled while issuing."), barrier_lines
+
+
+def _line_name(row) -> str:
+    return f"{short_path(row['file'])}:{row['line']}" if row["line"] else "(no line info)"
 
 
 def _flag_speedups(rules):

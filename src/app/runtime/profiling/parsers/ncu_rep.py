@@ -83,30 +83,123 @@ def pc_samples(action) -> pd.DataFrame:
     rows = [{"pc": pc, **where(pc), "samples": n} | {f"stall_{k}": v.get(pc, 0.0) for k, v in reasons.items()}
             for pc, n in sorted(total.items())]
     df = pd.DataFrame(rows, columns=["pc", "file", "line", "sass", "samples"] + [f"stall_{k}" for k in reasons])
-    return barrier_waits_on_the_barrier(df, where)
+    return barrier_waits_on_the_barrier(df, where, kernel_listing(action, total))
 
 
 SASS_BYTES = 16         # one SASS instruction (Volta and later): the one before a PC is 16 bytes before it
 
 
-def barrier_waits_on_the_barrier(df: pd.DataFrame, where) -> pd.DataFrame:
-    """A warp sampled while it waits at a barrier carries the PC of the instruction it will issue next, the one
-    after the BAR: its barrier samples are moved onto the barrier's own instruction, so its source line is the
-    barrier's (join v5's output_fused: 687 samples, 98% of them barrier stalls, on the load after a BAR.SYNC that
-    ends a grid barrier, named the line after it). ``where(pc)``: the barrier's file, line and SASS."""
+def kernel_listing(action, sampled) -> dict[int, str]:
+    """{pc: SASS} of the whole kernel: ncu_report gives an instruction by its PC only, and none outside the kernel,
+    so the listing is walked from the sampled PCs down and up to where it ends (on this project's captures it is
+    the source page's listing, instruction for instruction). Branch targets anywhere in the kernel are read off it."""
+    if not sampled:
+        return {}
+    out = {}
+    for start, step in ((min(sampled), -SASS_BYTES), (max(sampled) + SASS_BYTES, SASS_BYTES)):
+        pc = start
+        while text := (action.sass_by_pc(pc) or "").strip():
+            out[pc] = text
+            pc += step
+    lo, hi = min(out, default=0), max(out, default=-1)
+    for pc in range(lo, hi + 1, SASS_BYTES):          # between the sampled PCs
+        if pc not in out:
+            out[pc] = (action.sass_by_pc(pc) or "").strip()
+    return out
+
+
+# Which SASS a warp waiting at a CTA barrier can be sampled on, and which barrier that is.
+# __syncthreads compiles to BAR.SYNC.DEFER_BLOCKING (Volta and later): the warp arrives at the BAR and goes on
+# issuing the arithmetic after it, and only blocks -- sampled with reason "barrier" -- at the first instruction it may
+# not issue before the other warps arrive: a memory access, a branch, a special-register read. On this project's H200
+# captures that was 1 to 5 instructions after the BAR: join v5's output_fused, 705 samples on `LDC R7, c[0x0][0xc]`
+# after `BAR.SYNC; IMAD.MOV.U32`; refine, 85 on `BSSY` after three integer instructions; morton_fused, 95 on
+# `@P1 BRA` after a LOP3. The wait is then the nearest BAR before it on the straight path there, and its samples
+# belong to the BAR's source line (a grid barrier's __syncthreads), not to the line that happens to come next.
+# BAR.RED (__syncthreads_count/_and/_or) waits the same way; BAR.ARV only arrives and never waits; WARPSYNC waits for
+# the warp's own lanes, which ncu counts under other reasons.
+BARRIER_WAIT = re.compile(r"^BAR\.(?:SYNC|RED)(?:\.|\s|$)")
+# Instructions a warp cannot have issued while its barrier was pending, or where the straight path ends: an
+# instruction past one of these waits on some other barrier, or came from elsewhere, so nothing is moved across it.
+_CONTROL = ("BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BSSY", "BSYNC", "BREAK", "BMOV", "WARPSYNC",
+            "ENDCOLLECTIVE", "YIELD", "KILL", "NANOSLEEP", "BPT")
+_ORDERING = ("BAR", "MEMBAR", "ERRBAR", "CGAERRBAR", "CCTL", "DEPBAR", "SYNCS", "FENCE", "ARRIVES")
+_WARP_WIDE = ("SHFL", "VOTE", "VOTEU", "MATCH", "REDUX", "S2R", "S2UR")      # lane exchanges, special registers
+_MEMORY = ("LD", "ST", "ATOM", "RED", "ULD", "UST", "UTMA", "UBLK", "SU", "TEX", "TLD", "TXQ")
+# How far back the nearest BAR is looked for: the longest run seen between a BAR and a barrier sample is four
+# instructions (scan kernels of join and overlay v2); twice that still ends well inside one basic block.
+BARRIER_WINDOW = 8
+
+
+def _opcode(sass: str) -> str:
+    """'@!P1 BAR.SYNC.DEFER_BLOCKING 0x0' -> 'BAR.SYNC.DEFER_BLOCKING' (the guard predicate dropped)."""
+    text = re.sub(r"^@!?U?P\w+\s+", "", (sass or "").strip())
+    return text.split(" ", 1)[0] if text else ""
+
+
+def _ends_the_wait(op: str) -> bool:
+    base = op.split(".", 1)[0]
+    return base in _CONTROL or base in _ORDERING or base in _WARP_WIDE or base.startswith(_MEMORY)
+
+
+def branch_targets(listing: dict[int, str]) -> set[int] | None:
+    """The PCs control can arrive at other than from the instruction before: every address a branch, call, BSSY
+    (its reconvergence point) or collective names, and the instruction after a CALL (where RET returns). None where
+    the kernel jumps indirectly (BRX, JMX): any instruction may then be a target."""
+    out = set()
+    for pc, sass in listing.items():
+        op = _opcode(sass)
+        base = op.split(".", 1)[0]
+        if base in ("BRX", "JMX"):
+            return None
+        if base in _CONTROL:
+            out.update(int(h, 16) for h in re.findall(r"\b0x[0-9a-fA-F]+\b", sass) if int(h, 16) in listing)
+        if base == "CALL":
+            out.add(pc + SASS_BYTES)
+    return out
+
+
+def waited_barrier(pc: int, listing: dict[int, str], targets: set[int] | None) -> int | None:
+    """The BAR a warp sampled at ``pc`` with reason "barrier" is waiting at: the nearest BAR.SYNC / BAR.RED before
+    it within BARRIER_WINDOW instructions, reached by the straight path only (no instruction from the BAR's successor
+    to ``pc`` a branch target) and with only instructions between that a waiting warp issues (no memory access,
+    branch, other barrier or fence). None where there is no such BAR: the samples then stay where ncu put them."""
+    if targets is None or BARRIER_WAIT.match(_opcode(listing.get(pc, ""))):
+        return None
+    cur = pc
+    for _ in range(BARRIER_WINDOW):
+        if cur in targets:
+            return None
+        prev = cur - SASS_BYTES
+        op = _opcode(listing.get(prev, ""))
+        if BARRIER_WAIT.match(op):
+            return prev
+        if not op or _ends_the_wait(op):
+            return None
+        cur = prev
+    return None
+
+
+def barrier_waits_on_the_barrier(df: pd.DataFrame, where, listing: dict[int, str]) -> pd.DataFrame:
+    """A warp sampled while it waits at a barrier carries the PC of an instruction after the BAR (see BARRIER_WAIT):
+    its barrier samples are moved onto the BAR it waits at (waited_barrier), so its source line is the barrier's.
+    ``where(pc)``: an instruction's file, line and SASS; ``listing``: {pc: SASS} of the whole kernel. Samples of
+    every other reason stay on their instruction."""
     if "stall_barrier" not in df or df.empty:
         return df
-    sass = dict(zip(df["pc"].astype(int), df["sass"].astype(str)))
+    listing = dict(listing) | {int(pc): str(s) for pc, s in zip(df["pc"], df["sass"]) if int(pc) not in listing}
+    targets = branch_targets(listing)
     moves = []                                  # (from pc, to pc, samples)
     for pc, n in zip(df["pc"].astype(int), df["stall_barrier"]):
-        prev = pc - SASS_BYTES
-        if n > 0 and (sass.get(prev) or where(prev)["sass"]).startswith("BAR"):
-            moves.append((pc, prev, n))
+        to = waited_barrier(pc, listing, targets) if n > 0 else None
+        if to is not None:
+            moves.append((pc, to, n))
     if not moves:
         return df
     stalls = [c for c in df.columns if c.startswith("stall_")]
+    have = set(df["pc"].astype(int))
     new = [{"pc": to, **where(to), "samples": 0.0} | dict.fromkeys(stalls, 0.0)
-           for to in sorted({to for _, to, _ in moves} - set(sass))]
+           for to in sorted({to for _, to, _ in moves} - have)]
     df = pd.concat([df, pd.DataFrame(new, columns=df.columns)], ignore_index=True)
     df.index = df["pc"].astype(int).to_numpy()
     for src, to, n in moves:
