@@ -243,10 +243,10 @@ def test_the_kernel_listing_read_from_the_report_is_the_source_pages(report):
     """The barrier walk reads branch targets off the whole kernel; ncu_report gives instructions by PC only, so the
     listing is walked out from the sampled PCs. On join v2's report it is the source page's, instruction for
     instruction, with the same branch targets (ncu_report writes a label beside a target: the address stays)."""
-    import ncu_report
-
     from app.runtime.profiling.parsers.ncu_rep import SAMPLES, _instances, kernel_listing
 
+    ncu_report, where = load_module(None)      # Nsight Compute's extras/python, found as ncu mode finds it
+    assert ncu_report is not None, where
     rng = ncu_report.load_report(str(report)).range_by_idx(0)
     pages = list(parse_source(fixture_text("ncu/join.full.source.csv")).values())
     assert rng.num_actions() == len(pages)
