@@ -124,3 +124,29 @@ def test_the_summarys_flop_rate_is_named_by_what_it_counts():
     partial = flop_rates(counter_summary(stages, untimed, ops), untimed)
     assert partial["achieved_tflops_fp32"] is None and partial["achieved_tflops"] is None
     assert partial["achieved_tflops_fp64"] is not None and "fp32_flops" in partial["missing"]["achieved_tflops_fp32"]
+
+
+def test_a_tail_waves_gain_is_the_slot_time_its_last_wave_leaves_empty():
+    """ncu's LaunchConfiguration rule gives a partial last wave's share of the runtime (overlay v3's edge_pairs_warp:
+    599 blocks on 528 slots, 1.13 waves, "up to 50.0%"); with blocks of equal time a grid of whole waves recovers
+    the slot time that wave leaves empty, 43.3% of the kernel here. A grid under one wave keeps ncu's estimate."""
+    from app.analysis.kernel_metrics import attribute_stages
+    from app.runtime.profiling.ncu import _rule_ops
+    from app.runtime.profiling.parsers.ncu_csv import parse_details
+
+    raw, _ = parse_raw(fixture_text("ncu/overlay_v3.full.raw.csv"))
+    _, rules = parse_details(fixture_text("ncu/overlay_v3.full.details.csv"))
+    names = [s.name for s in get_plan_class("overlay", "v3")().stages]
+    rules = rules.assign(stage=attribute_stages(rules, "overlay", names))
+    kernels = kernel_table(raw, "overlay", names, DEVICE)
+    ops = {o["name"]: o for o in _rule_ops(rules, raw, kernels)}
+    warp = ops["LaunchConfiguration in segment_mbr_filter (edge_pairs_warp)"]
+    row = raw[raw["kernel"] == "edge_pairs_warp"].iloc[0]
+    share = 100 * float(kernels.loc[raw["kernel"] == "edge_pairs_warp", "duration_us"].iloc[0]) / float(
+        kernels["duration_us"].sum())
+    waves = float(row["grid_blocks"]) / 528
+    assert round(waves, 2) == 1.13
+    assert warp["gain_pct"] == pytest.approx(share * (2 - waves) / 2)
+    assert "599 blocks on 528 block slots are 1.13 waves" in warp["trigger"] and "43.3%" in warp["trigger"]
+    small = ops["LaunchConfiguration in segment_mbr_filter (sort_pairs)"]        # a grid under one wave
+    assert "block slots" not in small["trigger"] and "speedup=93.9%" in small["trigger"]
