@@ -397,8 +397,8 @@ def test_a_gain_leaves_out_what_the_other_marks_measurably_add():
     checked = set()
     for s in t["stages"]:
         op = next((o for n, o in ops.items() if n.startswith(("Fuse or enlarge the launches of " + s["name"] + " ",
-                                                               "Cut the host time that most likely paces "
-                                                               + s["name"] + " "))), None)
+                                                               "Find whether the launches or the kernels set "
+                                                               + s["name"] + "'s time"))), None)
         if op is None:
             continue
         a = added[s["name"]]

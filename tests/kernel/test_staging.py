@@ -58,9 +58,9 @@ def test_arrays_arrive_exactly_across_chunks_and_runs(monkeypatch, threads, copy
             sent = [d[2] for d in expected_dmas([coords.nbytes, (n + 1) * 4], chunk, 4 * chunk)]
             span = f"{min(sent):,} bytes" if min(sent) == max(sent) else f"{min(sent):,} to {max(sent):,} bytes"
             # The DMAs as sent, then the rule that cut them: the rule's sizes are no bounds on an array's last DMA.
-            assert (f"{len(sent)} DMA{'s' if len(sent) != 1 else ''} of {span} (the first at most one slice of 4,104 "
-                    "bytes, each next at most twice the last, up to 16,416 bytes), written in slices of 4,104 bytes "
-                    "by") in how, how
+            assert (f"{len(sent)} DMA{'s' if len(sent) != 1 else ''} of {span} (cut in sizes from one slice of 4,104 "
+                    "bytes doubling up to 16,416 bytes, an array's last what is left of it; each issued as its slices "
+                    "are written), written in slices of 4,104 bytes by") in how, how
             assert "compiled copy with streaming stores" in how, how
             assert ("numpy copies (a strided array" in how) == (strided.size > 0), how
         else:

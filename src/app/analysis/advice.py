@@ -18,10 +18,10 @@ ATTAINABLE = 0.7             # fraction of a roof a well-tuned kernel reaches: b
 UNCOVERED_PCT = 5.0
 H2D_SHARE_PCT = 30.0
 # A GPU stage whose host time (issuing its work, no wait for a read) is about its time, between these shares of
-# it: the host issued it about as slowly as it ran, so the GPU most likely waited for the host (the stage chart's
-# thin bar as long as the thick one), whatever the stage's DRAM% says. A host time well past the stage's means the
-# GPU was still busy with earlier work while the host issued it (the join's bounds behind the build's copies), so
-# the host did not pace it.
+# it: the host issued it about as slowly as it ran, so its launches may have set its time (the stage chart's thin
+# bar as long as the thick one) -- or its kernels took about as long: event mode cannot tell, nsys mode can. A host
+# time well past the stage's means the GPU was still busy with earlier work while the host issued it (the join's
+# bounds behind the build's copies).
 HOST_PACED = (0.8, 1.25)
 
 
@@ -75,8 +75,8 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
                               "work)")
             paced = host_paced(trace, s)
             if paced:
-                issues.append(f"host-paced, most likely: the host took {paced[0] * 1e6:,.1f} us to issue it, about "
-                              f"its {paced[1] * 1e6:,.1f} us")
+                issues.append(f"issued by the host in {paced[0] * 1e6:,.1f} of its {paced[1] * 1e6:,.1f} us: its "
+                              "launches may set its time (nsys mode shows whether the GPU waited)")
             if dram is not None and bneck == "latency-bound":
                 issues.append(f"DRAM {pct(dram)}% of peak")
             if s["spread"].get("stable") is False and s["spread"]["runs"] >= MIN_CI_SAMPLES:    # None: too few runs
@@ -92,16 +92,24 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
 
 
 def host_paced(trace: dict, stage: dict) -> tuple[float, float] | None:
-    """(host seconds, stage seconds) of an event-mode GPU stage the host most likely paced: its host time issuing
-    its work is within HOST_PACED of its time, with no read from the device in it (a read's wait is not issue
-    time). Its time is then what the host takes to issue it, which a faster kernel would not shorten. Event mode
-    sees no GPU idle time, so this stays a likelihood; nsys mode measures it."""
+    """(host seconds, stage seconds) of an event-mode GPU stage the host may have paced: its host time issuing its
+    work is within HOST_PACED of its time, with no read from the device in it (a read's wait is not issue time).
+    Event mode sees no GPU idle time, so whether the launches or the kernels set the time stays open; nsys mode
+    measures it."""
     host, took = stage.get("host_seconds"), stage["elapsed_seconds"]
     if (trace.get("mode") != "event" or stage.get("device") != "gpu" or not host or not took
             or stage["metadata"].get("syncs")):
         return None
     low, high = HOST_PACED
     return (host, took) if low * took <= host <= high * took else None
+
+
+def _issued_early(trace: dict, stage: dict) -> bool:
+    """An event-mode GPU stage whose host time issuing its work, with no read from the device in it, is under the
+    low end of HOST_PACED of its time: every launch was queued well before the stage ended."""
+    host, took = stage.get("host_seconds"), stage["elapsed_seconds"]
+    return bool(trace.get("mode") == "event" and stage.get("device") == "gpu" and host and took
+                and not stage["metadata"].get("syncs") and host < HOST_PACED[0] * took)
 
 
 MARKS_ADD_SHARE = 0.10     # the other stage marks' share of a stage's time from which its Key Issue names it
@@ -177,14 +185,28 @@ def opportunities(trace: dict, roof: dict, findings: list[dict]) -> list[dict]:
             # to hand back its result: no opportunity, the Key Issue says what the time is.
             continue
         elif f["bottleneck"] == "latency-bound" and host_paced(trace, s):
-            # The GPU waited for the host's launches: a kernel that ran faster would end no sooner.
+            # Issued about as slowly as it ran: either the GPU waited for the launches (a faster kernel would end
+            # no sooner) or the kernels took about as long (the default join's filter: 14.6 us of kernel in a 17.1
+            # us stage issued in 14.8). Event mode sees no GPU idle time, so the advice names both and how to tell.
             host, took = host_paced(trace, s)
             kernels = s["metadata"].get("kernels_launched", ())
-            name = (f"Cut the host time that most likely paces {f['stage']} (the host took {host * 1e6:,.1f} us to "
-                    "issue " + (f"its one kernel, {kernels[0]}," if len(kernels) == 1 else
-                                f"its {len(kernels)} kernels," if kernels else "it,")
-                    + f" about the stage's {took * 1e6:,.1f} us: fewer or cheaper launches, or the plan replayed "
-                      "as a CUDA graph, which --graph measures; nsys mode shows whether the GPU waited)")
+            what = (f"its one kernel, {kernels[0]}," if len(kernels) == 1 else
+                    f"its {len(kernels)} kernels," if kernels else "it,")
+            name = (f"Find whether the launches or the kernels set {f['stage']}'s time (the host took "
+                    f"{host * 1e6:,.1f} us to issue {what} about the stage's {took * 1e6:,.1f} us; nsys mode shows "
+                    "whether the GPU waited: if it did, fewer or cheaper launches, or the plan replayed as a CUDA "
+                    "graph; if not, more independent work per thread)")
+            trigger = f"host_us={host * 1e6:.1f}, stage_us={took * 1e6:.1f}, dram_pct={pct(point['dram_pct'])}"
+        elif (f["bottleneck"] == "latency-bound" and len(s["metadata"].get("kernels_launched", ())) > 1
+              and _issued_early(trace, s)):
+            # The host had issued every launch well before the stage's end: the GPU, not the launches, most likely
+            # set its time (overlay v4's filter: two kernels issued in 51.4 of its 115.8 us), so fusing them would
+            # save little.
+            host, took = s["host_seconds"], s["elapsed_seconds"]
+            name = (f"Hide latency in {f['stage']}'s kernels (the host issued its "
+                    f"{len(s['metadata']['kernels_launched'])} kernels in {host * 1e6:,.1f} of its {took * 1e6:,.1f} "
+                    "us, so the GPU, not the launches, most likely set its time: more independent work per thread, "
+                    "fewer dependent loads)")
             trigger = f"host_us={host * 1e6:.1f}, stage_us={took * 1e6:.1f}, dram_pct={pct(point['dram_pct'])}"
         elif f["bottleneck"] == "latency-bound" and len(s["metadata"].get("kernels_launched", ())) == 1:
             # One kernel: nothing to fuse, and its grid may fill the GPU (the default join's filter: 1,250 blocks,

@@ -411,7 +411,8 @@ def opportunities(stages: pd.DataFrame, total_us: float) -> list[dict]:
             continue
         share = 100 * r.duration_us / total_us
         if r.local_spill_bytes > 0:
-            ops.append((share * 0.3, f"Stop register spills in {r.stage} (smaller tiles, fewer live values)",
+            ops.append((share * 0.3, f"Cut local-memory traffic in {r.stage} (register spills or local arrays: smaller "
+                                     "tiles, fewer live values)",
                         f"local_spill_bytes={r.local_spill_bytes:,.0f}"))
         if not math.isnan(r.achieved_occupancy_pct) and r.achieved_occupancy_pct < 25:
             ops.append((share * 0.5, f"Raise occupancy in {r.stage} (fewer registers, larger grids)",

@@ -235,13 +235,15 @@ def dma_sizes(lengths: list[int], slice_bytes: int, dma_bytes: int) -> list[int]
 
 
 def _dma_text(dmas: int, lengths: list[int]) -> str:
-    """The DMAs as sent: their count and the smallest and largest. The policy's sizes (one slice first, up to
-    COMPILED_DMA_BYTES) are no bounds on them (an array's last DMA is shorter: an H200 join's 8 DMAs were 40,004 to
-    1,600,000 bytes, not '128 KiB to 4 MiB'). Where the library's count disagrees with the rule, only the count
-    and the rule are given."""
+    """The DMAs as sent: their count and the smallest and largest, then the rule that cut them. The rule's sizes are
+    no bounds on them (an array's last DMA is shorter: an H200 join's 8 DMAs were 40,004 to 1,600,000 bytes, not
+    '128 KiB to 4 MiB'), nor an order (each is issued as its slices are written, by several threads). Where the
+    library's count disagrees with the rule, only the count and the rule are given."""
     sizes = dma_sizes(lengths, COMPILED_SLICE_BYTES, COMPILED_DMA_BYTES)
-    rule = (f"the first at most one slice of {_size(COMPILED_SLICE_BYTES)}, each next at most twice the last, up to "
-            f"{_size(COMPILED_DMA_BYTES)}")
+    # The rule that cut them, not an order they run in: the host threads issue each as its slices are written, and
+    # an array's last DMA is what is left of it (a 40,004-byte tail, then the next array's 1,600,000 bytes).
+    rule = (f"cut in sizes from one slice of {_size(COMPILED_SLICE_BYTES)} doubling up to {_size(COMPILED_DMA_BYTES)}, "
+            "an array's last what is left of it; each issued as its slices are written")
     if len(sizes) != dmas or not sizes:
         return f"{_count(dmas, 'DMA')} ({rule})"
     span = f"{min(sizes):,} bytes" if min(sizes) == max(sizes) else f"{min(sizes):,} to {max(sizes):,} bytes"

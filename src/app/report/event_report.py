@@ -45,7 +45,8 @@ def build_report(trace: dict, params_json: dict, roof: dict, baseline: dict | No
                 note="Duration = median of the timed runs; ± spread = 1.4826 x median absolute deviation / median "
                      "(robust: outlier runs, counted in brackets, cannot move it). "
                      "Host = time the Python side spent in the stage: issuing its work (GPU work is asynchronous: "
-                     "Host close to Duration means the stage is launch-bound) and, where marked \"waits\", waiting "
+                     "Host close to Duration means its launches may set its time -- or its kernels take about as long: nsys "
+                     "mode tells them apart) and, where marked \"waits\", waiting "
                      "for a read from the device (a size or the result's length), which waits for all the work "
                      "queued before it, earlier stages' included. TC% n/a: these kernels use no tensor cores and event mode reads no counters. "
                      "DRAM% = the cost model's bytes / measured time / peak GB/s (the model counts each byte "
@@ -391,7 +392,8 @@ def _stage_chart(roof):
                         "Stages table marks \"(waits)\" mostly waiting for a read from the device, which waits for "
                         "all the work queued before it. The two overlap in time and do not add, and the thin bar can "
                         "be the longer. On the GPU, in a stage that does not wait, a thin bar as long as the thick one "
-                        "means the host paced the stage (launch-bound); " + floor)
+                        "means its launches may set its time, or its kernels take about as long (nsys mode tells them "
+                        "apart); " + floor)
 
 
 def _rows_and_meta(trace):

@@ -46,7 +46,9 @@ def stage_sections(trace: dict, stages, kernels, ops: list[dict], spec, clock: s
             issue.append(f"L2 hit {r.l2_hit_pct:.0f}% ({culprit} moved {r.locality_excess:.2f}x the stage's "
                          "modelled bytes)")
         if r.kernels and r.local_spill_bytes > 0:
-            issue.append(f"{r.local_spill_bytes:,.0f} B spilled")
+            # ncu counts the bytes local loads and stores moved (l1tex__t_bytes_pipe_lsu_mem_local_op_ld/st): the
+            # traffic of spills and of local arrays, not the size of what spilled.
+            issue.append(f"{r.local_spill_bytes:,.0f} B of local-memory traffic (spills or local arrays)")
         waits = barrier_bound(kernels, r.stage) if r.kernels else None
         if waits is not None:
             issue.insert(0, _barrier_issue(waits))

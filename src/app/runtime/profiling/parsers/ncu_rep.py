@@ -112,7 +112,7 @@ def kernel_listing(action, sampled) -> dict[int, str]:
 # __syncthreads compiles to BAR.SYNC.DEFER_BLOCKING (Volta and later): the warp arrives at the BAR and goes on
 # issuing the arithmetic after it, and only blocks -- sampled with reason "barrier" -- at the first instruction it may
 # not issue before the other warps arrive: a memory access, a branch, a special-register read. On this project's H200
-# captures that was 1 to 5 instructions after the BAR: join v5's output_fused, 705 samples on `LDC R7, c[0x0][0xc]`
+# captures that was 1 to 7 instructions after the BAR: join v5's output_fused, 705 samples on `LDC R7, c[0x0][0xc]`
 # after `BAR.SYNC; IMAD.MOV.U32`; refine, 85 on `BSSY` after three integer instructions; morton_fused, 95 on
 # `@P1 BRA` after a LOP3. The wait is then the nearest BAR before it on the straight path there, and its samples
 # belong to the BAR's source line (a grid barrier's __syncthreads), not to the line that happens to come next.
@@ -126,8 +126,9 @@ _CONTROL = ("BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BSSY", "BSYNC", 
 _ORDERING = ("BAR", "MEMBAR", "ERRBAR", "CGAERRBAR", "CCTL", "DEPBAR", "SYNCS", "FENCE", "ARRIVES")
 _WARP_WIDE = ("SHFL", "VOTE", "VOTEU", "MATCH", "REDUX", "S2R", "S2UR")      # lane exchanges, special registers
 _MEMORY = ("LD", "ST", "ATOM", "RED", "ULD", "UST", "UTMA", "UBLK", "SU", "TEX", "TLD", "TXQ")
-# How far back the nearest BAR is looked for: the longest run seen between a BAR and a barrier sample is four
-# instructions (scan kernels of join and overlay v2); twice that still ends well inside one basic block.
+# How far back the nearest BAR is looked for: the longest run seen between a BAR and a barrier sample is seven
+# instructions (join v5's output_fused: a BSSY seven after a scan's BAR, six integer operations between); a
+# memory access, branch or branch target ends the walk sooner anyway.
 BARRIER_WINDOW = 8
 
 
