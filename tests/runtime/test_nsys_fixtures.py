@@ -143,7 +143,7 @@ def test_the_staging_advice_is_given_once_for_both_of_its_causes(kernel):
     it = analysis["iteration"]
     inside = it["idle_in_stages_us"]
     assert (f"trigger: before_first_op={inside['before_first_op']:,.1f}us, "
-            f"launch_gap={inside['launch_gap']:,.1f}us per iteration inside the stage ranges") in staging
+            f"launch_gap={inside['launch_gap']:,.1f}us per iteration in its stages' own accounting") in staging
     own = build["idle_us"]["before_first_op"] + build["idle_us"]["launch_gap"]
     assert f"the stage with the most of them in that iteration owned_buffer_build ({own:,.1f} us of its own span)" \
         in staging

@@ -187,10 +187,12 @@ def test_copies_from_pinned_memory_are_not_told_to_use_pinned_memory():
     # With no gap between the copies (the H200 build), none is named; a pageable copy is told to pin.
     quiet = dict(build, idle_us=dict(build["idle_us"], launch_gap=0.0))
     assert "back to back" not in staging_opportunity(quiet)
-    assert f"the host makes no CUDA call for the first {build['quiet_start_us']:,.1f} us of the stage" in \
-        staging_opportunity(quiet)
+    assert f"the host makes no CUDA call for the first {build['quiet_start_us']:,.1f} us of that iteration's stage" \
+        in staging_opportunity(quiet)
+    # Each figure for what it is: the host's time before its first call, and when the first copy started.
     assert stage_bottleneck(dict(quiet, idle_us=dict(quiet["idle_us"], before_first_op=500.0))).startswith(
-        "Host-bound around its copies (the GPU waits 500.0 us for the host before the first copy)")
+        f"Host-bound around its copies (the host made no CUDA call for the first {build['quiet_start_us']:,.1f} us; "
+        f"the first copy started after {build['first_op_us']:,.1f} us)")
     paged = dict(build, copies={"HtoD": dict(htod, pageable=2)})
     assert staging_opportunity(paged).startswith(f"Keep the host arrays in pinned memory (2 of {htod['count']} ")
     assert "keep those host arrays in pinned memory" in host_time_advice(
@@ -245,7 +247,7 @@ def test_the_results_read_is_no_round_trip_to_remove():
     assert 0 < mid < whole
     line = next(x for x in opportunities(trace, analysis) if "round trips" in x)
     assert (f"trigger: sync_wait={mid:,.1f}us per iteration in the stages before the result's ({whole:,.1f}us in the "
-            "whole iteration)") in line
+            "whole iteration's row)") in line
     audit_row = next(x for x in md.splitlines() if x.startswith("| HIGH | span dominated by host time | output_sort |"))
     assert "while the host sat in its read of the result's size, which the plan needs" in audit_row
     # Its host work after the read returned is its own, after its last op, not a wait on the read.
@@ -256,7 +258,8 @@ def test_the_results_read_is_no_round_trip_to_remove():
     # Nor does the audit's smallest change name it, even where the round trips are the iteration's largest cause.
     it = dict(analysis["iteration"], idle_in_stages_us=dict(analysis["iteration"]["idle_in_stages_us"], sync_wait=1e6))
     q2 = answers(it, analysis["stages"], analysis["findings"], None, {"output_sort"})[1]
-    assert q2.startswith("Remove the mid-plan host reads") and "largest in candidate_filter" in q2
+    assert q2.startswith("Remove the mid-plan host reads") and "largest in the median iteration in candidate_filter" \
+        in q2
     q2 = answers(it, analysis["stages"], analysis["findings"], None, set(stages))[1]
     assert "host reads" not in q2
 

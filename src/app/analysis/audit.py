@@ -116,7 +116,9 @@ def audit(instances: list[dict], stage_info: dict | None = None, terminal: set |
 def _host_times(rep: dict) -> dict:
     """What the trace shows of the host's side of an instance (us): how long it made no CUDA call at the start,
     and over how long it issued its ops."""
-    return {"quiet_us": rep.get("quiet_start_ns", 0) / 1e3, "issue_us": rep.get("issue_span_ns", 0) / 1e3}
+    first = rep.get("first_op_start_ns")
+    return {"quiet_us": rep.get("quiet_start_ns", 0) / 1e3, "issue_us": rep.get("issue_span_ns", 0) / 1e3,
+            "first_op_us": first / 1e3 if first is not None else None}
 
 
 def host_time_advice(idle_us: dict, ops: int, syncs: int, copies: dict, copies_lead: bool, staging: str = "",
@@ -188,7 +190,11 @@ def _preparation_advice(wait: float, copies: dict, copies_lead: bool, staging: s
                 "while earlier GPU work runs")
     htod = copies.get("HtoD", {})
     n, pageable = htod.get("count", 0), htod.get("pageable", 0)
-    text = f"the GPU waits {wait:,.1f} us for the first copy"
+    # Each figure for what it is: 'before first op' ends at the host's first call, and the GPU waits on through
+    # that call and its latency until the copy starts (an H200 join: no call for 111.2 us, the copy at 117.7).
+    first = host.get("first_op_us")
+    text = (f"the first copy starts {first:,.1f} us into the stage" if first is not None else
+            f"the GPU is idle {wait:,.1f} us before the host issues the first copy")
     quiet, issue = host.get("quiet_us"), host.get("issue_us")
     if quiet:
         text += (f"; the host makes no CUDA call for the first {quiet:,.1f} us of the stage"
@@ -221,7 +227,8 @@ def answers(iteration: dict, stages: list[dict], findings: list[dict], stage_inf
             terminal: set | None = None) -> tuple[str, str]:
     """The audit's two questions, answered from the accounting of the whole iteration.
 
-    ``iteration`` and ``stages`` are analysis.timeline.summarise() entries (microseconds); ``stage_info`` and
+    ``iteration`` and ``stages`` are analysis.timeline.summarise() entries (microseconds), ``stages`` that
+    iteration's own stage instances (the figures of one sentence are one iteration's); ``stage_info`` and
     ``terminal`` as audit() takes them (no stage hands back the result when ``terminal`` is None)."""
     terminal = terminal or set()
     span, busy = iteration["span_us"], iteration["busy_us"]
@@ -241,8 +248,8 @@ def answers(iteration: dict, stages: list[dict], findings: list[dict], stage_inf
               f"the rest is {', '.join(parts)}" + ("; findings: " + "; ".join(f"{r} ({', '.join(st)})"
                                                                              for r, st in rules.items())
                                                   if rules else "") + ".")
-    # The change named is for the largest cause the plan's stages hold: the iteration's idle time inside its stage
-    # ranges where the analysis split it (its time outside every stage is the run's own, no change to the plan), and
+    # The change named is for the largest cause the plan's stages hold: the iteration's stages' own accounting,
+    # summed, where the analysis gave it (its time outside every stage is the run's own, no change to the plan), and
     # the stage with the most of that cause. An H200 overlay, largest cause its launch gaps, was told to change the
     # build's staging, the stage with the most idle time of any cause.
     own = iteration.get("idle_in_stages_us") or idle
@@ -260,27 +267,28 @@ def answers(iteration: dict, stages: list[dict], findings: list[dict], stage_inf
     elif top == "sync_wait":
         s = max((s for s in stages if s["name"] not in terminal), key=lambda s: s["idle_us"]["sync_wait"])
         q2 = ("Remove the mid-plan host reads: size outputs from upper bounds or keep counts on the device, so "
-              f"the plan is issued without a round trip (largest in {s['name']}, "
+              f"the plan is issued without a round trip (largest in the median iteration in {s['name']}, "
               f"{s['idle_us']['sync_wait']:,.1f} us). With no host read left the plan can be captured as one CUDA graph.")
     elif top in ("launch_gap", "before_first_op") and copy_bound(s := max(stages, key=lambda s: s["idle_us"][top])):
         # Its largest cause only, in the audit's words for it: what the capture and the stage's staging show.
         advice = host_time_advice(s["idle_us"], s["ops"], s["syncs"], s.get("copies", {}), True,
                                   ((stage_info or {}).get(s["name"]) or {}).get("staging", ""), most=1,
-                                  host={"quiet_us": s.get("quiet_start_us"), "issue_us": s.get("issue_span_us")})
+                                  host={"quiet_us": s.get("quiet_start_us"), "issue_us": s.get("issue_span_us"),
+                                        "first_op_us": s.get("first_op_us")})
         q2 = (f"Get the inputs to the GPU without it waiting: {s['name']} moves its data with copies and spends "
-              f"{sum(s['idle_us'].values()):,.1f} us per iteration with the GPU idle around them; {advice}.")
+              f"{sum(s['idle_us'].values()):,.1f} us of the median iteration with the GPU idle around them; {advice}.")
     elif top in launch:
         s = max(stages, key=lambda s: sum(s["idle_us"][c] for c in launch))
         q2 = (f"Issue fewer, larger launches: {iteration['ops']:g} GPU ops are issued one by one per iteration; "
-              f"fuse the launch-bound kernels (most GPU idle around launches in {s['name']}, "
+              f"fuse the launch-bound kernels (most GPU idle around launches in the median iteration in {s['name']}, "
               f"{sum(s['idle_us'][c] for c in launch):,.1f} us) or capture the plan as a CUDA graph.")
     elif top == "before_first_op":
         s = max(stages, key=lambda s: s["idle_us"]["before_first_op"])
-        q2 = (f"Take host preparation off the critical path: {s['name']} spends "
+        q2 = (f"Take host preparation off the critical path: in the median iteration {s['name']} spends "
               f"{s['idle_us']['before_first_op']:,.1f} us on the host before its first GPU op; do that work once, "
               "outside the timed path, or while earlier GPU work runs.")
     else:
         s = max(stages, key=lambda s: s["idle_us"][top])
-        q2 = (f"Shrink the host work around the GPU ops: {s['name']} has {s['idle_us'][top]:,.1f} us of "
+        q2 = (f"Shrink the host work around the GPU ops: in the median iteration {s['name']} has {s['idle_us'][top]:,.1f} us of "
               f"{top.replace('_', ' ')}.")
     return q1, q2

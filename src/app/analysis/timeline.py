@@ -220,6 +220,9 @@ class Accountant:
             # op's call to the last's): all a trace shows of the host's work before and between the copies.
             "quiet_start_ns": (int(self.api_start[api_idx[0]]) - s) if len(api_idx) else e - s,
             "issue_span_ns": int(self.op_launch[own].max() - self.op_launch[own].min()) if own else 0,
+            # When its first op started on the GPU: later than the host's first call by that call and its latency,
+            # so the GPU's wait for the first copy is this, not the host's quiet time (111.2 against 117.7 us).
+            "first_op_start_ns": (int(self.op_start[own[0]]) - s) if own else None,
         }
         rec["accounted_ns"] = rec["busy_ns"] + sum(idle.values())
         return rec
@@ -398,6 +401,7 @@ def summarise(instances: list[dict]) -> list[dict]:
             "event_close_by_gpu": r["event_close_by_gpu"],
             "syncs": len(r["syncs"]), "copies": r["copies"],
             "quiet_start_us": r["quiet_start_ns"] / 1e3, "issue_span_us": r["issue_span_ns"] / 1e3,
+            "first_op_us": (r["first_op_start_ns"] / 1e3 if r.get("first_op_start_ns") is not None else None),
             "span_spread": {"median_us": mid, "min_us": min(spans), "max_us": max(spans),
                             "stdev_us": statistics.stdev(spans) if len(spans) > 1 else 0.0,
                             "rel_stdev": (statistics.stdev(spans) / mid) if len(spans) > 1 and mid else 0.0,

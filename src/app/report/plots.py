@@ -398,7 +398,8 @@ def fit_label(name: str, width_pt: float) -> str:
 
 
 def timeline_png(tl, analysis: dict, title: str) -> bytes:
-    """Top: the iteration the tables show (stage ranges on the host, ops per stream). Bottom: each stage's span
+    """Top: the median iteration, the whole iteration's row of the accounting table (stage ranges on the host, ops
+    per stream). Bottom: each stage's span
     split into GPU busy and idle by cause (each stage's median instance)."""
     it = shown_iteration(analysis)
     lo, hi = it["start_ns"], it["end_ns"]
@@ -429,7 +430,8 @@ def timeline_png(tl, analysis: dict, title: str) -> bytes:
     ax.set_yticklabels(list(reversed(rows)) + ["stages (host)"], fontsize=7)
     ax.set_xlim(0, (hi - lo) / 1e3)
     ax.set_xlabel(f"us since the iteration's range opened (iteration {it['instance'] + 1} of "
-                  f"{len(analysis['iterations'])}: the one the report's tables show)", fontsize=8)
+                  f"{len(analysis['iterations'])}: the median one, the whole iteration's row in the accounting "
+                  "table;\neach stage's row of the tables is that stage's own median instance)", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), fontsize=6, loc="lower right", ncol=5)

@@ -50,12 +50,27 @@ def stage_bottleneck(s: dict) -> str:
                     f"{s['busy_us']:,.1f} us their ops)")
         kind = "Transfer-bound" if s["memcpy_us"] > s["kernel_us"] else "GPU-bound"
         return f"{kind} (busy {100 * share:.0f}%)"
+    earlier = s.get("busy_earlier_us") or 0.0
+    own_ops = s["kernel_us"] + s["memcpy_us"] + s["memset_us"]
+    if earlier > s["busy_us"] - earlier and s["gpu_after_end_us"] > own_ops / 2:
+        # Its busy time is mostly earlier stages' ops and its own mostly run after it closes: the GPU was behind,
+        # and the few us of idle left are no launch cause of its own (an H200 join's predicate_refine: 9.4 of its
+        # 10.0 busy us the previous stage's kernel, its own 10.1 us past the range, 'launch-bound' from 6.1 us).
+        return (f"Behind earlier stages' GPU work (busy {100 * share:.0f}%, {earlier:,.1f} of those "
+                f"{s['busy_us']:,.1f} us their ops; its own run {s['gpu_after_end_us']:,.1f} us past the range)")
     top = max(CAUSES, key=lambda c: s["idle_us"][c])
     if copy_bound(s) and top in STAGING_CAUSES:
-        # Which of the two the capture shows: the wait before the first copy, or gaps between the copies.
-        v = s["idle_us"][top]
-        where = (f"the GPU waits {v:,.1f} us for the host before the first copy" if top == "before_first_op" else
-                 f"{v:,.1f} us of host gaps between the copies")
+        # Which of the two the capture shows: the wait before the first copy, or gaps between the copies. Each
+        # figure for what it is: the host's quiet time ends at its first call, the GPU's wait when the copy starts.
+        v, first = s["idle_us"][top], s.get("first_op_us")
+        quiet = s.get("quiet_start_us")
+        if top == "before_first_op":
+            where = "; ".join(x for x in (
+                f"the host made no CUDA call for the first {quiet:,.1f} us" if quiet is not None else "",
+                f"the first copy started after {first:,.1f} us" if first is not None else "") if x) or \
+                f"{v:,.1f} us of GPU idle before the host issued the first copy"
+        else:
+            where = f"{v:,.1f} us of host gaps between the copies"
         return f"Host-bound around its copies ({where}), busy {100 * share:.0f}%"
     return f"{BOTTLENECK[top]}, busy {100 * share:.0f}%"
 
@@ -77,7 +92,8 @@ def staging_opportunity(s: dict) -> str:
     # did then, and an H200 join's staging queues its first DMA after one 128 KiB slice, so the copy into pinned
     # buffers explains little of a 99-528 us wait.
     quiet = s.get("quiet_start_us") or 0.0
-    said = f"the host makes no CUDA call for the first {quiet:,.1f} us of the stage, " if quiet >= 0.05 else ""
+    said = f"the host makes no CUDA call for the first {quiet:,.1f} us of that iteration's stage, " if quiet >= 0.05 \
+        else ""
     return (f"Find what the host does before the first copy and cut it ({said}which the trace cannot break down; "
             f"its {n:g} copies already read pinned memory)" + back)
 
@@ -249,7 +265,9 @@ def _where_idle(cause: str, where: dict, outside_us: float = 0.0) -> str:
 
 def opportunities(trace: dict, analysis: dict) -> list[str]:
     """Every opportunity the capture supports, by estimated gain (the report lists the first three). Each counts
-    only the iteration's idle time inside its stage ranges, what the plan's code can act on: its time outside every
+    only the median iteration's idle time inside its stage ranges, as each of its stage instances accounts its own
+    span (a gap the iteration calls a launch gap is a stage's 'after last op' where no launch was pending in it),
+    what the plan's code can act on: its time outside every
     stage (the profiler's closing event record and synchronize, the host finishing the run, the time before the
     first stage opens) is the run's own (an H200 join's 57.7 us after the last op held 18.9 inside a stage). The
     stage named is the one with the most of the cause in that same iteration."""
@@ -260,14 +278,14 @@ def opportunities(trace: dict, analysis: dict) -> list[str]:
     terminal = set(analysis.get("terminal", ()))
     for c in CAUSES:
         v, whole = inside[c], it["idle_us"][c]
-        scope = f" inside the stage ranges ({whole:,.1f}us in the whole iteration)"
+        scope = f" in its stages' own accounting ({whole:,.1f}us in the whole iteration's row)"
         if c == "sync_wait" and "terminal" in analysis:
             # Only reads the plan can do without: not the result's, in the stage that hands it back, nor the time
             # after the last stage closes (the profiler's end of the run), both in the iteration's figure (an H200
             # join: 54.5 us, its only read the result's length).
             v = mid_plan_sync_us(stages, terminal)
             stages_c = [s for s in stages if s["name"] not in terminal]
-            scope = f" in the stages before the result's ({whole:,.1f}us in the whole iteration)"
+            scope = f" in the stages before the result's ({whole:,.1f}us in the whole iteration's row)"
         else:
             stages_c = stages
         if v >= 0.05 and it["span_us"] and stages_c:
@@ -295,9 +313,9 @@ def opportunities(trace: dict, analysis: dict) -> list[str]:
             place = _where_idle(c, where, outside)
         gain = f"est. {100 * v / it['span_us']:.0f}% gain"
         ops.append((v, f"{staging_opportunity(where)}; {place} — {gain} — trigger: "
-                       + ", ".join(f"{c}={x:,.1f}us" for x, c, _ in staged) + " per iteration inside the stage "
-                       "ranges (" + " and ".join(f"{it['idle_us'][c]:,.1f}us" for _, c, _ in staged) + " in the whole "
-                       "iteration)"))
+                       + ", ".join(f"{c}={x:,.1f}us" for x, c, _ in staged) + " per iteration in its stages' own "
+                       "accounting (" + " and ".join(f"{it['idle_us'][c]:,.1f}us" for _, c, _ in staged) + " in the "
+                       "whole iteration's row)"))
     k = max(stages, key=lambda s: s["kernel_us"])
     ops.append((k["kernel_us"], f"Faster kernels in {k['name']} — est. {100 * k['kernel_us'] / it['span_us']:.0f}% "
                                 f"gain at most — trigger: kernel_us={k['kernel_us']:,.1f}"))
@@ -309,17 +327,23 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
     tool = trace["metadata"]["tool"]
     share = 100 * it["busy_us"] / it["span_us"] if it["span_us"] else 0.0
     top = max(CAUSES, key=lambda c: it["idle_us"][c])
+    # The largest cause the stages hold, by their own accounting summed (as the opportunities count it), and the
+    # stage that loses the most in that same iteration: a stage's median instance is often another iteration's.
+    own = it.get("idle_in_stages_us") or it["idle_us"]
+    top_own = max(CAUSES, key=lambda c: own[c])
     if share >= 70:
         bottleneck = (f"GPU work (busy {share:.0f}% of the iteration); run `--prof_type annotation` to split "
                       "memory- from compute-bound")
     else:
         bottleneck = f"Latency-bound — host orchestration: the GPU is busy {share:.0f}% of the iteration"
-    worst = max(stages, key=lambda s: s["span_us"] - s["busy_us"])
-    inside = (it.get("idle_in_stages_us") or {}).get(top)
-    within = f", {inside:,.1f} us of it inside the stage ranges" if inside is not None else ""
-    cause = (f"Of {it['span_us']:,.1f} us per iteration the GPU is busy {it['busy_us']:,.1f} us; the largest idle "
-             f"cause is {CAUSE_TEXT[top]} ({it['idle_us'][top]:,.1f} us{within}). {worst['name']} loses the most "
-             f"({worst['span_us'] - worst['busy_us']:,.1f} us idle of {worst['span_us']:,.1f} us).")
+    worst = max(analysis.get("iteration_stages") or stages, key=lambda s: s["span_us"] - s["busy_us"])
+    whole = (f", whose largest cause is {CAUSE_TEXT[top]} at {it['idle_us'][top]:,.1f} us: the iteration splits the "
+             "gaps that cross a stage boundary or lie outside every stage its own way" if top != top_own else "")
+    cause = (f"Of {it['span_us']:,.1f} us in the median iteration the GPU is busy {it['busy_us']:,.1f} us; its "
+             f"stages, each accounting its own span, lose the most to {CAUSE_TEXT[top_own]} ({own[top_own]:,.1f} us "
+             f"summed, {it['idle_us'][top_own]:,.1f} us in the whole iteration's row{whole}). {worst['name']} loses "
+             f"the most in that iteration ({worst['span_us'] - worst['busy_us']:,.1f} us idle of "
+             f"{worst['span_us']:,.1f} us).")
     ops = opportunities(trace, analysis)[:3]
     clocks = params.get("clocks", {})
     backend = backend_text(tool, analysis.get("capture", {}))
@@ -339,7 +363,10 @@ def nsys_report(trace: dict, analysis: dict, params: dict, baseline: dict | None
         Section(text=f"**Bottleneck:** {bottleneck}\n\n**Root cause:** {cause}"),
         Section("Top 3 Opportunities (ranked by estimated impact)", items=ops,
                 note="Gain = the idle (or kernel) time that cause accounts for inside the plan's stage ranges, in "
-                     "the iteration the tables show, as a share of its span (for staging, where its two causes, host "
+                     "the median iteration (the whole iteration's row in the accounting table; each stage's row is "
+                     "that stage's own median instance, often another iteration), each stage instance of it "
+                     "splitting its own span into causes, summed, as a share of its span (for staging, where its "
+                     "two causes, host "
                      "preparation and launch gaps, peak in one stage: that stage's own time of them); the stage named "
                      "is the one with the most of it in that same iteration. Idle time outside every stage range "
                      "(the profiler's event records and closing synchronize, the host finishing the run, the time "

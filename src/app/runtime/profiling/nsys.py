@@ -27,7 +27,7 @@ import time
 from app.analysis.audit import answers, audit
 from app.analysis.compare import MIN_RUNS, change_interval
 from app.analysis.summary import nsys_summary
-from app.analysis.timeline import (Timeline, account_ranges, capture_summary, idle_inside, stages_of, summarise,
+from app.analysis.timeline import (CAUSES, Timeline, account_ranges, capture_summary, stages_of, summarise,
                                   time_outside_stages)
 from app.errors import AppError, BadParameter, MalformedToolOutput
 from app.runtime import launch_pace
@@ -218,19 +218,23 @@ def analyse_plan(plan, tl: Timeline, worker: dict) -> dict:
     findings = audit([r for r in instances if r["name"] in names], stage_info, terminal)
     stages = [summ[n] for n in names]
     it = summ[PROFILE_RANGE]
-    # The iteration the tables show, its own stage instances and its idle time inside them: what the plan's
-    # stages can act on. Its time outside every stage range (the recorder's records and closing synchronize, the
-    # host finishing the run) is the run's, and a stage figure set beside an iteration figure must be the same
-    # iteration's (an H200 overlay's advice set one iteration's 243.2 us beside another's 267.6).
+    # The median iteration (the whole iteration's row in the accounting table) and its own stage instances: what
+    # the plan's stages can act on. Its idle time "inside the stages" is each of those instances' own accounting,
+    # summed, not the iteration's causes clipped to the stage windows: a build stage's 90 us after its last DMA was
+    # the iteration's launch gap (the next stage's op came later) but that stage's 'after last op', where no launch
+    # is pending and fusing kernels or a graph removes none of it. Its time outside every stage range (the
+    # recorder's records and closing synchronize, the host finishing the run) is the run's, and a stage figure set
+    # beside an iteration figure must be the same iteration's (an H200 overlay's advice set one iteration's
+    # 243.2 us beside another's 267.6).
     rec = next(r for r in iterations if r["instance"] == it["median_instance"])
     inside = stages_of(rec, instances, names)
-    it["idle_in_stages_us"] = {c: v / 1e3 for c, v in idle_inside(rec, [(r["start_ns"], r["end_ns"])
-                                                                         for r in inside]).items()}
     order = {n: i for i, n in enumerate(names)}
     own_stages = sorted(summarise(inside), key=lambda s: order[s["name"]])
-    # The answers pick the largest cause from the iteration's time inside its stages, and cite stage figures only,
-    # each stage's median instance as the audit's rows do (one figure per stage in the report's text).
-    q1, q2 = answers(it, stages, findings, stage_info, terminal)
+    it["idle_in_stages_us"] = {c: sum(s["idle_us"][c] for s in own_stages) for c in CAUSES}
+    # The answers pick the largest cause from those stages' own accounting, and cite the same iteration's stage
+    # instances (a stage's median instance is often another iteration: the join's build row is iteration 5, the
+    # iteration's row 10).
+    q1, q2 = answers(it, own_stages, findings, stage_info, terminal)
     return {"instances": instances, "iterations": iterations, "iteration": it, "stages": stages,
             "iteration_stages": own_stages, "event_us": events, "event_samples_us": samples, "findings": findings,
             "answers": [q1, q2], "capture": capture_summary(tl), "terminal": sorted(terminal)}
