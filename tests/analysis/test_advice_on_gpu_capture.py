@@ -230,12 +230,13 @@ def test_a_staged_build_is_split_into_its_dma_and_the_host_copy_from_its_own_cap
         f"Keep inputs device-resident across calls (saves the whole build), or hand them over in pinned memory "
         f"(est. {pinned:.0f}%: the "
         f"DMA alone runs at {dma['gbps']:.1f} GB/s, {dma['seconds'] * 1e6:,.0f} of the build's "
-        f"{build['elapsed_seconds'] * 1e6:,.0f} us; the rest is the host copying into the staging buffers); "
+        f"{build['elapsed_seconds'] * 1e6:,.0f} us; the rest is the host's own work in the build, its copy into the "
+        "staging buffers among it); "
         f"overlapping the copies with the stages after them {_overlap_bound(t)} (owned_buffer_build)")
     assert top["trigger"].endswith(f", dma_alone_gbps={dma['gbps']:.1f}")
     line, cause = advice.overall(t, findings, roof)
     assert line == "Transfer-bound (host->device copy)"
-    assert f"run at {dma['gbps']:.1f} GB/s, so the host's copy into those buffers is the bound." in cause
+    assert f"run at {dma['gbps']:.1f} GB/s, so the host's work in the build, not the DMA, is the bound." in cause
     params = {"command_line": "python -m app.kernel join v4 --points 1M --polygons 100k", "clocks": {"locked": False}}
     md = build_report(t, params, roof, None)
     assert (f"| host->device DMA alone: the build's staged bytes again, from their pinned buffers (us) | "
