@@ -91,25 +91,30 @@ def stage_findings(trace: dict, roof: dict) -> list[dict]:
     return out
 
 
-def host_paced(trace: dict, stage: dict) -> tuple[float, float] | None:
-    """(host seconds, stage seconds) of an event-mode GPU stage the host may have paced: its host time issuing its
-    work is within HOST_PACED of its time, with no read from the device in it (a read's wait is not issue time).
-    Event mode sees no GPU idle time, so whether the launches or the kernels set the time stays open; nsys mode
-    measures it."""
+def _issue_share(trace: dict, stage: dict) -> float | None:
+    """An event-mode GPU stage's host time issuing its work over its time, where it read nothing from the device
+    (a read's wait is not issue time); None elsewhere, or where either time is missing."""
     host, took = stage.get("host_seconds"), stage["elapsed_seconds"]
     if (trace.get("mode") != "event" or stage.get("device") != "gpu" or not host or not took
             or stage["metadata"].get("syncs")):
         return None
+    return host / took
+
+
+def host_paced(trace: dict, stage: dict) -> tuple[float, float] | None:
+    """(host seconds, stage seconds) of an event-mode GPU stage the host may have paced: its issue share is within
+    HOST_PACED. Event mode sees no GPU idle time, so whether the launches or the kernels set the time stays open;
+    nsys mode measures it."""
+    share = _issue_share(trace, stage)
     low, high = HOST_PACED
-    return (host, took) if low * took <= host <= high * took else None
+    return (stage["host_seconds"], stage["elapsed_seconds"]) if share is not None and low <= share <= high else None
 
 
 def _issued_early(trace: dict, stage: dict) -> bool:
-    """An event-mode GPU stage whose host time issuing its work, with no read from the device in it, is under the
-    low end of HOST_PACED of its time: every launch was queued well before the stage ended."""
-    host, took = stage.get("host_seconds"), stage["elapsed_seconds"]
-    return bool(trace.get("mode") == "event" and stage.get("device") == "gpu" and host and took
-                and not stage["metadata"].get("syncs") and host < HOST_PACED[0] * took)
+    """Whether the host issued the stage's work in under the low end of HOST_PACED of its time: every launch was
+    queued well before the stage ended."""
+    share = _issue_share(trace, stage)
+    return share is not None and share < HOST_PACED[0]
 
 
 MARKS_ADD_SHARE = 0.10     # the other stage marks' share of a stage's time from which its Key Issue names it

@@ -213,8 +213,7 @@ class Accountant:
             "syncs": [self._sync_doc(i) for i in syncs.tolist()],
             "copies": self._copies(own),
             "d2h_launches_ns": [int(self.op_launch[i]) for i in own if ops["copy"].iat[i] == "DtoH"],
-            # Each cause's idle pieces, so a parent range's idle time can be split by where it lies (inside its
-            # children's ranges or outside them all).
+            # Each cause's idle pieces: where each figure of idle_ns lies, to set beside the API calls around it.
             "idle_iv": {c: [(int(a), int(b)) for a, b in iv] for c, iv in pieces.items() if iv},
             # How long the host made no CUDA call at the range's start, and over how long it issued its ops (first
             # op's call to the last's): all a trace shows of the host's work before and between the copies.
@@ -354,15 +353,6 @@ def stages_of(iteration: dict, instances: list[dict], stage_names) -> list[dict]
     """The stage range instances inside one iteration instance (same thread), in start order."""
     return [r for r in instances if r["name"] in stage_names and r["tid"] == iteration["tid"]
             and iteration["start_ns"] <= r["start_ns"] and r["end_ns"] <= iteration["end_ns"]]
-
-
-def idle_inside(rec: dict, windows) -> dict:
-    """A range instance's idle time by cause (ns) that lies inside ``windows`` ([start, end) pairs): for an
-    iteration and its stages' ranges, the idle time the plan's stages hold. The rest lies outside every stage: the
-    recorder's event records and closing synchronize, the host finishing the run, the time before the first stage
-    opens; an H200 join's 57.7 us after its last op held 18.9 us inside its last stage."""
-    merged = union(windows)
-    return {c: sum(measure(clip(rec.get("idle_iv", {}).get(c, ()), a, b)) for a, b in merged) for c in CAUSES}
 
 
 def median_instance(recs: list[dict]) -> dict:

@@ -25,6 +25,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from app.analysis.timeline import median_instance  # noqa: E402
+
 PRECISIONS = ("fp64", "fp32")
 MARKERS = {"fp64": "o", "fp32": "^"}
 ROOF_STYLE = {"fp64": {"color": "black", "ls": "-"}, "fp32": {"color": "#555555", "ls": "-."}}
@@ -383,9 +385,7 @@ LABEL_PT_PER_CHAR = 3.6      # a 6 pt label's average character width, for fitti
 def shown_iteration(analysis: dict) -> dict:
     """The iteration instance the report's tables read (the lower middle one for an even count), so the figure
     shows the same iteration: it had plotted the upper middle one under the label 'median iteration'."""
-    want = analysis["iteration"].get("median_instance")
-    return next((r for r in analysis["iterations"] if r["instance"] == want),
-                sorted(analysis["iterations"], key=lambda r: r["span_ns"])[(len(analysis["iterations"]) - 1) // 2])
+    return median_instance(analysis["iterations"])
 
 
 def fit_label(name: str, width_pt: float) -> str:

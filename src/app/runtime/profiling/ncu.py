@@ -216,10 +216,12 @@ def _rule_ops(rules, raw, kernels) -> list[dict]:
     ops = []
     by_id = _raw_by_id(raw)
     for r in opt.itertuples():
-        gain = r.speedup_pct * dur.get(str(int(float(r.id))), float("nan")) / total if total > 0 else float("nan")
+        kid = str(int(float(r.id)))
+        share = dur.get(kid, float("nan")) / total if total > 0 else float("nan")   # of the kernel time
+        gain = r.speedup_pct * share
         stage = r.stage if isinstance(r.stage, str) else "unstaged kernel"
         trigger = f"ncu {r.rule} est. {r.speedup_type} speedup={r.speedup_pct:.1f}%"
-        row = by_id.get(str(int(float(r.id))))
+        row = by_id.get(kid)
         note = _grid_note(r.rule, row)
         if note:
             trigger += f" ({note})"
@@ -229,11 +231,11 @@ def _rule_ops(rules, raw, kernels) -> list[dict]:
                 gain *= beyond
                 trigger += f"; the gain counts the {100 * beyond:.0f}% of the gap beyond that cap"
         tail = _tail_share(row) if r.rule == "LaunchConfiguration" else None
-        if tail is not None and gain == gain and gain > 100 * tail[0] * dur.get(str(int(float(r.id))), 0) / total:
+        if tail is not None and gain > 100 * tail[0] * share:
             # ncu's tail estimate is the last partial wave's share of the runtime; with blocks of equal time what a
             # better grid recovers is the block-slot time that wave leaves empty (candidate_fill at 1.89 waves: ncu
             # said up to 50%, the empty slot-time is 5.5% of the kernel).
-            gain = 100 * tail[0] * dur.get(str(int(float(r.id))), 0) / total
+            gain = 100 * tail[0] * share
             trigger += f" ({tail[1]})"
         if str(r.speedup_type).strip().lower() != "global":
             # A local estimate is of the hardware unit or metric the rule looks at (93% on a kernel that cannot run in
@@ -257,6 +259,16 @@ BLOCK_LIMITS = ("launch__occupancy_limit_blocks", "launch__occupancy_limit_regis
                 "launch__occupancy_limit_barriers")
 
 
+def _grid_shape(row) -> tuple[float, float, float] | None:
+    """(blocks of the launch, SMs, blocks an SM holds by its tightest limit) from the raw page, or None where the row
+    or a figure is missing."""
+    if row is None:
+        return None
+    num = {c: reading(row.get(c)) for c in ("grid_blocks", "launch__sm_count") + BLOCK_LIMITS}
+    shape = num["grid_blocks"], num["launch__sm_count"], min(num[c] for c in BLOCK_LIMITS)
+    return shape if all(v > 0 for v in shape) else None
+
+
 def _grid_cap(row) -> tuple[float, str] | None:
     """(the cap on achieved occupancy, as a fraction of the theoretical, that a grid under one wave sets; its
     sentence), or None where the grid fills a wave or the raw page lacks the figures. Every block is then resident
@@ -265,12 +277,10 @@ def _grid_cap(row) -> tuple[float, str] | None:
     points on an H200: 391 blocks, 132 SMs, 6 a SM, a cap of 49%; ncu measured 35.1% of a theoretical 75%, 47%).
     The cap is the launch's threads over the slots its limits allow, whatever the block size: only more threads
     for the same work (less work per thread) would lift it."""
-    if row is None:
+    shape = _grid_shape(row)
+    if shape is None or shape[0] >= shape[1] * shape[2]:
         return None
-    num = {c: reading(row.get(c)) for c in ("grid_blocks", "launch__sm_count") + BLOCK_LIMITS}
-    grid, sms, most = num["grid_blocks"], num["launch__sm_count"], min(num[c] for c in BLOCK_LIMITS)
-    if not (grid > 0 and sms > 0 and most > 0 and grid < most * sms):
-        return None
+    grid, sms, most = shape
     busy = grid / min(grid, sms)
     blocks = f"{grid:,.0f} blocks are" if grid != 1 else "1 block is"
     return busy / most, (f"this tool: its {blocks} under one wave on {sms:,.0f} SMs, {busy:.1f} a busy SM of the "
@@ -282,12 +292,10 @@ def _grid_cap(row) -> tuple[float, str] | None:
 def _tail_share(row) -> tuple[float, str] | None:
     """(the share of a kernel's block-slot time its last, partial wave leaves empty, blocks taking equal time; its
     sentence) for a grid of more than one wave, from the raw page's grid and block limits; None otherwise."""
-    if row is None:
+    shape = _grid_shape(row)
+    if shape is None or shape[0] <= shape[1] * shape[2]:
         return None
-    num = {c: reading(row.get(c)) for c in ("grid_blocks", "launch__sm_count") + BLOCK_LIMITS}
-    grid, slots = num["grid_blocks"], num["launch__sm_count"] * min(num[c] for c in BLOCK_LIMITS)
-    if not (grid > 0 and slots > 0 and grid > slots):
-        return None
+    grid, slots = shape[0], shape[1] * shape[2]
     waves = grid / slots
     empty = (math.ceil(waves) - waves) / math.ceil(waves)
     return empty, (f"this tool: {grid:,.0f} blocks on {slots:,.0f} block slots are {waves:.2f} waves; with blocks of "
